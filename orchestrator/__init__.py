@@ -1,0 +1,1 @@
+"""SpecSweep orchestrator package."""

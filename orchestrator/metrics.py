@@ -1,0 +1,107 @@
+"""Trial metrics from the engine's per-sample results (pure; METHODS.md, "Metrics").
+
+Conventions: totals are summed over samples before dividing (a trial's tokens/s is total
+generated tokens over total seconds, not a mean of per-sample rates). A ratio whose denominator
+is zero is None (e.g. the acceptance rate of the AR baseline, which drafts nothing), stored as
+SQL NULL. ``mean_accepted`` is accepted draft tokens per round; the block efficiency including
+the target's token is ``mean_accepted + 1`` (= 1 / verification_rate when no round is cut short).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from workers.records import GenerationResult
+
+
+@dataclass(frozen=True)
+class TrialMetrics:
+    """Aggregate measurements of one trial; histograms map a length to its number of rounds."""
+
+    n_samples: int
+    generated_tokens: int
+    seconds: float
+    n_rounds: int
+    n_drafted: int
+    n_accepted: int
+    n_draft_forwards: int
+    draft_seconds: float
+    verify_seconds: float
+    tokens_per_s: float | None
+    acceptance_rate: float | None
+    mean_accepted: float | None
+    mean_drafted: float | None
+    discard_rate: float | None
+    verification_rate: float | None
+    eesd_hm: float | None
+    draft_length_histogram: dict[int, int]
+    accepted_length_histogram: dict[int, int]
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    """Return numerator / denominator, or None when the denominator is zero."""
+    return numerator / denominator if denominator else None
+
+
+def speedup(tokens_per_s: float | None, baseline_tokens_per_s: float | None) -> float | None:
+    """Return tokens/s over the AR baseline's tokens/s; None when either is missing or zero."""
+    if tokens_per_s is None or not baseline_tokens_per_s:
+        return None
+    return tokens_per_s / baseline_tokens_per_s
+
+
+def eesd_harmonic_mean(accepted: int, drafted: int, generated: int) -> float | None:
+    """Return EESD's HM = 2·v·r/(v + r), v = accepted/drafted, r = accepted/generated.
+
+    None when drafted or generated is zero; 0.0 when nothing was accepted.
+    """
+    if not drafted or not generated:
+        return None
+    v_d, r_d = accepted / drafted, accepted / generated
+    return 2 * v_d * r_d / (v_d + r_d) if v_d + r_d else 0.0
+
+
+def draft_length_histogram(results: Sequence[GenerationResult]) -> dict[int, int]:
+    """Return {tokens drafted in a round: number of rounds}, sorted by length."""
+    counts = Counter(r.drafted for result in results for r in result.rounds)
+    return dict(sorted(counts.items()))
+
+
+def accepted_length_histogram(results: Sequence[GenerationResult]) -> dict[int, int]:
+    """Return {draft tokens accepted in a round: number of rounds}, sorted by length."""
+    counts = Counter(r.accepted for result in results for r in result.rounds)
+    return dict(sorted(counts.items()))
+
+
+def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
+    """Return the trial's aggregate metrics; raises ValueError for an empty list of results."""
+    if not results:
+        raise ValueError("a trial needs at least one sample result")
+    generated = sum(result.n_generated for result in results)
+    seconds = sum(result.seconds for result in results)
+    rounds = [r for result in results for r in result.rounds]
+    n_rounds = len(rounds)
+    drafted = sum(r.drafted for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    return TrialMetrics(
+        n_samples=len(results),
+        generated_tokens=generated,
+        seconds=seconds,
+        n_rounds=n_rounds,
+        n_drafted=drafted,
+        n_accepted=accepted,
+        n_draft_forwards=sum(r.draft_forwards for r in rounds),
+        draft_seconds=sum(r.draft_seconds for r in rounds),
+        verify_seconds=sum(r.verify_seconds for r in rounds),
+        tokens_per_s=ratio(generated, seconds),
+        acceptance_rate=ratio(accepted, drafted),
+        mean_accepted=ratio(accepted, n_rounds),
+        mean_drafted=ratio(drafted, n_rounds),
+        discard_rate=ratio(drafted - accepted, generated),
+        verification_rate=ratio(n_rounds, generated),
+        eesd_hm=eesd_harmonic_mean(accepted, drafted, generated),
+        draft_length_histogram=draft_length_histogram(results),
+        accepted_length_histogram=accepted_length_histogram(results),
+    )

@@ -1,0 +1,395 @@
+"""Expand a validated sweep into trials and training jobs (pure; no I/O, no models).
+
+Identity: a trial's id is the first 16 hex digits of the sha256 of the canonical JSON of
+everything that affects its measurement: the models and how they are served (target ref,
+backend, tp_size, dtype, trust_remote_code; draft ref or the *id* of the training job producing
+it), the prompt set (dataset, split, samples, local path), max_new_tokens, sampling (normalised:
+greedy ignores top-k/top-p), the policy with *all* its parameters (defaults filled in, values
+coerced to the default's type), the trained artifact's job id, max draft length, seed, warm-up
+samples and ``CODE_VERSION``. It excludes labels and placement: the sweep's and the pair's names,
+the description, GPU fractions, retries. So the same measurement in two sweeps (or under two pair
+names) is one trial, stored once, and resubmitting a sweep skips trials already done.
+
+An AR baseline (policy ``ar``, max draft length 0) is added per (pair, dataset, temperature,
+seed); it keeps the draft in its identity because speedups compare against the same pair's
+worker processes. Each trial carries its baseline's id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.spec import (
+    DatasetEntry,
+    PairSpec,
+    PolicySpec,
+    SweepSpec,
+    TemperatureSpec,
+    TrainingJobSpec,
+)
+from policies import POLICIES
+
+#: Bump when a change to the engine, workers or metrics changes what a trial measures; it is
+#: part of every trial and job id, so old results are then no longer reused.
+CODE_VERSION = "1"
+BASELINE_POLICY = "ar"
+ID_LENGTH = 16
+
+#: The parameter reported in the store's ``threshold`` column: every threshold policy
+#: (max_confidence λ, adaedl λ, svip h, specdecpp h) names its main threshold so.
+THRESHOLD_PARAMETER = "threshold"
+
+ParamItems = tuple[tuple[str, Any], ...]
+
+
+def canonical_json(value: Any) -> str:
+    """Return JSON with sorted keys, no spaces and shortest round-trip floats.
+
+    Exists so that equal configs hash equally whatever the key order or number spelling.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def config_id(config: dict[str, Any]) -> str:
+    """Return the short sha256 of ``config``'s canonical JSON (trial and job identity)."""
+    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:ID_LENGTH]
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """One training job to run before the trials that need its artifact."""
+
+    job_id: str
+    name: str
+    kind: str
+    base: str
+    teacher: str | None
+    dataset: str
+    split: str | None
+    samples: int
+    local_path: str | None
+    epochs: int
+    config_json: str
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """Return the kind-specific settings as a fresh dict."""
+        return json.loads(self.config_json)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measurement: a pair, a prompt set, sampling settings, a policy setting, a cap, a seed.
+
+    ``draft`` is the draft's model ref, or None when ``draft_job`` (a training job *name*) makes
+    it; ``policy_job`` names the job whose artifact a trained-head policy loads. ``requires_jobs``
+    lists the job names this trial waits for; ``job_ids`` their ids (part of the identity).
+    """
+
+    trial_id: str
+    sweep: str
+    pair: str
+    target: str
+    backend: str
+    tp_size: int
+    dtype: str
+    trust_remote_code: bool
+    draft: str | None
+    draft_job: str | None
+    dataset: str
+    split: str | None
+    samples: int
+    local_path: str | None
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    policy: str
+    params: ParamItems
+    policy_job: str | None
+    max_draft_len: int
+    seed: int
+    warmup_samples: int
+    is_baseline: bool
+    baseline_id: str | None
+    requires_jobs: tuple[str, ...]
+    job_ids: tuple[str, ...]
+    threshold: float | None
+    code_version: str = CODE_VERSION
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        """Return the policy parameters (defaults filled in) as a fresh dict."""
+        return dict(self.params)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the trial as JSON-ready plain data (params as a mapping)."""
+        data = asdict(self)
+        data["params"] = self.params_dict
+        data["requires_jobs"] = list(self.requires_jobs)
+        data["job_ids"] = list(self.job_ids)
+        return data
+
+
+@dataclass(frozen=True)
+class SkippedGroup:
+    """Trials the planner did not create, and why."""
+
+    pair: str
+    dataset: str
+    temperature: float
+    seed: int
+    policy: str
+    n_trials: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class PairResources:
+    """What one pair's worker group asks Ray for: target ranks plus one draft actor."""
+
+    pair: str
+    backend: str
+    target_actors: int
+    gpus_per_target_actor: float
+    draft_gpus: float
+    cpus: int
+    gpus: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The expanded sweep: ordered trials, training jobs, skipped groups."""
+
+    sweep: str
+    trials: tuple[Trial, ...]
+    jobs: tuple[TrainingJob, ...]
+    skipped: tuple[SkippedGroup, ...]
+    pairs: tuple[PairSpec, ...] = field(repr=False)
+
+    def counts(self) -> dict[str, int]:
+        """Return trial counts: total, baselines, policy trials, skipped, jobs."""
+        baselines = sum(trial.is_baseline for trial in self.trials)
+        return {
+            "trials": len(self.trials),
+            "baselines": baselines,
+            "policy_trials": len(self.trials) - baselines,
+            "skipped": sum(group.n_trials for group in self.skipped),
+            "jobs": len(self.jobs),
+        }
+
+    def counts_by_pair(self) -> dict[str, int]:
+        """Return the number of trials per pair name (in plan order)."""
+        return dict(Counter(trial.pair for trial in self.trials))
+
+    def resources(self) -> list[PairResources]:
+        """Return the resources each pair's worker group needs (one CPU per actor)."""
+        result = []
+        for pair in self.pairs:
+            actors = pair.target.tp_size
+            result.append(
+                PairResources(
+                    pair=pair.name,
+                    backend=pair.target.backend,
+                    target_actors=actors,
+                    gpus_per_target_actor=pair.target.gpus,
+                    draft_gpus=pair.draft.gpus,
+                    cpus=actors + 1,
+                    gpus=actors * pair.target.gpus + pair.draft.gpus,
+                )
+            )
+        return result
+
+
+def plan_sweep(spec: SweepSpec) -> Plan:
+    """Expand ``spec`` into an ordered, de-duplicated :class:`Plan`.
+
+    Order: by pair (each pair's models load once), then dataset, temperature and seed, with the
+    AR baseline first in each group. Greedy-only policies are skipped at temperature > 0.
+    """
+    jobs = tuple(_training_job(job) for job in spec.training_jobs)
+    job_ids = {job.name: job.job_id for job in jobs}
+    trials: dict[str, Trial] = {}
+    skipped: list[SkippedGroup] = []
+    for pair in spec.pairs:
+        for dataset, sampling, seed in itertools.product(
+            spec.datasets, spec.temperatures, sorted(set(spec.seeds))
+        ):
+            group = _TrialGroup(spec, pair, dataset, _normalised_sampling(sampling), seed, job_ids)
+            baseline = group.baseline()
+            trials.setdefault(baseline.trial_id, baseline)
+            for policy in spec.policies:
+                if POLICIES[policy.name].greedy_only and group.temperature > 0:
+                    n_trials = policy.grid_size() * len(set(spec.max_draft_lens))
+                    skipped.append(group.skip(policy.name, n_trials, "greedy-only policy"))
+                    continue
+                for trial in group.policy_trials(policy, baseline.trial_id):
+                    trials.setdefault(trial.trial_id, trial)
+    return Plan(
+        sweep=spec.name,
+        trials=tuple(trials.values()),
+        jobs=jobs,
+        skipped=tuple(dict.fromkeys(skipped)),
+        pairs=tuple(spec.pairs),
+    )
+
+
+def _normalised_sampling(sampling: TemperatureSpec) -> tuple[float, int, float]:
+    """Return (temperature, top_k, top_p); greedy decoding ignores top-k and top-p."""
+    if sampling.temperature <= 0:
+        return 0.0, 0, 1.0
+    return float(sampling.temperature), sampling.top_k, float(sampling.top_p)
+
+
+def _training_job(job: TrainingJobSpec) -> TrainingJob:
+    """Return the planned job, its id hashed from everything but its name."""
+    identity = {
+        "kind": job.kind,
+        "base": job.base,
+        "teacher": job.teacher,
+        "dataset": job.dataset.model_dump(),
+        "epochs": job.epochs,
+        "config": job.config,
+        "code_version": CODE_VERSION,
+    }
+    return TrainingJob(
+        job_id=config_id(identity),
+        name=job.name,
+        kind=job.kind,
+        base=job.base,
+        teacher=job.teacher,
+        dataset=job.dataset.name,
+        split=job.dataset.split,
+        samples=job.dataset.samples,
+        local_path=job.dataset.local_path,
+        epochs=job.epochs,
+        config_json=canonical_json(job.config),
+    )
+
+
+def _sorted_items(settings: list[dict[str, Any]]) -> list[ParamItems]:
+    """Return each parameter setting as a tuple of (name, value) pairs sorted by name."""
+    return [tuple(sorted(setting.items())) for setting in settings]
+
+
+@dataclass(frozen=True)
+class _TrialGroup:
+    """One (pair, dataset, sampling, seed) cell of the grid; builds its trials."""
+
+    spec: SweepSpec
+    pair: PairSpec
+    dataset: DatasetEntry
+    sampling: tuple[float, int, float]
+    seed: int
+    job_ids: dict[str, str]
+
+    @property
+    def temperature(self) -> float:
+        """The group's temperature (0 = greedy)."""
+        return self.sampling[0]
+
+    def _identity(self) -> dict[str, Any]:
+        """Return the identity fields shared by every trial in this group."""
+        target, draft = self.pair.target, self.pair.draft
+        return {
+            "target": target.model,
+            "backend": target.backend,
+            "tp_size": target.tp_size,
+            "dtype": target.dtype,
+            "trust_remote_code": target.trust_remote_code,
+            "draft": draft.model,
+            "draft_job_id": self.job_ids.get(draft.job) if draft.job else None,
+            "dataset": self.dataset.name,
+            "split": self.dataset.split,
+            "samples": self.dataset.samples,
+            "local_path": self.dataset.local_path,
+            "max_new_tokens": self.dataset.max_new_tokens,
+            "temperature": self.sampling[0],
+            "top_k": self.sampling[1],
+            "top_p": self.sampling[2],
+            "seed": self.seed,
+            "warmup_samples": self.spec.execution.warmup_samples,
+            "code_version": CODE_VERSION,
+        }
+
+    def _trial(
+        self,
+        policy: str,
+        params: ParamItems,
+        max_draft_len: int,
+        baseline_id: str | None,
+        policy_job: str | None,
+    ) -> Trial:
+        """Return one trial of this group with its id computed from the identity fields."""
+        requires = tuple(name for name in (self.pair.draft.job, policy_job) if name is not None)
+        job_ids = tuple(self.job_ids[name] for name in requires)
+        identity = {
+            **self._identity(),
+            "policy": policy,
+            "params": dict(params),
+            "policy_job_id": self.job_ids[policy_job] if policy_job else None,
+            "max_draft_len": max_draft_len,
+        }
+        threshold = dict(params).get(THRESHOLD_PARAMETER)
+        return Trial(
+            trial_id=config_id(identity),
+            sweep=self.spec.name,
+            pair=self.pair.name,
+            target=self.pair.target.model,
+            backend=self.pair.target.backend,
+            tp_size=self.pair.target.tp_size,
+            dtype=self.pair.target.dtype,
+            trust_remote_code=self.pair.target.trust_remote_code,
+            draft=self.pair.draft.model,
+            draft_job=self.pair.draft.job,
+            dataset=self.dataset.name,
+            split=self.dataset.split,
+            samples=self.dataset.samples,
+            local_path=self.dataset.local_path,
+            max_new_tokens=self.dataset.max_new_tokens,
+            temperature=self.sampling[0],
+            top_k=self.sampling[1],
+            top_p=self.sampling[2],
+            policy=policy,
+            params=params,
+            policy_job=policy_job,
+            max_draft_len=max_draft_len,
+            seed=self.seed,
+            warmup_samples=self.spec.execution.warmup_samples,
+            is_baseline=baseline_id is None,
+            baseline_id=baseline_id,
+            requires_jobs=requires,
+            job_ids=job_ids,
+            threshold=float(threshold) if threshold is not None else None,
+        )
+
+    def baseline(self) -> Trial:
+        """Return the target-only AR baseline of this group."""
+        return self._trial(BASELINE_POLICY, (), 0, None, None)
+
+    def policy_trials(self, policy: PolicySpec, baseline_id: str) -> list[Trial]:
+        """Return the trials of one policy entry: parameter settings × max draft lengths."""
+        return [
+            self._trial(policy.name, params, max_draft_len, baseline_id, policy.job)
+            for params in _sorted_items(policy.settings())
+            for max_draft_len in sorted(set(self.spec.max_draft_lens))
+        ]
+
+    def skip(self, policy: str, n_trials: int, reason: str) -> SkippedGroup:
+        """Return the record of this group's trials of ``policy`` that are not planned."""
+        return SkippedGroup(
+            pair=self.pair.name,
+            dataset=self.dataset.name,
+            temperature=self.temperature,
+            seed=self.seed,
+            policy=policy,
+            n_trials=n_trials,
+            reason=f"{reason} at temperature {self.temperature:g}",
+        )

@@ -1,0 +1,530 @@
+"""Sweep files: the typed, validated form of ``sweeps/NAME.yaml``.
+
+``load_sweep(path)`` parses the YAML, validates it into a frozen :class:`SweepSpec` and, on any
+problem, raises :class:`SweepError` listing every problem as ``FILE:LINE: field.path: message``.
+Validation is pure: it checks names (policies and their parameters, datasets, training jobs),
+ranges and cross references, but loads no model; ``check_local_paths`` reports missing local
+paths, and the runner's preflight checks models and tokenizers.
+
+Shorthands: a pair's ``target``/``draft`` may be a bare model reference, a temperature a bare
+number, a dataset (of the sweep or of a training job) a bare dataset name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.yaml_lines import LocatedYaml, YamlSyntaxError, load_yaml_with_lines
+from policies import POLICIES, make_policy, policy_parameters
+from workers.datasets import validate_dataset_name
+
+T = TypeVar("T")
+MAX_DRAFT_LEN_LIMIT = 128
+MAX_SAMPLES = 1_000_000
+MAX_NEW_TOKENS_LIMIT = 100_000
+MAX_TP_SIZE = 64
+MAX_GPUS = 64.0
+MAX_GRID_TRIALS = 100_000
+ZOO_PREFIX = "zoo:"
+
+#: Training-job kinds that produce a draft model (usable as a pair's ``draft: {job: ...}``).
+DRAFT_JOB_KINDS = frozenset({"distillspec", "adaspec", "eesd_exit"})
+#: Training-job kind whose artifact each trained-head policy loads (``policies[].job``).
+POLICY_JOB_KINDS = {"specdecpp": "specdecpp_head", "cali_ts": "cali_ts_predictor"}
+#: Policies that cannot run without their trained artifact unless this parameter is set.
+ARTIFACT_FALLBACK_PARAMETERS = {"specdecpp": "constant_logit"}
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
+ModelRef = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^\S(.*\S)?$")]
+ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr | None
+JobKind = Literal["distillspec", "adaspec", "specdecpp_head", "eesd_exit", "cali_ts_predictor"]
+
+
+def _non_empty(items: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Reject an empty list (checked after the items, so their own errors come first)."""
+    if not items:
+        raise ValueError("must list at least one entry")
+    return items
+
+
+NonEmpty = Annotated[tuple[T, ...], AfterValidator(_non_empty)]
+
+
+class SweepError(ValueError):
+    """A sweep file is invalid; ``problems`` holds one ``FILE:LINE: field.path: message`` each."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid sweep file:\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class LocatedProblems(ValueError):
+    """Problems found by a model validator, each at a field path relative to that model."""
+
+    def __init__(self, problems: Sequence[tuple[tuple[str | int, ...], str]]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{format_path(loc)}: {msg}" for loc, msg in self.problems))
+
+
+class _Frozen(BaseModel):
+    """Base of every sweep-file model: unknown keys are errors and values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _model_ref_shorthand(value: Any) -> Any:
+    """Turn a bare model reference string into ``{"model": value}``."""
+    return {"model": value} if isinstance(value, str) else value
+
+
+def _check_zoo_ref(ref: str | None) -> str | None:
+    """Reject ``zoo:`` references without a name after the prefix."""
+    if ref is not None and ref.startswith(ZOO_PREFIX) and len(ref) == len(ZOO_PREFIX):
+        raise ValueError("a zoo reference needs a name, e.g. 'zoo:demo/target'")
+    return ref
+
+
+class TargetSpec(_Frozen):
+    """The target model of a pair and how it is served."""
+
+    model: ModelRef
+    backend: Literal["hf", "deepspeed"] = "hf"
+    tp_size: int = Field(1, ge=1, le=MAX_TP_SIZE)
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    gpus: float = Field(0.0, ge=0.0, le=MAX_GPUS, description="GPUs per target actor (rank)")
+    trust_remote_code: bool = False
+
+    _zoo = field_validator("model")(_check_zoo_ref)
+
+    @model_validator(mode="after")
+    def _hf_is_one_actor(self) -> TargetSpec:
+        if self.backend == "hf" and self.tp_size != 1:
+            raise LocatedProblems(
+                [(("tp_size",), "backend 'hf' runs one actor: tp_size must be 1")]
+            )
+        return self
+
+
+class DraftSpec(_Frozen):
+    """The draft of a pair: a model reference or the name of a training job producing one."""
+
+    model: ModelRef | None = None
+    job: Name | None = None
+    gpus: float = Field(0.0, ge=0.0, le=MAX_GPUS)
+
+    _zoo = field_validator("model")(_check_zoo_ref)
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> DraftSpec:
+        if (self.model is None) == (self.job is None):
+            raise ValueError("give exactly one of 'model' or 'job'")
+        return self
+
+
+class PairSpec(_Frozen):
+    """A named target/draft pair."""
+
+    name: Name
+    target: TargetSpec
+    draft: DraftSpec
+
+    @field_validator("target", "draft", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return _model_ref_shorthand(value)
+
+
+class DatasetEntry(_Frozen):
+    """A prompt set: dataset name, split (None = the dataset's default), size and output length.
+
+    The name is stored in its canonical form (``openai/gsm8k`` becomes ``gsm8k``).
+    """
+
+    name: str = Field(min_length=1)
+    split: str | None = None
+    samples: int = Field(64, ge=1, le=MAX_SAMPLES)
+    max_new_tokens: int = Field(128, ge=1, le=MAX_NEW_TOKENS_LIMIT)
+    local_path: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return validate_dataset_name(value)
+
+
+class TemperatureSpec(_Frozen):
+    """Sampling settings; temperature 0 is greedy, top_k 0 disables top-k."""
+
+    temperature: float = Field(ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0, le=10_000_000)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return {"temperature": value}
+        return value
+
+
+class PolicySpec(_Frozen):
+    """A draft-length policy with fixed parameters and a grid over others.
+
+    ``job`` names the training job whose artifact a trained-head policy loads (SpecDec++ head,
+    Cali-TS predictor).
+    """
+
+    name: str
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    grid: dict[str, tuple[ParamValue, ...]] = Field(default_factory=dict)
+    job: Name | None = None
+
+    @model_validator(mode="after")
+    def _check_parameters(self) -> PolicySpec:
+        if self.name not in POLICIES:
+            known = ", ".join(sorted(POLICIES))
+            raise LocatedProblems([(("name",), f"unknown policy {self.name!r}; known: {known}")])
+        defaults = policy_parameters(self.name)
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for key, value in self.params.items():
+            problems += _param_problems(defaults, key, value, ("params", key))
+        for key, values in self.grid.items():
+            if key in self.params:
+                problems.append((("grid", key), "set in both 'params' and 'grid'"))
+            if not values:
+                problems.append((("grid", key), "a grid list must not be empty"))
+            for index, value in enumerate(values):
+                problems += _param_problems(defaults, key, value, ("grid", key, index))
+        if not problems and self.grid_size() > MAX_GRID_TRIALS:
+            problems.append((("grid",), f"expands to {self.grid_size()} settings"))
+        if not problems:
+            problems += self._construction_problems()
+        if problems:
+            raise LocatedProblems(problems)
+        return self
+
+    def _construction_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return the policy's own objections to any parameter setting (e.g. a sigma of 0)."""
+        messages: dict[str, None] = {}
+        for setting in self.settings():
+            try:
+                make_policy(self.name, MAX_DRAFT_LEN_LIMIT, **setting)
+            except (TypeError, ValueError) as error:
+                messages[str(error)] = None
+        problems = [(("params",), message) for message in messages]
+        fallback = ARTIFACT_FALLBACK_PARAMETERS.get(self.name)
+        if fallback and self.job is None and any(s[fallback] is None for s in self.settings()):
+            message = f"needs a trained artifact: set 'job' or params.{fallback}"
+            problems.append(((), message))
+        return problems
+
+    def grid_size(self) -> int:
+        """Return how many parameter settings the grid expands to."""
+        return math.prod(len(values) for values in self.grid.values())
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Return every full parameter setting: defaults, then fixed params, then the grid product.
+
+        Values are coerced to their default's type, so equal settings compare (and hash) equal.
+        """
+        defaults = policy_parameters(self.name)
+        fixed = {**defaults, **self.params}
+        names = sorted(self.grid)
+        settings = []
+        for values in itertools.product(*(self.grid[name] for name in names)):
+            merged = {**fixed, **dict(zip(names, values, strict=True))}
+            settings.append(
+                {key: coerce_param_value(defaults[key], v) for key, v in merged.items()}
+            )
+        return settings
+
+
+def _param_problems(
+    defaults: dict[str, Any], key: str, value: Any, loc: tuple[str | int, ...]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """Return the problems of one policy parameter value (empty when it is valid)."""
+    if key not in defaults:
+        known = ", ".join(sorted(defaults)) or "none"
+        return [(loc, f"unknown parameter {key!r}; this policy takes: {known}")]
+    try:
+        coerce_param_value(defaults[key], value)
+    except ValueError as error:
+        return [(loc, str(error))]
+    return []
+
+
+def coerce_param_value(default: Any, value: Any) -> Any:
+    """Return ``value`` converted to the type of the parameter's ``default``.
+
+    Exists so that ``1`` and ``1.0`` name the same setting (trial ids hash the coerced value).
+    Raises ValueError for a wrong type, a non-finite number, or a negative value of a parameter
+    with a numeric default (thresholds, lengths, priors, sigmas: all ≥ 0). Parameters defaulting
+    to None (e.g. SpecDec++'s ``constant_logit``) take any finite number.
+    """
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false (got {value!r})")
+        return value
+    if isinstance(value, bool) and default is not None:
+        raise ValueError(f"must be a {type(default).__name__} (got {value!r})")
+    if isinstance(default, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            raise ValueError(f"must be an integer (got {value!r})")
+    elif isinstance(default, float):
+        if not isinstance(value, int | float):
+            raise ValueError(f"must be a number (got {value!r})")
+        value = float(value)
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ValueError(f"must be a string (got {value!r})")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"must be finite (got {value!r})")
+        if value < 0 and isinstance(default, int | float):
+            raise ValueError(f"must be ≥ 0 (got {value!r})")
+    return value
+
+
+class TrainingDataSpec(_Frozen):
+    """The data a training job learns from."""
+
+    name: str = Field(min_length=1)
+    split: str | None = None
+    samples: int = Field(1000, ge=1, le=MAX_SAMPLES)
+    local_path: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return validate_dataset_name(value)
+
+
+class TrainingJobSpec(_Frozen):
+    """A knowledge-distillation or head-training job; ``config`` holds kind-specific settings.
+
+    ``base`` is the model the job starts from (the draft to distil, or the target for
+    ``eesd_exit``); ``teacher`` the target it learns from (defaults to ``base`` for eesd_exit).
+    """
+
+    name: Name
+    kind: JobKind
+    base: ModelRef
+    teacher: ModelRef | None = None
+    dataset: TrainingDataSpec
+    epochs: int = Field(1, ge=1, le=1000)
+    config: dict[str, JsonValue] = Field(default_factory=dict)
+
+    _zoo = field_validator("base", "teacher")(_check_zoo_ref)
+
+    @model_validator(mode="after")
+    def _teacher_needed(self) -> TrainingJobSpec:
+        if self.teacher is None and self.kind != "eesd_exit":
+            raise LocatedProblems([(("teacher",), f"kind {self.kind!r} needs a teacher model")])
+        return self
+
+
+class ExecutionSpec(_Frozen):
+    """How the runner executes trials."""
+
+    retries: int = Field(2, ge=0, le=100)
+    warmup_samples: int = Field(1, ge=0, le=1000)
+    record_rounds: bool = True
+    max_concurrent_pairs: int = Field(1, ge=1, le=1024)
+
+
+class SweepSpec(_Frozen):
+    """A whole sweep: the grid to expand (see ``orchestrator.planner``) and how to run it."""
+
+    name: Name
+    description: str = ""
+    pairs: NonEmpty[PairSpec]
+    datasets: NonEmpty[DatasetEntry]
+    temperatures: NonEmpty[TemperatureSpec]
+    policies: NonEmpty[PolicySpec]
+    max_draft_lens: NonEmpty[Annotated[int, Field(ge=1, le=MAX_DRAFT_LEN_LIMIT)]]
+    seeds: NonEmpty[Annotated[int, Field(ge=0, lt=2**32)]] = (0,)
+    training_jobs: tuple[TrainingJobSpec, ...] = ()
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> SweepSpec:
+        problems = _duplicate_names("pairs", [p.name for p in self.pairs])
+        problems += _duplicate_names("training_jobs", [j.name for j in self.training_jobs])
+        jobs = {job.name: job for job in self.training_jobs}
+        for index, pair in enumerate(self.pairs):
+            if pair.draft.job is not None:
+                loc = ("pairs", index, "draft", "job")
+                problems += _job_problems(jobs, pair.draft.job, DRAFT_JOB_KINDS, loc)
+        for index, policy in enumerate(self.policies):
+            needed = POLICY_JOB_KINDS.get(policy.name)
+            if policy.job is not None and needed is None:
+                problems.append(
+                    (("policies", index, "job"), "this policy loads no trained artifact")
+                )
+            elif policy.job is not None and needed is not None:
+                loc = ("policies", index, "job")
+                problems += _job_problems(jobs, policy.job, frozenset({needed}), loc)
+        size = self.grid_size()
+        if size > MAX_GRID_TRIALS:
+            problems.append(((), f"the grid expands to {size} trials (limit {MAX_GRID_TRIALS})"))
+        if problems:
+            raise LocatedProblems(problems)
+        return self
+
+    def grid_size(self) -> int:
+        """Return an upper bound on the number of policy trials (before de-duplication)."""
+        settings = sum(policy.grid_size() for policy in self.policies)
+        return (
+            len(self.pairs)
+            * len(self.datasets)
+            * len(self.temperatures)
+            * settings
+            * len(self.max_draft_lens)
+            * len(self.seeds)
+        )
+
+
+def _duplicate_names(field: str, names: list[str]) -> list[tuple[tuple[str | int, ...], str]]:
+    """Return a problem for each name used a second time in list ``field``."""
+    seen: set[str] = set()
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for index, name in enumerate(names):
+        if name in seen:
+            problems.append(((field, index, "name"), f"duplicate name {name!r}"))
+        seen.add(name)
+    return problems
+
+
+def _job_problems(
+    jobs: dict[str, TrainingJobSpec],
+    name: str,
+    kinds: frozenset[str],
+    loc: tuple[str | int, ...],
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """Return a problem if ``name`` is not a training job of one of ``kinds``."""
+    if name not in jobs:
+        known = ", ".join(sorted(jobs)) or "none"
+        return [(loc, f"no training job named {name!r} (defined: {known})")]
+    if jobs[name].kind not in kinds:
+        wanted = " or ".join(sorted(kinds))
+        return [(loc, f"job {name!r} is a {jobs[name].kind} job; this needs {wanted}")]
+    return []
+
+
+def format_path(loc: Sequence[str | int]) -> str:
+    """Return a field path such as ``pairs[0].target.tp_size`` (``(root)`` for the top)."""
+    text = ""
+    for element in loc:
+        text += f"[{element}]" if isinstance(element, int) else f".{element}"
+    return text.lstrip(".") or "(root)"
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep file; raises SweepError naming file, line and field per problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SweepError([f"{path}: cannot read: {error.strerror or error}"]) from error
+    return parse_sweep(text, str(path))
+
+
+def parse_sweep(text: str, filename: str = "<sweep>") -> SweepSpec:
+    """Validate sweep YAML text (``filename`` only labels messages); raises SweepError."""
+    try:
+        located = load_yaml_with_lines(text)
+    except YamlSyntaxError as error:
+        raise SweepError([f"{filename}:{error.line}: (yaml): {error.message}"]) from error
+    if not isinstance(located.data, dict):
+        raise SweepError([f"{filename}:1: (root): a sweep file must be a YAML mapping"])
+    try:
+        return SweepSpec.model_validate(located.data)
+    except ValidationError as error:
+        raise SweepError(_located_messages(error, located, filename)) from None
+
+
+def _located_messages(error: ValidationError, located: LocatedYaml, filename: str) -> list[str]:
+    """Turn pydantic errors (and LocatedProblems inside them) into ``FILE:LINE: path: msg``."""
+    messages: list[tuple[int, str]] = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        cause = (item.get("ctx") or {}).get("error")
+        if isinstance(cause, LocatedProblems):
+            entries = [((*loc, *sub_loc), msg) for sub_loc, msg in cause.problems]
+        else:
+            entries = [(loc, _clean_message(item["msg"]))]
+        for entry_loc, msg in entries:
+            line = located.line_of(entry_loc)
+            messages.append((line, f"{filename}:{line}: {format_path(entry_loc)}: {msg}"))
+    return [text for _, text in sorted(messages, key=lambda pair: pair[0])]
+
+
+def _clean_message(message: str) -> str:
+    """Drop pydantic's ``Value error, `` prefix from messages raised by our validators."""
+    return message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def check_local_paths(spec: SweepSpec) -> list[str]:
+    """Return one message per non-``zoo:`` reference that looks like a local path but is missing.
+
+    A reference looks local when it is absolute or starts with ``.``/``~``; ``org/name`` is taken
+    for a hub id unless it exists on disk. Dataset ``local_path`` values must always exist.
+    """
+    problems: list[str] = []
+    for index, pair in enumerate(spec.pairs):
+        refs = [("target.model", pair.target.model), ("draft.model", pair.draft.model)]
+        for field, ref in refs:
+            if ref is not None and _missing_local_path(ref):
+                problems.append(f"pairs[{index}].{field}: local path {ref!r} does not exist")
+    for index, job in enumerate(spec.training_jobs):
+        for field, ref in (("base", job.base), ("teacher", job.teacher)):
+            if ref is not None and _missing_local_path(ref):
+                problems.append(
+                    f"training_jobs[{index}].{field}: local path {ref!r} does not exist"
+                )
+        local = job.dataset.local_path
+        if local is not None and not Path(local).expanduser().exists():
+            problems.append(f"training_jobs[{index}].dataset.local_path: {local!r} does not exist")
+    for index, dataset in enumerate(spec.datasets):
+        local = dataset.local_path
+        if local is not None and not Path(local).expanduser().exists():
+            problems.append(f"datasets[{index}].local_path: {local!r} does not exist")
+    return problems
+
+
+def _missing_local_path(ref: str) -> bool:
+    """True when ``ref`` is written like a filesystem path and nothing exists there."""
+    if ref.startswith(ZOO_PREFIX):
+        return False
+    looks_local = ref.startswith(("/", ".", "~")) or "\\" in ref
+    return looks_local and not Path(ref).expanduser().exists()

@@ -1,0 +1,1 @@
+"""Alembic migrations of the SpecSweep store (a package so that setuptools ships them)."""

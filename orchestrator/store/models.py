@@ -1,0 +1,237 @@
+"""The results schema as SQLAlchemy 2.0 typed ORM classes (migrations: ``migrations/``).
+
+Plain columns hold what people filter and plot; JSON holds the rest. A trial may belong to
+several sweeps (``sweep_trials``), since its id is the hash of its measurement, not its sweep.
+Changing a class here needs a new Alembic revision; ``tests/test_store.py`` checks that the
+migrated schema matches these classes.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TRIAL_STATUSES = ("pending", "running", "done", "failed")
+JOB_STATUSES = ("pending", "running", "done", "failed")
+#: 64-bit ids on PostgreSQL; on SQLite only INTEGER PRIMARY KEY auto-increments.
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+
+def utc_now() -> datetime:
+    """Return the current time in UTC (timestamps are stored timezone-aware)."""
+    return datetime.now(UTC)
+
+
+def _status_check(name: str, statuses: tuple[str, ...]) -> CheckConstraint:
+    """Return a CHECK constraint limiting ``status`` to ``statuses``."""
+    allowed = ", ".join(f"'{status}'" for status in statuses)
+    return CheckConstraint(f"status IN ({allowed})", name=name)
+
+
+class Base(DeclarativeBase):
+    """Declarative base with the JSON and timestamp type mapping used by every table."""
+
+    type_annotation_map = {  # noqa: RUF012
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class SweepRow(Base):
+    """A submitted sweep: its name and the validated spec it was submitted with."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    spec: Mapped[dict[str, Any]]
+    spec_yaml: Mapped[str | None] = mapped_column(Text)
+    code_version: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    updated_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class SweepTrialRow(Base):
+    """Membership of a trial in a sweep, with its position in that sweep's plan."""
+
+    __tablename__ = "sweep_trials"
+
+    sweep_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True
+    )
+    trial_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("trials.trial_id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_sweep_trials_trial_id", "trial_id"),)
+
+
+class TrialRow(Base):
+    """One trial: its configuration, status and aggregate metrics."""
+
+    __tablename__ = "trials"
+
+    trial_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    pair: Mapped[str] = mapped_column(String(128))
+    target: Mapped[str] = mapped_column(String(1024))
+    draft: Mapped[str | None] = mapped_column(String(1024))
+    draft_job: Mapped[str | None] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(32))
+    tp_size: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    dataset: Mapped[str] = mapped_column(String(256))
+    split: Mapped[str | None] = mapped_column(String(64))
+    samples: Mapped[int] = mapped_column(Integer)
+    max_new_tokens: Mapped[int] = mapped_column(Integer)
+    temperature: Mapped[float] = mapped_column(Float)
+    top_k: Mapped[int] = mapped_column(Integer)
+    top_p: Mapped[float] = mapped_column(Float)
+    policy: Mapped[str] = mapped_column(String(64))
+    threshold: Mapped[float | None] = mapped_column(Float)
+    max_draft_len: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    is_baseline: Mapped[bool]
+    baseline_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    code_version: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict[str, Any]]
+    config: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    n_samples: Mapped[int | None] = mapped_column(Integer)
+    generated_tokens: Mapped[int | None] = mapped_column(Integer)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    speedup: Mapped[float | None] = mapped_column(Float)
+    acceptance_rate: Mapped[float | None] = mapped_column(Float)
+    mean_accepted: Mapped[float | None] = mapped_column(Float)
+    mean_drafted: Mapped[float | None] = mapped_column(Float)
+    discard_rate: Mapped[float | None] = mapped_column(Float)
+    verification_rate: Mapped[float | None] = mapped_column(Float)
+    n_rounds: Mapped[int | None] = mapped_column(Integer)
+    n_drafted: Mapped[int | None] = mapped_column(Integer)
+    n_accepted: Mapped[int | None] = mapped_column(Integer)
+    n_draft_forwards: Mapped[int | None] = mapped_column(Integer)
+    draft_seconds: Mapped[float | None] = mapped_column(Float)
+    verify_seconds: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any] | None]
+
+    __table_args__ = (
+        _status_check("ck_trials_status", TRIAL_STATUSES),
+        Index("ix_trials_lookup", "dataset", "temperature", "policy"),
+    )
+
+
+class SampleResultRow(Base):
+    """One generated sample of a trial.
+
+    ``prompt_id`` is the dataset's prompt id when the runner passes it, else a hash of the
+    prompt's token ids; either way baseline and policy trials can be matched sample by sample.
+    """
+
+    __tablename__ = "sample_results"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    trial_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("trials.trial_id", ondelete="CASCADE")
+    )
+    sample_index: Mapped[int] = mapped_column(Integer)
+    prompt_id: Mapped[str] = mapped_column(String(512))
+    prompt_len: Mapped[int] = mapped_column(Integer)
+    generated_tokens: Mapped[int] = mapped_column(Integer)
+    seconds: Mapped[float] = mapped_column(Float)
+    output_ids: Mapped[list[Any]]
+    output_text: Mapped[str | None] = mapped_column(Text)
+    drafted: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    n_rounds: Mapped[int] = mapped_column(Integer)
+    stopped_on_eos: Mapped[bool]
+
+    __table_args__ = (UniqueConstraint("trial_id", "sample_index", name="uq_sample_results"),)
+
+
+class RoundRow(Base):
+    """One speculative round of one sample."""
+
+    __tablename__ = "rounds"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    trial_id: Mapped[str] = mapped_column(String(32))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    round_index: Mapped[int] = mapped_column(Integer)
+    drafted: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    bonus: Mapped[bool]
+    draft_forwards: Mapped[int] = mapped_column(Integer)
+    draft_seconds: Mapped[float] = mapped_column(Float)
+    verify_seconds: Mapped[float] = mapped_column(Float)
+    mean_entropy: Mapped[float | None] = mapped_column(Float)
+    min_max_prob: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["trial_id", "sample_index"],
+            ["sample_results.trial_id", "sample_results.sample_index"],
+            name="fk_rounds_sample",
+            ondelete="CASCADE",
+        ),
+        UniqueConstraint("trial_id", "sample_index", "round_index", name="uq_rounds"),
+    )
+
+
+class TrainingJobRow(Base):
+    """A training job (KD draft, SpecDec++ head, EESD exit, Cali-TS predictor)."""
+
+    __tablename__ = "training_jobs"
+
+    job_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    config: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any] | None]
+    seconds: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    updated_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+    __table_args__ = (_status_check("ck_training_jobs_status", JOB_STATUSES),)
+
+
+class ArtifactRow(Base):
+    """A file a training job produced (draft checkpoint, head, predictor)."""
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("training_jobs.job_id", ondelete="CASCADE")
+    )
+    kind: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(String(2048))
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+    __table_args__ = (UniqueConstraint("job_id", "kind", "path", name="uq_artifacts"),)

@@ -1,0 +1,515 @@
+"""The store's API: register sweeps, record trials and training jobs, read rows back.
+
+Every method runs in one transaction. Recording is idempotent: a trial already ``done`` is never
+written again (so a retried or duplicated worker cannot duplicate rows), and inserts of rows that
+may already exist (a trial shared by two sweeps, a job) are ``ON CONFLICT DO NOTHING``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from sqlalchemy import ColumnElement, Engine, and_, delete, insert, or_, select, true, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, aliased
+
+from orchestrator.metrics import speedup
+from orchestrator.store.db import check_readable, default_url, make_engine, upgrade_to_head
+from orchestrator.store.models import (
+    ArtifactRow,
+    Base,
+    RoundRow,
+    SampleResultRow,
+    SweepRow,
+    SweepTrialRow,
+    TrainingJobRow,
+    TrialRow,
+    utc_now,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.metrics import TrialMetrics
+    from orchestrator.planner import Plan, TrainingJob, Trial
+    from orchestrator.spec import SweepSpec
+    from workers.records import GenerationResult
+
+_MIGRATION_LOCK = threading.Lock()
+_ID_CHUNK = 500
+#: TrialMetrics fields stored as plain trial columns (the rest goes to the ``metrics`` JSON).
+_METRIC_COLUMNS = (
+    "n_samples",
+    "generated_tokens",
+    "seconds",
+    "tokens_per_s",
+    "acceptance_rate",
+    "mean_accepted",
+    "mean_drafted",
+    "discard_rate",
+    "verification_rate",
+    "n_rounds",
+    "n_drafted",
+    "n_accepted",
+    "n_draft_forwards",
+    "draft_seconds",
+    "verify_seconds",
+)
+
+
+def open_store(url: str | None = None, read_only: bool = False) -> Store:
+    """Open the results store at ``url`` (default ``$SPECSWEEP_DB`` or ``sqlite:///results.db``).
+
+    Writers migrate the schema to the newest revision first; readers never write and fail with
+    StoreError when the database is missing or not migrated.
+    """
+    engine = make_engine(url or default_url(), read_only=read_only)
+    try:
+        if read_only:
+            check_readable(engine)
+        else:
+            with _MIGRATION_LOCK:
+                upgrade_to_head(engine)
+    except Exception:
+        engine.dispose()
+        raise
+    return Store(engine=engine, read_only=read_only)
+
+
+def prompt_id(prompt_ids: Sequence[int]) -> str:
+    """Return a short hash of a prompt's token ids (the same prompt gets the same id anywhere)."""
+    data = json.dumps([int(token) for token in prompt_ids], separators=(",", ":"))
+    return hashlib.sha256(data.encode("ascii")).hexdigest()[:16]
+
+
+@dataclass
+class Store:
+    """A handle on the results database; open it with :func:`open_store`."""
+
+    engine: Engine
+    read_only: bool = False
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        """Yield a session inside one transaction, committed on success."""
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    def register_sweep(self, spec: SweepSpec, plan: Plan, spec_yaml: str | None = None) -> int:
+        """Store the sweep, its trials (as pending when new) and jobs; return the sweep's row id.
+
+        Re-registering a sweep name replaces its spec and its trial membership with ``plan``'s;
+        results of trials already stored are kept.
+        """
+        spec_data = spec.model_dump(mode="json")
+        values = {
+            "name": spec.name,
+            "description": spec.description,
+            "spec": spec_data,
+            "spec_yaml": spec_yaml or yaml.safe_dump(spec_data, sort_keys=False),
+            "code_version": plan.trials[0].code_version if plan.trials else "",
+        }
+        with self._transaction() as session:
+            _insert_ignore(session, SweepRow, [values])
+            query = select(SweepRow).where(SweepRow.name == spec.name).with_for_update()
+            sweep = session.scalars(query.execution_options(populate_existing=True)).one()
+            for key, value in values.items():
+                setattr(sweep, key, value)
+            sweep.updated_at = utc_now()
+            session.flush()
+            _insert_ignore(session, TrialRow, [_trial_values(trial) for trial in plan.trials])
+            _insert_ignore(session, TrainingJobRow, [_job_values(job) for job in plan.jobs])
+            session.execute(delete(SweepTrialRow).where(SweepTrialRow.sweep_id == sweep.id))
+            links = [
+                {"sweep_id": sweep.id, "trial_id": trial.trial_id, "position": position}
+                for position, trial in enumerate(plan.trials)
+            ]
+            if links:
+                session.execute(insert(SweepTrialRow), links)
+            return sweep.id
+
+    def completed_trial_ids(self, trial_ids: Iterable[str]) -> set[str]:
+        """Return those of ``trial_ids`` whose trials are done (the runner skips them)."""
+        return self._ids_with_status(TrialRow, TrialRow.trial_id, trial_ids)
+
+    def completed_job_ids(self, job_ids: Iterable[str]) -> set[str]:
+        """Return those of ``job_ids`` whose training jobs are done."""
+        return self._ids_with_status(TrainingJobRow, TrainingJobRow.job_id, job_ids)
+
+    def _ids_with_status(
+        self, model: type[Base], id_column: Any, ids: Iterable[str], status: str = "done"
+    ) -> set[str]:
+        """Return the ids among ``ids`` whose row in ``model`` has ``status``."""
+        wanted = list(dict.fromkeys(ids))
+        found: set[str] = set()
+        with self._transaction() as session:
+            for start in range(0, len(wanted), _ID_CHUNK):
+                chunk = wanted[start : start + _ID_CHUNK]
+                query = select(id_column).where(id_column.in_(chunk), model.status == status)
+                found.update(session.scalars(query))
+        return found
+
+    def mark_running(self, trial: Trial) -> bool:
+        """Mark a trial running and count an attempt; returns False (no change) if it is done."""
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            row.status = "running"
+            row.attempts += 1
+            row.started_at = utc_now()
+            row.finished_at = None
+            return True
+
+    def record_trial(
+        self,
+        trial: Trial,
+        results: Sequence[GenerationResult],
+        metrics: TrialMetrics,
+        record_rounds: bool = True,
+        prompt_ids: Sequence[str] | None = None,
+        output_texts: Sequence[str] | None = None,
+    ) -> bool:
+        """Store a finished trial, its samples and (optionally) rounds in one transaction.
+
+        ``prompt_ids`` (the dataset's ids) and ``output_texts`` (decoded outputs) are optional,
+        one per result. Returns False and writes nothing when the trial is already done.
+        Updates the speedup of the trial and, for a baseline, of the trials measured against it.
+        """
+        for name, extra in (("prompt_ids", prompt_ids), ("output_texts", output_texts)):
+            if extra is not None and len(extra) != len(results):
+                raise ValueError(f"{name} has {len(extra)} entries for {len(results)} results")
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            session.execute(delete(RoundRow).where(RoundRow.trial_id == trial.trial_id))
+            session.execute(
+                delete(SampleResultRow).where(SampleResultRow.trial_id == trial.trial_id)
+            )
+            for column in _METRIC_COLUMNS:
+                setattr(row, column, getattr(metrics, column))
+            row.metrics = _extra_metrics(metrics)
+            row.status = "done"
+            row.error = None
+            row.attempts = max(row.attempts, 1)
+            row.finished_at = utc_now()
+            session.flush()
+            samples = [
+                _sample_values(
+                    trial.trial_id,
+                    index,
+                    result,
+                    prompt_ids[index] if prompt_ids is not None else None,
+                    output_texts[index] if output_texts is not None else None,
+                )
+                for index, result in enumerate(results)
+            ]
+            if samples:
+                session.execute(insert(SampleResultRow), samples)
+            rounds = _round_values(trial.trial_id, results) if record_rounds else []
+            if rounds:
+                session.execute(insert(RoundRow), rounds)
+            condition = or_(
+                TrialRow.trial_id == trial.trial_id, TrialRow.baseline_id == trial.trial_id
+            )
+            _apply_speedups(session, condition)
+            return True
+
+    def record_failure(self, trial: Trial, error: str, attempts: int | None = None) -> bool:
+        """Mark a trial failed with its error (and attempt count); False if it is already done."""
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            row.status = "failed"
+            row.error = error
+            if attempts is not None:
+                row.attempts = attempts
+            row.finished_at = utc_now()
+            return True
+
+    def refresh_speedups(self, sweep: str | None = None) -> int:
+        """Recompute speedups of done trials (of one sweep, or all) vs their AR baselines.
+
+        Returns the number of trials updated. A baseline's speedup is 1; a trial whose
+        baseline is not done has speedup None.
+        """
+        condition: ColumnElement[bool] = true()
+        if sweep is not None:
+            condition = TrialRow.trial_id.in_(_sweep_trial_ids(sweep))
+        with self._transaction() as session:
+            return _apply_speedups(session, condition)
+
+    def trials_frame(self, sweep: str | None = None) -> list[dict[str, Any]]:
+        """Return one dict per trial (every trials column), in plan order when ``sweep`` is given.
+
+        ``pandas.DataFrame(store.trials_frame())`` gives a frame; pandas is not required.
+        """
+        query = select(TrialRow)
+        if sweep is None:
+            query = query.order_by(TrialRow.created_at, TrialRow.trial_id)
+        else:
+            query = (
+                query.join(SweepTrialRow, SweepTrialRow.trial_id == TrialRow.trial_id)
+                .join(SweepRow, SweepRow.id == SweepTrialRow.sweep_id)
+                .where(SweepRow.name == sweep)
+                .order_by(SweepTrialRow.position)
+            )
+        columns = [column.key for column in TrialRow.__table__.columns]
+        with self._transaction() as session:
+            return [{key: getattr(row, key) for key in columns} for row in session.scalars(query)]
+
+    def sample_outputs(self, trial_id: str) -> list[dict[str, Any]]:
+        """Return the stored samples of one trial in sample order (one dict per sample row)."""
+        query = (
+            select(SampleResultRow)
+            .where(SampleResultRow.trial_id == trial_id)
+            .order_by(SampleResultRow.sample_index)
+        )
+        columns = [column.key for column in SampleResultRow.__table__.columns]
+        with self._transaction() as session:
+            return [{key: getattr(row, key) for key in columns} for row in session.scalars(query)]
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        """Return one dict per stored sweep: name, description, times and trial count."""
+        query = (
+            select(SweepRow, SweepTrialRow.trial_id)
+            .outerjoin(SweepTrialRow, SweepTrialRow.sweep_id == SweepRow.id)
+            .order_by(SweepRow.created_at)
+        )
+        summary: dict[str, dict[str, Any]] = {}
+        with self._transaction() as session:
+            for sweep, trial_id in session.execute(query):
+                entry = summary.setdefault(
+                    sweep.name,
+                    {
+                        "name": sweep.name,
+                        "description": sweep.description,
+                        "created_at": sweep.created_at,
+                        "updated_at": sweep.updated_at,
+                        "n_trials": 0,
+                    },
+                )
+                entry["n_trials"] += trial_id is not None
+        return list(summary.values())
+
+    def record_training_job(
+        self,
+        job: TrainingJob,
+        status: str,
+        attempts: int | None = None,
+        error: str | None = None,
+        metrics: dict[str, Any] | None = None,
+        seconds: float | None = None,
+    ) -> None:
+        """Create or update a training job's row with its status and outcome."""
+        with self._transaction() as session:
+            _insert_ignore(session, TrainingJobRow, [_job_values(job)])
+            row = session.get(TrainingJobRow, job.job_id, with_for_update=True)
+            assert row is not None
+            row.status = status
+            if attempts is not None:
+                row.attempts = attempts
+            row.error = error
+            if metrics is not None:
+                row.metrics = metrics
+            if seconds is not None:
+                row.seconds = seconds
+            row.updated_at = utc_now()
+
+    def record_artifact(self, job_id: str, kind: str, path: str) -> None:
+        """Record a file a training job produced (recording the same one twice is a no-op)."""
+        with self._transaction() as session:
+            _insert_ignore(session, ArtifactRow, [{"job_id": job_id, "kind": kind, "path": path}])
+
+    def artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        """Return the artifacts of a training job, oldest first, as dicts (kind, path, created)."""
+        query = select(ArtifactRow).where(ArtifactRow.job_id == job_id).order_by(ArtifactRow.id)
+        with self._transaction() as session:
+            return [
+                {"kind": row.kind, "path": row.path, "created_at": row.created_at}
+                for row in session.scalars(query)
+            ]
+
+
+def _insert_ignore(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
+    """Insert ``rows`` into ``model``'s table, skipping rows whose key already exists."""
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        statement = sqlite.insert(model).on_conflict_do_nothing()
+    elif dialect == "postgresql":
+        statement = postgresql.insert(model).on_conflict_do_nothing()
+    else:
+        raise NotImplementedError(f"the store supports SQLite and PostgreSQL, not {dialect}")
+    session.execute(statement, rows)
+
+
+def _locked_trial(session: Session, trial: Trial) -> TrialRow:
+    """Return the trial's row, inserted as pending if missing and locked for this transaction."""
+    _insert_ignore(session, TrialRow, [_trial_values(trial)])
+    row = session.get(TrialRow, trial.trial_id, with_for_update=True, populate_existing=True)
+    assert row is not None
+    return row
+
+
+def _sweep_trial_ids(sweep: str) -> Any:
+    """Return a subquery selecting the trial ids linked to the sweep named ``sweep``."""
+    return (
+        select(SweepTrialRow.trial_id)
+        .join(SweepRow, SweepRow.id == SweepTrialRow.sweep_id)
+        .where(SweepRow.name == sweep)
+    )
+
+
+def _apply_speedups(session: Session, condition: ColumnElement[bool]) -> int:
+    """Set ``speedup`` on done trials matching ``condition``; return how many were updated."""
+    baseline = aliased(TrialRow)
+    query = (
+        select(
+            TrialRow.trial_id, TrialRow.tokens_per_s, TrialRow.is_baseline, baseline.tokens_per_s
+        )
+        .outerjoin(
+            baseline,
+            and_(baseline.trial_id == TrialRow.baseline_id, baseline.status == "done"),
+        )
+        .where(TrialRow.status == "done", condition)
+    )
+    updates = [
+        {
+            "trial_id": trial_id,
+            "speedup": speedup(tokens_per_s, tokens_per_s if is_baseline else baseline_tps),
+        }
+        for trial_id, tokens_per_s, is_baseline, baseline_tps in session.execute(query)
+    ]
+    if updates:
+        session.execute(update(TrialRow), updates)
+    return len(updates)
+
+
+def _trial_values(trial: Trial) -> dict[str, Any]:
+    """Return the trials-table values of a new (pending) trial."""
+    config = trial.to_dict()
+    config.pop("sweep", None)
+    return {
+        "trial_id": trial.trial_id,
+        "pair": trial.pair,
+        "target": trial.target,
+        "draft": trial.draft,
+        "draft_job": trial.draft_job,
+        "backend": trial.backend,
+        "tp_size": trial.tp_size,
+        "dtype": trial.dtype,
+        "dataset": trial.dataset,
+        "split": trial.split,
+        "samples": trial.samples,
+        "max_new_tokens": trial.max_new_tokens,
+        "temperature": trial.temperature,
+        "top_k": trial.top_k,
+        "top_p": trial.top_p,
+        "policy": trial.policy,
+        "threshold": trial.threshold,
+        "max_draft_len": trial.max_draft_len,
+        "seed": trial.seed,
+        "is_baseline": trial.is_baseline,
+        "baseline_id": trial.baseline_id,
+        "code_version": trial.code_version,
+        "params": trial.params_dict,
+        "config": config,
+        "status": "pending",
+        "attempts": 0,
+    }
+
+
+def _job_values(job: TrainingJob) -> dict[str, Any]:
+    """Return the training_jobs values of a new (pending) job."""
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "kind": job.kind,
+        "config": {
+            "base": job.base,
+            "teacher": job.teacher,
+            "dataset": job.dataset,
+            "split": job.split,
+            "samples": job.samples,
+            "local_path": job.local_path,
+            "epochs": job.epochs,
+            "config": job.config,
+        },
+        "status": "pending",
+        "attempts": 0,
+    }
+
+
+def _extra_metrics(metrics: TrialMetrics) -> dict[str, Any]:
+    """Return the metrics kept in JSON: EESD's HM and the length histograms."""
+    return {
+        "eesd_hm": metrics.eesd_hm,
+        "draft_length_histogram": {str(k): v for k, v in metrics.draft_length_histogram.items()},
+        "accepted_length_histogram": {
+            str(k): v for k, v in metrics.accepted_length_histogram.items()
+        },
+    }
+
+
+def _sample_values(
+    trial_id: str,
+    index: int,
+    result: GenerationResult,
+    dataset_prompt_id: str | None,
+    output_text: str | None,
+) -> dict[str, Any]:
+    """Return the sample_results values of one generated sample."""
+    return {
+        "trial_id": trial_id,
+        "sample_index": index,
+        "prompt_id": dataset_prompt_id or prompt_id(result.prompt_ids),
+        "output_text": output_text,
+        "prompt_len": len(result.prompt_ids),
+        "generated_tokens": result.n_generated,
+        "seconds": result.seconds,
+        "output_ids": [int(token) for token in result.output_ids],
+        "drafted": result.n_drafted,
+        "accepted": result.n_accepted,
+        "n_rounds": len(result.rounds),
+        "stopped_on_eos": result.stopped_on_eos,
+    }
+
+
+def _round_values(trial_id: str, results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+    """Return the rounds-table values of every round of every sample."""
+    return [
+        {
+            "trial_id": trial_id,
+            "sample_index": sample_index,
+            "round_index": round_index,
+            "drafted": record.drafted,
+            "accepted": record.accepted,
+            "bonus": record.bonus,
+            "draft_forwards": record.draft_forwards,
+            "draft_seconds": record.draft_seconds,
+            "verify_seconds": record.verify_seconds,
+            "mean_entropy": record.mean_entropy,
+            "min_max_prob": record.min_max_prob,
+        }
+        for sample_index, result in enumerate(results)
+        for round_index, record in enumerate(result.rounds)
+    ]

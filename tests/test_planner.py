@@ -1,0 +1,260 @@
+"""Grid expansion: counts, identity, baselines, skipping, ordering, jobs and resources."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.planner import CODE_VERSION, Plan, canonical_json, config_id, plan_sweep
+from orchestrator.spec import SweepSpec, load_sweep, parse_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+
+BASE = """\
+name: grid
+pairs:
+  - name: p1
+    target: zoo:demo/target
+    draft: zoo:demo/draft-s
+  - name: p2
+    target: zoo:demo/target
+    draft: zoo:micro/draft-s
+datasets:
+  - {name: "builtin:code", samples: 4, max_new_tokens: 16}
+  - {name: "builtin:math", samples: 4, max_new_tokens: 16}
+temperatures: [0, 0.8]
+policies:
+  - name: static
+  - name: adaedl
+    grid: {threshold: [0.2, 0.4, 0.6]}
+  - name: svip
+    params: {length_cap: 30}
+    grid: {threshold: [0.3, 0.5]}
+  - name: oracle
+max_draft_lens: [4, 8]
+seeds: [0, 1]
+"""
+
+
+def _spec(text: str = BASE) -> SweepSpec:
+    return parse_sweep(textwrap.dedent(text))
+
+
+def _plan(text: str = BASE) -> Plan:
+    return plan_sweep(_spec(text))
+
+
+def test_counts_follow_the_grid_formula() -> None:
+    plan = _plan()
+    pairs, datasets, temperatures, lengths, seeds = 2, 2, 2, 2, 2
+    settings_greedy = 1 + 3 + 2 + 1
+    settings_sampled = 1 + 3 + 2  # the oracle is greedy-only
+    groups = pairs * datasets * seeds
+    policy_trials = groups * (settings_greedy + settings_sampled) * lengths
+    baselines = pairs * datasets * temperatures * seeds
+    assert plan.counts() == {
+        "trials": policy_trials + baselines,
+        "baselines": baselines,
+        "policy_trials": policy_trials,
+        "skipped": groups * lengths,
+        "jobs": 0,
+    }
+    assert len({trial.trial_id for trial in plan.trials}) == len(plan.trials)
+
+
+def test_greedy_only_policy_is_skipped_with_a_reason() -> None:
+    plan = _plan()
+    assert {(t.policy, t.temperature) for t in plan.trials if t.policy == "oracle"} == {
+        ("oracle", 0.0)
+    }
+    assert {group.policy for group in plan.skipped} == {"oracle"}
+    assert all(group.temperature == 0.8 for group in plan.skipped)
+    assert all("greedy-only" in group.reason for group in plan.skipped)
+    keys = {(g.pair, g.dataset, g.seed) for g in plan.skipped}
+    assert len(keys) == len(plan.skipped) == 2 * 2 * 2  # pairs × datasets × seeds
+    assert all(group.n_trials == 2 for group in plan.skipped)  # one setting × two lengths
+
+
+def test_baselines_one_per_group_and_linked() -> None:
+    plan = _plan()
+    baselines = {t.trial_id: t for t in plan.trials if t.is_baseline}
+    keys = {(t.pair, t.dataset, t.temperature, t.seed) for t in baselines.values()}
+    assert len(keys) == len(baselines) == 16
+    for baseline in baselines.values():
+        assert (baseline.policy, baseline.max_draft_len, baseline.params) == ("ar", 0, ())
+        assert baseline.baseline_id is None
+    for trial in plan.trials:
+        if trial.is_baseline:
+            continue
+        baseline = baselines[trial.baseline_id]
+        assert (baseline.pair, baseline.dataset, baseline.temperature, baseline.seed) == (
+            trial.pair,
+            trial.dataset,
+            trial.temperature,
+            trial.seed,
+        )
+
+
+def test_order_groups_pairs_and_puts_baselines_first() -> None:
+    plan = _plan()
+    pair_runs = [name for name, _ in itertools.groupby(t.pair for t in plan.trials)]
+    assert pair_runs == ["p1", "p2"]
+    group_key = lambda t: (t.pair, t.dataset, t.temperature, t.seed)  # noqa: E731
+    seen_groups = []
+    for key, group in itertools.groupby(plan.trials, key=group_key):
+        trials = list(group)
+        assert trials[0].is_baseline
+        assert not any(t.is_baseline for t in trials[1:])
+        seen_groups.append(key)
+    assert len(seen_groups) == len(set(seen_groups)) == 16
+
+
+def test_params_have_defaults_and_threshold_column() -> None:
+    plan = _plan()
+    adaedl = [t for t in plan.trials if t.policy == "adaedl"]
+    assert {t.threshold for t in adaedl} == {0.2, 0.4, 0.6}
+    assert all(t.params_dict["gamma"] == 0.2 for t in adaedl)
+    assert all(t.params_dict["dynamic"] is True for t in adaedl)
+    svip = [t for t in plan.trials if t.policy == "svip"]
+    assert all(t.params_dict == {"threshold": t.threshold, "length_cap": 30} for t in svip)
+    assert all(t.threshold is None for t in plan.trials if t.policy in ("static", "oracle", "ar"))
+    assert all(list(t.params) == sorted(t.params) for t in plan.trials)
+
+
+def test_config_id_is_sha256_of_canonical_json() -> None:
+    config = {"b": [1.5, "x"], "a": 1}
+    text = '{"a":1,"b":[1.5,"x"]}'
+    assert canonical_json(config) == text
+    assert config_id(config) == hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert config_id({"a": 1, "b": [1.5, "x"]}) == config_id(config)
+    with pytest.raises(ValueError):
+        canonical_json({"a": float("nan")})
+
+
+def test_ids_ignore_labels_spelling_and_defaults() -> None:
+    ids = {t.trial_id for t in _plan().trials}
+    relabelled = (
+        BASE.replace("name: grid", "name: other\ndescription: same trials")
+        .replace("name: p1", "name: first")
+        .replace("[0.2, 0.4, 0.6]", "[0.20, 0.4, 6.0e-1]")
+        .replace("temperatures: [0, 0.8]", "temperatures: [0.0, {temperature: 0.80}]")
+        .replace("params: {length_cap: 30}", "params: {length_cap: 30.0}")
+        .replace("  - name: static\n", "  - {name: static, params: {}}\n")
+        .replace("  - name: adaedl\n", "  - name: adaedl\n    params: {gamma: 0.2}\n")
+    )
+    assert {t.trial_id for t in _plan(relabelled).trials} == ids
+    assert all(t.sweep == "other" for t in _plan(relabelled).trials)
+
+
+def test_ids_change_with_what_is_measured() -> None:
+    ids = {t.trial_id for t in _plan().trials}
+    for old, new in [
+        ("seeds: [0, 1]", "seeds: [2, 3]"),
+        ("samples: 4, max_new_tokens: 16", "samples: 5, max_new_tokens: 16"),
+        ("samples: 4, max_new_tokens: 16", "samples: 4, max_new_tokens: 17"),
+        ("temperatures: [0, 0.8]", "temperatures: [0.1, 0.9]"),
+        ("target: zoo:demo/target", "target: {model: zoo:demo/target, dtype: bfloat16}"),
+        ("seeds: [0, 1]", "seeds: [0, 1]\nexecution: {warmup_samples: 2}"),
+    ]:
+        changed = BASE.replace(old, new)
+        assert changed != BASE
+        assert ids.isdisjoint(t.trial_id for t in _plan(changed).trials), new
+
+
+def test_changing_one_pairs_draft_changes_only_its_trials() -> None:
+    plan = _plan()
+    changed = _plan(BASE.replace("draft: zoo:micro/draft-s", "draft: zoo:micro/draft-m"))
+    p1_ids = {t.trial_id for t in plan.trials if t.pair == "p1"}
+    p2_ids = {t.trial_id for t in plan.trials if t.pair == "p2"}
+    assert {t.trial_id for t in changed.trials if t.pair == "p1"} == p1_ids
+    assert p2_ids.isdisjoint(t.trial_id for t in changed.trials if t.pair == "p2")
+
+
+def test_greedy_ignores_top_k_and_duplicates_are_dropped() -> None:
+    plan = _plan()
+    duplicated = BASE.replace(
+        "temperatures: [0, 0.8]", "temperatures: [0, {temperature: 0, top_k: 50}, 0.8, 0.80]"
+    ).replace("max_draft_lens: [4, 8]", "max_draft_lens: [4, 8, 4]")
+    assert [t.trial_id for t in _plan(duplicated).trials] == [t.trial_id for t in plan.trials]
+    assert _plan(duplicated).skipped == plan.skipped
+
+
+def test_top_k_matters_when_sampling() -> None:
+    both = _plan(BASE.replace("[0, 0.8]", "[0.8, {temperature: 0.8, top_k: 50}]"))
+    plain = _plan(BASE.replace("[0, 0.8]", "[0.8]"))
+    sampled = [t for t in both.trials if t.policy == "static" and t.top_k == 50]
+    assert len(sampled) == 2 * 2 * 2 * 2  # pairs × datasets × lengths × seeds
+    assert len(both.trials) == 2 * len(plain.trials)
+
+
+JOBS = """\
+name: kd
+pairs:
+  - name: distilled
+    target: zoo:demo/target
+    draft: {job: kd_draft}
+datasets: ["builtin:code"]
+temperatures: [0]
+policies:
+  - {name: static}
+  - {name: specdecpp, job: head, grid: {threshold: [0.5, 0.7]}}
+max_draft_lens: [4]
+training_jobs:
+  - {name: kd_draft, kind: distillspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,
+     dataset: "builtin:code", epochs: 1, config: {divergence: fkl}}
+  - {name: head, kind: specdecpp_head, base: zoo:demo/draft-s, teacher: zoo:demo/target,
+     dataset: {name: "builtin:code", samples: 32}}
+"""
+
+
+def test_jobs_and_requirements() -> None:
+    plan = _plan(JOBS)
+    jobs = {job.name: job for job in plan.jobs}
+    assert set(jobs) == {"kd_draft", "head"}
+    assert jobs["kd_draft"].config == {"divergence": "fkl"}
+    assert jobs["head"].samples == 32
+    for trial in plan.trials:
+        expected = ("kd_draft", "head") if trial.policy == "specdecpp" else ("kd_draft",)
+        assert trial.requires_jobs == expected
+        assert trial.job_ids == tuple(jobs[name].job_id for name in expected)
+        assert trial.draft is None and trial.draft_job == "kd_draft"
+    assert len(plan.trials) == 1 + 1 + 2
+
+
+def test_job_config_changes_job_and_trial_ids() -> None:
+    plan = _plan(JOBS)
+    changed = _plan(JOBS.replace("divergence: fkl", "divergence: rkl"))
+    assert plan.jobs[0].job_id != changed.jobs[0].job_id
+    assert plan.jobs[1].job_id == changed.jobs[1].job_id
+    old_ids = {t.trial_id for t in plan.trials}
+    assert old_ids.isdisjoint(t.trial_id for t in changed.trials)
+    renamed = _plan(JOBS.replace("kd_draft", "teacher_copy"))
+    assert {t.trial_id for t in renamed.trials} == old_ids
+
+
+def test_resources_per_pair() -> None:
+    text = BASE.replace(
+        "  - name: p2\n    target: zoo:demo/target\n",
+        "  - name: p2\n"
+        "    target: {model: zoo:demo/target, backend: deepspeed, tp_size: 2, gpus: 1}\n",
+    ).replace("draft: zoo:micro/draft-s", "draft: {model: zoo:micro/draft-s, gpus: 0.5}")
+    resources = {r.pair: r for r in _plan(text).resources()}
+    assert (resources["p1"].cpus, resources["p1"].gpus) == (2, 0.0)
+    p2 = resources["p2"]
+    assert (p2.backend, p2.target_actors, p2.gpus_per_target_actor) == ("deepspeed", 2, 1.0)
+    assert (p2.cpus, p2.gpus, p2.draft_gpus) == (3, 2 * 1.0 + 0.5, 0.5)
+
+
+def test_demo_sweep_plan() -> None:
+    plan = plan_sweep(load_sweep(REPO / "sweeps" / "demo.yaml"))
+    counts = plan.counts()
+    # 9 policies: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once and
+    # max_confidence, adaedl, svip with two thresholds = 12 settings greedy, 11 sampled.
+    assert counts["policy_trials"] == 2 * (12 + 11) * 2
+    assert counts["baselines"] == 2 * 2
+    assert 60 <= counts["trials"] <= 100
+    assert all(t.code_version == CODE_VERSION for t in plan.trials)

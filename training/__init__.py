@@ -1,0 +1,1 @@
+"""SpecSweep training package."""

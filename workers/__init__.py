@@ -1,0 +1,1 @@
+"""SpecSweep workers package."""

@@ -1,0 +1,267 @@
+"""Speculative decoding and the autoregressive baseline, batch 1 (shared/DESIGN.md, rounds).
+
+``speculative_generate`` drives the rounds from the draft side: draft with the policy deciding
+after every draft step, send the block to the target (anything with ``prefill``/``verify``: a
+:class:`workers.target.LocalTarget` in process, or a Ray actor handle wrapped to look like one),
+sample the residual after a rejection, roll the draft cache back, tell the policy. The same code
+runs in one process and split across actors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from policies import DraftPolicy, DraftStep, RequestContext, RoundOutcome
+from workers.lm import CachedLM
+from workers.records import GenerationResult, RoundRecord, SamplingConfig
+from workers.sampling import entropy, feature_probs, sample_token, warp_probs
+from workers.target import VerifyRequest, VerifyResponse, side_seed
+from workers.verification import residual_distribution
+
+
+class TargetScorer(Protocol):
+    """The target side as the engine sees it (a local object or an actor proxy)."""
+
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> float:
+        """Start a request; return seconds spent."""
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        """Score one drafted block."""
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """Per-request decoding settings shared by the speculative and the baseline paths."""
+
+    sampling: SamplingConfig
+    seed: int = 0
+    eos_token_id: int | None = None
+
+
+@dataclass
+class _Block:
+    """The tokens one round proposes, with what verification and the record need."""
+
+    tokens: list[torch.Tensor]
+    token_probs: list[torch.Tensor]
+    rows: list[torch.Tensor]
+    entropies: list[float]
+    max_probs: list[float]
+    forwards: int
+
+
+def speculative_generate(
+    draft: CachedLM,
+    target: TargetScorer,
+    policy: DraftPolicy,
+    prompt_ids: torch.Tensor,
+    settings: RequestSettings,
+    max_draft_len: int,
+    reference: list[int] | None = None,
+    on_round: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """Generate up to ``settings.sampling.max_new_tokens`` tokens by speculative decoding.
+
+    ``reference`` is the target's greedy output, required by policies with ``needs_reference``
+    (the oracle). ``on_round`` is called with the full sequence after every round (tests use it
+    to check the caches).
+    """
+    sampling = settings.sampling
+    if policy.greedy_only and not sampling.greedy:
+        raise ValueError(f"policy {policy.name!r} is defined for greedy decoding only")
+    if policy.needs_reference and reference is None:
+        raise ValueError(f"policy {policy.name!r} needs the target's greedy output as reference")
+    start = time.perf_counter()
+    prompt = prompt_ids.to(torch.long).cpu()
+    target.prefill(prompt, sampling, settings.seed)
+    draft.reset()
+    if prompt.numel() > 1:
+        draft.forward(prompt[:-1].to(draft.device), last_only=True)
+    generator = torch.Generator(device="cpu").manual_seed(side_seed(settings.seed, "draft"))
+    policy.reset(
+        RequestContext(
+            prompt_len=prompt.numel(),
+            max_draft_len=max_draft_len,
+            seed=settings.seed,
+            reference=tuple(reference) if reference is not None else None,
+        )
+    )
+    sequence = prompt.tolist()
+    output: list[int] = []
+    rounds: list[RoundRecord] = []
+    target_hidden = None
+    stopped_on_eos = False
+    while len(output) < sampling.max_new_tokens and not stopped_on_eos:
+        round_start = time.perf_counter()
+        cap = min(policy.round_cap(), sampling.max_new_tokens - len(output) - 1)
+        block = _draft_block(
+            draft, policy, sequence, len(output), cap, sampling, generator, target_hidden
+        )
+        drafted_at = time.perf_counter()
+        response = target.verify(
+            VerifyRequest(
+                pending=torch.tensor(sequence[-1:], dtype=torch.long),
+                draft_tokens=_stack(block.tokens),
+                draft_token_probs=None if sampling.greedy else _stack(block.token_probs),
+                want_hidden="target_hidden" in policy.features,
+            )
+        )
+        n_accepted = response.n_accepted
+        next_token = response.next_token
+        if next_token is None:
+            residual = residual_distribution(response.rejected_row.cpu(), block.rows[n_accepted])
+            next_token = int(sample_token(residual, generator))
+        new_tokens = [int(t) for t in block.tokens[:n_accepted]] + [next_token]
+        draft.crop(min(draft.cached_len, len(sequence) + n_accepted))
+        sequence.extend(new_tokens)
+        output.extend(new_tokens)
+        target_hidden = response.hidden
+        policy.update(RoundOutcome(len(block.tokens), n_accepted, max_draft_len))
+        rounds.append(
+            RoundRecord(
+                drafted=len(block.tokens),
+                accepted=n_accepted,
+                bonus=bool(block.tokens) and n_accepted == len(block.tokens),
+                draft_forwards=block.forwards,
+                draft_seconds=drafted_at - round_start,
+                verify_seconds=time.perf_counter() - drafted_at,
+                mean_entropy=_mean(block.entropies),
+                min_max_prob=min(block.max_probs) if block.max_probs else None,
+            )
+        )
+        output, stopped_on_eos = _truncate_at_eos(output, settings.eos_token_id)
+        if on_round is not None:
+            on_round(sequence)
+    return GenerationResult(
+        prompt_ids=prompt.tolist(),
+        output_ids=output[: sampling.max_new_tokens],
+        rounds=rounds,
+        seconds=time.perf_counter() - start,
+        stopped_on_eos=stopped_on_eos,
+    )
+
+
+def _draft_block(
+    draft: CachedLM,
+    policy: DraftPolicy,
+    sequence: list[int],
+    n_generated: int,
+    cap: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    target_hidden: torch.Tensor | None,
+) -> _Block:
+    """Draft up to ``cap`` tokens, asking the policy before proposing each candidate."""
+    block = _Block(tokens=[], token_probs=[], rows=[], entropies=[], max_probs=[], forwards=0)
+    if cap <= 0:
+        return block
+    wanted = policy.features
+    pending = torch.tensor(sequence[draft.cached_len :], dtype=torch.long, device=draft.device)
+    step = draft.forward(pending, last_only=True)
+    block.forwards = 1
+    for index in range(1, cap + 1):
+        logits = step.logits[-1]
+        if sampling.greedy:
+            token = logits.argmax()
+            probs = None
+        else:
+            probs = warp_probs(logits, sampling)
+            token = sample_token(probs.cpu(), generator).to(logits.device)
+        entropy_value = max_prob = None
+        if "entropy" in wanted or "max_prob" in wanted:
+            shown = probs if probs is not None else feature_probs(logits, sampling)
+            entropy_value = float(entropy(shown))
+            max_prob = float(shown.max())
+        candidate = DraftStep(
+            index=index,
+            position=n_generated + index - 1,
+            token=int(token) if "token" in wanted else None,
+            entropy=entropy_value,
+            max_prob=max_prob,
+            hidden=step.hidden[-1] if "hidden" in wanted else None,
+            target_hidden=target_hidden,
+        )
+        if not policy.propose(candidate):
+            break
+        block.tokens.append(token)
+        if probs is not None:
+            block.rows.append(probs.cpu())
+            block.token_probs.append(probs[token].cpu())
+        if entropy_value is not None:
+            block.entropies.append(entropy_value)
+            block.max_probs.append(max_prob)
+        if index < cap:
+            step = draft.forward(token.view(1), last_only=True)
+            block.forwards += 1
+    return block
+
+
+def autoregressive_generate(
+    target: TargetScorer, prompt_ids: torch.Tensor, settings: RequestSettings
+) -> GenerationResult:
+    """Generate with the target alone through the same target-side code (the AR baseline).
+
+    Each step is a verification of an empty block, which returns the target's next token
+    (argmax when greedy, a sample of the warped p otherwise). One record per token.
+    """
+    sampling = settings.sampling
+    start = time.perf_counter()
+    prompt = prompt_ids.to(torch.long).cpu()
+    target.prefill(prompt, sampling, settings.seed)
+    sequence = prompt.tolist()
+    output: list[int] = []
+    rounds: list[RoundRecord] = []
+    empty = torch.empty(0, dtype=torch.long)
+    stopped_on_eos = False
+    while len(output) < sampling.max_new_tokens and not stopped_on_eos:
+        response = target.verify(
+            VerifyRequest(
+                pending=torch.tensor(sequence[-1:], dtype=torch.long),
+                draft_tokens=empty,
+                draft_token_probs=None if sampling.greedy else empty.float(),
+            )
+        )
+        sequence.append(response.next_token)
+        output.append(response.next_token)
+        rounds.append(
+            RoundRecord(
+                drafted=0,
+                accepted=0,
+                bonus=False,
+                draft_forwards=0,
+                draft_seconds=0.0,
+                verify_seconds=response.seconds,
+            )
+        )
+        output, stopped_on_eos = _truncate_at_eos(output, settings.eos_token_id)
+    return GenerationResult(
+        prompt_ids=prompt.tolist(),
+        output_ids=output,
+        rounds=rounds,
+        seconds=time.perf_counter() - start,
+        stopped_on_eos=stopped_on_eos,
+    )
+
+
+def _truncate_at_eos(output: list[int], eos_token_id: int | None) -> tuple[list[int], bool]:
+    """Cut ``output`` after its first EOS token; return it and whether EOS was found."""
+    if eos_token_id is None or eos_token_id not in output:
+        return output, False
+    return output[: output.index(eos_token_id) + 1], True
+
+
+def _stack(values: list[torch.Tensor]) -> torch.Tensor:
+    """Stack 0-d tensors into a 1-D CPU tensor (empty long tensor for no values)."""
+    if not values:
+        return torch.empty(0, dtype=torch.long)
+    return torch.stack(values).cpu()
+
+
+def _mean(values: list[float]) -> float | None:
+    """Return the mean of ``values`` or None when empty."""
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,81 @@
+"""What the engine reports: one record per round and one result per generated sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Decoding settings applied identically to draft and target (temperature 0 = greedy)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy (temperature 0)."""
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One speculative round: tokens drafted and accepted, the bonus flag, and timings.
+
+    ``bonus`` is True when every drafted token was accepted and the target's extra token was
+    emitted. ``draft_forwards`` counts draft forward passes (a policy that stops before a
+    candidate has paid for its forward), the N_draft of the cost model. ``mean_entropy`` and
+    ``min_max_prob`` summarise the policy features of the proposed tokens (None when the policy
+    asked for none).
+    """
+
+    drafted: int
+    accepted: int
+    bonus: bool
+    draft_forwards: int
+    draft_seconds: float
+    verify_seconds: float
+    mean_entropy: float | None = None
+    min_max_prob: float | None = None
+
+    @property
+    def emitted(self) -> int:
+        """Tokens this round added to the output: the accepted ones plus the target's one."""
+        return self.accepted + 1
+
+
+@dataclass
+class GenerationResult:
+    """The output of one request: generated ids (prompt excluded), rounds, wall time.
+
+    For target-only autoregressive decoding ``rounds`` holds one record per generated token
+    with ``drafted == 0``.
+    """
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    rounds: list[RoundRecord] = field(default_factory=list)
+    seconds: float = 0.0
+    stopped_on_eos: bool = False
+
+    @property
+    def n_generated(self) -> int:
+        """Number of generated tokens."""
+        return len(self.output_ids)
+
+    @property
+    def n_drafted(self) -> int:
+        """Total draft tokens proposed to the target (N_draft)."""
+        return sum(r.drafted for r in self.rounds)
+
+    @property
+    def n_accepted(self) -> int:
+        """Total draft tokens the target accepted."""
+        return sum(r.accepted for r in self.rounds)
+
+    @property
+    def n_target_calls(self) -> int:
+        """Target forward passes after prefill (N_target): one per round."""
+        return len(self.rounds)

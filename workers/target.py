@@ -1,0 +1,107 @@
+"""The target side of the round protocol: prefill, then score a drafted block and roll back.
+
+``LocalTarget`` holds a :class:`CachedLM` and its own random generator; the Ray target actor
+wraps one and only moves its requests and responses. The target's cache always holds the
+sequence minus the tokens it has not seen yet (``pending``: the last emitted token, which the
+draft side may have sampled).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from workers.lm import CachedLM
+from workers.records import SamplingConfig
+from workers.sampling import warp_probs
+from workers.verification import verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """One round's payload to the target: O(K) besides the pending token(s).
+
+    ``pending`` are emitted tokens the target has not processed yet, ``draft_tokens`` the
+    proposed block, ``draft_token_probs`` q_i(y_i) (sampling only).
+    """
+
+    pending: torch.Tensor
+    draft_tokens: torch.Tensor
+    draft_token_probs: torch.Tensor | None = None
+    want_hidden: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyResponse:
+    """The target's answer: accepted count, the next token or the rejected row, and timing.
+
+    ``hidden`` is the target's last-layer hidden state at the position that produced the next
+    token (for Cali-TS), when asked for.
+    """
+
+    n_accepted: int
+    next_token: int | None
+    rejected_row: torch.Tensor | None
+    hidden: torch.Tensor | None
+    seconds: float
+
+
+class LocalTarget:
+    """Target-side logic of speculative decoding and of the autoregressive baseline."""
+
+    def __init__(self, lm: CachedLM) -> None:
+        self.lm = lm
+        self.sampling = SamplingConfig()
+        self.generator = torch.Generator(device="cpu")
+
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> float:
+        """Start a request: reset the cache, process all but the last prompt token, reseed.
+
+        Returns the seconds spent.
+        """
+        start = _now()
+        self.sampling = sampling
+        self.generator.manual_seed(side_seed(seed, "target"))
+        self.lm.reset()
+        if prompt_ids.numel() > 1:
+            self.lm.forward(prompt_ids[:-1], last_only=True)
+        return _now() - start
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        """Score pending + drafted tokens in one forward, judge the block, roll the cache back."""
+        start = _now()
+        base_len = self.lm.cached_len + request.pending.numel()
+        block = torch.cat([request.pending, request.draft_tokens])
+        out = self.lm.forward(block)
+        n_pending = request.pending.numel()
+        logits = out.logits[n_pending - 1 :]
+        if self.sampling.greedy:
+            verdict = verify_greedy(request.draft_tokens, logits)
+        else:
+            verdict = verify_sampling(
+                request.draft_tokens,
+                request.draft_token_probs,
+                warp_probs(logits, self.sampling),
+                self.generator,
+            )
+        self.lm.crop(base_len + verdict.n_accepted)
+        hidden = out.hidden[n_pending - 1 + verdict.n_accepted] if request.want_hidden else None
+        return VerifyResponse(
+            n_accepted=verdict.n_accepted,
+            next_token=verdict.next_token,
+            rejected_row=verdict.rejected_row,
+            hidden=hidden,
+            seconds=_now() - start,
+        )
+
+
+def side_seed(seed: int, side: str) -> int:
+    """Return the seed of one side's generator, so draft and target streams never coincide."""
+    return (seed * 1_000_003 + (1 if side == "target" else 2)) % (2**63)
+
+
+def _now() -> float:
+    """Return a monotonic clock reading in seconds."""
+    return time.perf_counter()
