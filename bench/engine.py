@@ -1,0 +1,238 @@
+"""Engine benchmark: our static-K speculative decoding vs target-only AR and transformers'
+assisted generation, on one pair and prompt set, greedy, side by side in one run.
+
+Reports tokens/s and acceptance per method, the speed ratio of our static K to transformers'
+assisted generation at the same K, and the engine overhead: wall time minus
+(N_draft·t_draft + Σ t_target(block)), with t_draft (one cached draft step) and t_target(n)
+(one cached target forward of n tokens, then rollback) measured standalone in the same run.
+
+    python bench/engine.py --target zoo:demo/target --draft zoo:demo/draft-s \
+        --dataset builtin:code --samples 16 --max-new-tokens 64 --out bench-engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from policies import make_policy
+from workers.datasets import DatasetSpec, load_prompts
+from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
+from workers.lm import CachedLM, load_causal_lm
+from workers.records import GenerationResult, SamplingConfig
+from workers.target import LocalTarget
+
+STATIC_KS = (2, 4, 8)
+
+
+@dataclass
+class MethodResult:
+    """One method's totals over the prompt set."""
+
+    method: str
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    acceptance_rate: float | None = None
+    mean_accepted: float | None = None
+    overhead_fraction: float | None = None
+    matches_ar: bool | None = None
+
+
+def _resolve(ref: str) -> Path:
+    """Return a local model directory for a path or a ``zoo:`` reference."""
+    if ref.startswith("zoo:"):
+        from training.zoo import resolve_model_ref
+
+        return resolve_model_ref(ref)
+    return Path(ref)
+
+
+def _median_seconds(step, repeats: int) -> float:
+    """Return the median wall time of ``step()`` over ``repeats`` calls after two warm-ups."""
+    step()
+    step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def standalone_costs(
+    draft: CachedLM, target: CachedLM, context: torch.Tensor, max_block: int
+) -> tuple[float, dict[int, float]]:
+    """Return t_draft and {n: t_target(n)} measured on a cached context, with rollback."""
+    draft.reset()
+    draft.forward(context, last_only=True)
+    target.reset()
+    target.forward(context, last_only=True)
+    base = context.numel()
+    token = context[-1:]
+
+    def draft_step() -> None:
+        draft.forward(token, last_only=True)
+        draft.crop(base)
+
+    t_draft = _median_seconds(draft_step, 60)
+    t_target = {}
+    for n in range(1, max_block + 1):
+        block = context[-n:]
+
+        def target_step(block: torch.Tensor = block) -> None:
+            target.forward(block)
+            target.crop(base)
+
+        t_target[n] = _median_seconds(target_step, 20)
+    return t_draft, t_target
+
+
+def _summarise(
+    method: str,
+    results: list[GenerationResult],
+    costs: tuple[float, dict[int, float]] | None = None,
+    reference: list[list[int]] | None = None,
+) -> MethodResult:
+    """Aggregate per-sample results of one method, with overhead when costs are given."""
+    tokens = sum(r.n_generated for r in results)
+    seconds = sum(r.seconds for r in results)
+    drafted = sum(r.n_drafted for r in results)
+    rounds = [round_ for r in results for round_ in r.rounds]
+    summary = MethodResult(method, tokens, seconds, tokens / seconds)
+    if drafted:
+        summary.acceptance_rate = sum(r.n_accepted for r in results) / drafted
+        summary.mean_accepted = sum(r.accepted for r in rounds) / len(rounds)
+    if costs is not None:
+        t_draft, t_target = costs
+        modelled = sum(r.draft_forwards * t_draft + t_target[r.drafted + 1] for r in rounds)
+        summary.overhead_fraction = (seconds - modelled) / seconds
+    if reference is not None:
+        summary.matches_ar = [r.output_ids for r in results] == reference
+    return summary
+
+
+def _hf_assisted(target_model, draft_model, prompts, k: int, schedule: str, max_new: int):
+    """Run transformers' assisted generation; return (tokens, seconds, outputs)."""
+    config = draft_model.generation_config
+    config.num_assistant_tokens = k
+    config.num_assistant_tokens_schedule = schedule
+    config.assistant_confidence_threshold = 0.0
+    tokens, seconds, outputs = 0, 0.0, []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        start = time.perf_counter()
+        out = target_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            assistant_model=draft_model,
+            do_sample=False,
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            pad_token_id=target_model.config.eos_token_id,
+        )
+        seconds += time.perf_counter() - start
+        generated = out[0, ids.shape[1] :].tolist()
+        tokens += len(generated)
+        outputs.append(generated)
+    return tokens, seconds, outputs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print a table and write JSON; return the exit code."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--target", default="zoo:demo/target")
+    parser.add_argument("--draft", default="zoo:demo/draft-s")
+    parser.add_argument("--dataset", default="builtin:code")
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--out", type=Path, default=Path("bench-engine.json"))
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target_path, draft_path = _resolve(args.target), _resolve(args.draft)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    prompts = [
+        tokenizer(p.text)["input_ids"][-256:]
+        for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
+    ]
+    target_model, draft_model = load_causal_lm(target_path), load_causal_lm(draft_path)
+    draft, target_lm = CachedLM(draft_model), CachedLM(target_model)
+    target = LocalTarget(target_lm)
+    # Outputs are forced to full length (no EOS) so every method generates the same tokens.
+    settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens))
+    costs = standalone_costs(draft, target_lm, torch.tensor(prompts[0]), max(STATIC_KS) + 1)
+    ids = [torch.tensor(p) for p in prompts]
+    autoregressive_generate(target, ids[0], settings)
+
+    results: list[MethodResult] = []
+    ar = [autoregressive_generate(target, p, settings) for p in tqdm(ids, desc="target-only AR")]
+    reference = [r.output_ids for r in ar]
+    results.append(_summarise("target-only AR", ar, costs))
+    for k in STATIC_KS:
+        runs = [
+            speculative_generate(draft, target, make_policy("static", k), p, settings, k)
+            for p in tqdm(ids, desc=f"ours static K={k}")
+        ]
+        results.append(_summarise(f"ours static K={k}", runs, costs, reference))
+    for k, schedule in [(k, "constant") for k in STATIC_KS] + [(5, "heuristic_transient")]:
+        name = (
+            f"transformers assisted K={k}" if schedule == "constant" else "transformers heuristic"
+        )
+        tokens, seconds, outputs = _hf_assisted(
+            target_model, draft_model, prompts, k, schedule, args.max_new_tokens
+        )
+        results.append(
+            MethodResult(name, tokens, seconds, tokens / seconds, matches_ar=outputs == reference)
+        )
+    by_name = {r.method: r for r in results}
+    ratios = {
+        f"ours_vs_transformers_K{k}": by_name[f"ours static K={k}"].tokens_per_s
+        / by_name[f"transformers assisted K={k}"].tokens_per_s
+        for k in STATIC_KS
+    }
+    best_static = max(by_name[f"ours static K={k}"].tokens_per_s for k in STATIC_KS)
+    report = {
+        "target": str(target_path),
+        "draft": str(draft_path),
+        "dataset": args.dataset,
+        "samples": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "torch_threads": torch.get_num_threads(),
+        "t_draft_s": costs[0],
+        "t_target_s": costs[1],
+        "cost_ratio": costs[0] / costs[1][1],
+        "methods": [asdict(r) for r in results],
+        "ratios": ratios,
+        "best_static_speedup_vs_ar": best_static / by_name["target-only AR"].tokens_per_s,
+    }
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"{'method':32} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'=AR':>4}")
+    for r in results:
+        accept = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
+        overhead = f"{r.overhead_fraction:.1%}" if r.overhead_fraction is not None else "-"
+        match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
+        print(f"{r.method:32} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {match:>4}")
+    for name, value in ratios.items():
+        print(f"{name}: {value:.2f}x")
+    print(
+        f"t_draft/t_target: {report['cost_ratio']:.3f}; best static vs AR: "
+        f"{report['best_static_speedup_vs_ar']:.2f}x; JSON: {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

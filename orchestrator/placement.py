@@ -1,0 +1,175 @@
+"""Ray placement of one pair's worker group: target ranks and the draft actor on one node.
+
+A pair's workers share one placement group with strategy ``STRICT_PACK`` (every bundle on the
+same node). Bundles ``0 .. tp_size - 1`` are the target ranks, ``{"CPU": 1, "GPU": g}`` with
+``g`` the pair's ``target.gpus`` (no ``GPU`` key when 0); the last bundle is the draft actor,
+``{"CPU": 1, "GPU": d}`` with ``d = draft.gpus`` (fractional allowed). So the totals are the
+planner's ``PairResources``: ``tp_size + 1`` CPUs and ``tp_size·g + d`` GPUs.
+
+Why the draft sits in the same group rather than being a free-floating actor:
+- the reservation is atomic: a pair either gets all its workers or none, so pairs running at
+  once (``execution.max_concurrent_pairs``) cannot each hold half a group and wait forever;
+- the draft calls the target once per round, so keeping it on the target's node keeps a
+  network hop out of every timed round.
+The cost: the whole group must fit on one node. A target using every GPU of a node
+(``tp_size`` 8 with ``gpus: 1`` on an 8-GPU node) leaves none for a GPU draft; give the ranks
+``gpus: 0.9`` and the draft ``gpus: 0.1`` so the draft shares a GPU with a rank.
+
+Only :func:`create_worker_group` (and :func:`remove_worker_group`) talk to the Ray cluster; the
+bundle and message builders are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.spec import PairSpec
+
+#: Every worker actor (target rank or draft) reserves one CPU, as ``Plan.resources()`` counts.
+CPUS_PER_ACTOR = 1
+#: All bundles of a pair's group on one node: tensor-parallel ranks talk over NVLink/shared
+#: memory, and the draft sits next to the target it calls every round.
+GROUP_STRATEGY = "STRICT_PACK"
+
+Bundle = dict[str, float]
+
+
+class PlacementError(RuntimeError):
+    """Ray could not reserve a pair's worker group (the message names the pair and resources)."""
+
+
+def _bundle(gpus: float) -> Bundle:
+    """Return one actor's bundle: one CPU, plus ``gpus`` GPUs when positive."""
+    bundle: Bundle = {"CPU": float(CPUS_PER_ACTOR)}
+    if gpus > 0:
+        bundle["GPU"] = float(gpus)
+    return bundle
+
+
+def target_bundles(pair: PairSpec) -> list[Bundle]:
+    """Return one bundle per target rank (``tp_size`` of them), in rank order.
+
+    Exists so the runner and the tests agree on what each rank reserves.
+    """
+    return [_bundle(pair.target.gpus) for _ in range(pair.target.tp_size)]
+
+
+def draft_bundle(pair: PairSpec) -> Bundle:
+    """Return the draft actor's bundle (one CPU and the draft's possibly fractional GPU)."""
+    return _bundle(pair.draft.gpus)
+
+
+def worker_group_bundles(pair: PairSpec) -> list[Bundle]:
+    """Return the pair's whole group: the target ranks' bundles, then the draft's bundle last."""
+    return [*target_bundles(pair), draft_bundle(pair)]
+
+
+def bundle_totals(bundles: Iterable[Mapping[str, float]]) -> Bundle:
+    """Return the sum of each resource over ``bundles`` (what one node must hold)."""
+    totals: Bundle = {}
+    for bundle in bundles:
+        for name, amount in bundle.items():
+            totals[name] = totals.get(name, 0.0) + amount
+    return totals
+
+
+def fits_on_node(need: Mapping[str, float], node: Mapping[str, float]) -> bool:
+    """True when ``node``'s total resources cover ``need`` (ignoring what is in use)."""
+    return all(node.get(name, 0.0) >= amount for name, amount in need.items())
+
+
+def unplaceable_message(
+    pair: PairSpec, timeout_s: float, node_resources: list[Mapping[str, float]]
+) -> str:
+    """Return why ``pair``'s group was not placed: what it needs and what the nodes have.
+
+    ``node_resources`` are the alive nodes' total resources. Exists so that a sweep that cannot
+    start says which pair, which resources and whether any node could ever hold them.
+    """
+    need = bundle_totals(worker_group_bundles(pair))
+    ranks = pair.target.tp_size
+    lines = [
+        f"pair {pair.name!r}: Ray could not reserve its worker group within {timeout_s:g} s.",
+        f"It needs, all on ONE node ({GROUP_STRATEGY}): {ranks} target rank(s) × "
+        f"{_format(target_bundles(pair)[0])} + draft {_format(draft_bundle(pair))} "
+        f"= {_format(need)}.",
+    ]
+    largest = {
+        name: max((node.get(name, 0.0) for node in node_resources), default=0.0) for name in need
+    }
+    summary = f"The cluster has {len(node_resources)} alive node(s); the largest per resource: "
+    lines.append(summary + _format(largest) + ".")
+    if any(fits_on_node(need, node) for node in node_resources):
+        lines.append(
+            "A node is large enough in total, so either other work holds its resources (wait, "
+            "lower max_concurrent_pairs, or raise the timeout) or the fractional GPU shares do "
+            "not pack onto whole GPUs (each share below 1 must fit within one GPU)."
+        )
+    else:
+        lines.append(
+            "No node is that large: add a larger node type (or let the autoscaler start one), "
+            "or lower this pair's tp_size / gpus."
+        )
+    return "\n".join(lines)
+
+
+def _format(resources: Mapping[str, float]) -> str:
+    """Return ``{CPU: 3, GPU: 2.5}``-style text for messages."""
+    return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in resources.items()) + "}"
+
+
+def create_worker_group(pair: PairSpec, timeout_s: float) -> PlacementGroup:
+    """Reserve ``pair``'s worker group and return its ready placement group.
+
+    Waits up to ``timeout_s`` seconds for Ray to place every bundle; otherwise removes the
+    pending group (so it cannot grab resources later) and raises :class:`PlacementError`
+    naming the pair and the resources. Needs a connected Ray driver.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0 (got {timeout_s!r})")
+    group = placement_group(worker_group_bundles(pair), strategy=GROUP_STRATEGY)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if ready:
+        return group
+    remove_placement_group(group)
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    raise PlacementError(unplaceable_message(pair, timeout_s, nodes))
+
+
+def remove_worker_group(group: PlacementGroup) -> None:
+    """Release a group made by :func:`create_worker_group` (kill its actors first)."""
+    remove_placement_group(group)
+
+
+def _options_for_bundle(group: PlacementGroup, index: int) -> dict[str, Any]:
+    """Return ``.options()`` kwargs that run an actor in bundle ``index`` with its resources.
+
+    The actor asks for exactly its bundle's CPU and GPU so Ray assigns it the GPU ids (and sets
+    ``CUDA_VISIBLE_DEVICES``) that the bundle reserved.
+    """
+    bundle = group.bundle_specs[index]
+    return {
+        "num_cpus": bundle.get("CPU", 0.0),
+        "num_gpus": bundle.get("GPU", 0.0),
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=index
+        ),
+    }
+
+
+def actor_options_for_rank(group: PlacementGroup, rank: int) -> dict[str, Any]:
+    """Return the ``Actor.options(**...)`` kwargs that put target rank ``rank`` in its bundle."""
+    ranks = group.bundle_count - 1
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank must be in 0..{ranks - 1} for this group (got {rank})")
+    return _options_for_bundle(group, rank)
+
+
+def draft_actor_options(group: PlacementGroup) -> dict[str, Any]:
+    """Return the ``Actor.options(**...)`` kwargs that put the draft actor in the last bundle."""
+    return _options_for_bundle(group, group.bundle_count - 1)

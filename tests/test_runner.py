@@ -1,0 +1,101 @@
+"""The Ray runner end to end on the micro zoo: real actors, real SQLite, resumption."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import ray
+import torch
+
+from orchestrator.planner import plan_sweep
+from orchestrator.runner import PreflightError, RunOptions, preflight, run_sweep
+from orchestrator.spec import parse_sweep
+from orchestrator.store import open_store
+from workers.lm import CachedLM, load_causal_lm
+from workers.target import LocalTarget
+from workers.trial import run_trial
+
+SWEEP = """
+name: runner-test
+pairs:
+  - name: micro
+    target: {model: "zoo:micro/target"}
+    draft: {model: "zoo:micro/draft-s"}
+datasets:
+  - {name: "builtin:code", samples: 3, max_new_tokens: 16}
+temperatures: [0.0, {temperature: 1.0, top_k: 20}]
+policies:
+  - name: static
+  - name: adaedl
+    grid: {threshold: [0.5]}
+  - name: oracle
+max_draft_lens: [4]
+seeds: [0]
+execution: {retries: 1, warmup_samples: 1}
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray instance with room for one target and one draft actor."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def zoo_env(micro_zoo, monkeypatch):
+    """Point zoo references at the session's micro zoo."""
+    monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
+    return micro_zoo
+
+
+def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local, tmp_path):
+    spec = parse_sweep(SWEEP, "runner-test.yaml")
+    plan = plan_sweep(spec)
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.register_sweep(spec, plan)
+    inputs = preflight(spec, plan)
+    summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    assert (summary.ran, summary.failed, summary.already_done) == (len(plan.trials), 0, 0)
+    rows = {row["trial_id"]: row for row in store.trials_frame("runner-test")}
+    assert len(rows) == len(plan.trials)
+    assert all(row["status"] == "done" for row in rows.values())
+    assert all(row["tokens_per_s"] > 0 for row in rows.values())
+
+    from orchestrator.runner import _PairRunner
+
+    paths = inputs.model_paths["micro"]
+    draft = CachedLM(load_causal_lm(paths.draft))
+    target = LocalTarget(CachedLM(load_causal_lm(paths.target)))
+    runner = _PairRunner(spec.pairs[0], inputs, True, store)
+    torch.manual_seed(0)
+    for trial in plan.trials:
+        in_process = run_trial(draft, target, runner._request(trial))
+        stored = store.sample_outputs(trial.trial_id)
+        assert [r.output_ids for r in in_process] == [s["output_ids"] for s in stored]
+        assert [r.n_accepted for r in in_process] == [s["accepted"] for s in stored]
+
+    again = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    assert (again.ran, again.already_done) == (0, len(plan.trials))
+
+
+def test_preflight_names_missing_model_and_tokenizer_mismatch(zoo_env, tmp_path):
+    other = tmp_path / "other-tokenizer-model"
+    model = load_causal_lm(zoo_env.model_path("draft-xs"))
+    model.save_pretrained(other)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo_env.model_path("draft-xs"))
+    tokenizer.add_tokens(["<extra-token>"])
+    tokenizer.save_pretrained(other)
+    bad = SWEEP.replace('"zoo:micro/draft-s"', f'"{other}"').replace(
+        '"zoo:micro/target"', '"zoo:micro/target"'
+    )
+    missing = textwrap.dedent(SWEEP).replace('"zoo:micro/draft-s"', f'"{tmp_path}/nope"')
+    for text, expected in ((bad, "tokenizer"), (missing, "pairs[0].draft.model")):
+        spec = parse_sweep(text, "bad.yaml")
+        with pytest.raises(PreflightError) as caught:
+            preflight(spec, plan_sweep(spec))
+        assert expected in str(caught.value)

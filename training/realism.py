@@ -1,0 +1,167 @@
+"""How realistic a draft/target pair is: agreement, draft uncertainty and relative decoding cost.
+
+These are the figures written into the zoo's model cards. Agreement and entropy are measured
+teacher-forced on held-out text; cost is the wall time of one batch-1 decoding forward with a
+KV cache, timed for draft and target alternately so that load on a shared machine hits both.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from training.lm_trainer import torch_threads
+
+DEFAULT_TIMING_THREADS = 2
+
+
+@dataclass(frozen=True)
+class AgreementStats:
+    """Teacher-forced comparison of a draft with its target over ``n_positions`` tokens.
+
+    ``greedy_agreement``: fraction of positions where argmax q == argmax p.
+    ``entropy_mean``/``entropy_std``: of the draft's entropy (nats, softmax of raw logits).
+    """
+
+    greedy_agreement: float
+    entropy_mean: float
+    entropy_std: float
+    n_positions: int
+
+
+@dataclass(frozen=True)
+class CostStats:
+    """Median seconds of one single-token cached decoding forward and their ratio.
+
+    ``load_average`` is the machine's 1-minute load when timing ended: on a shared machine
+    timings mean little without it.
+    """
+
+    t_draft_s: float
+    t_target_s: float
+    cost_ratio: float
+    context_len: int
+    repeats: int
+    threads: int
+    load_average: float
+
+
+def greedy_matches(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
+    """Return a bool tensor, True where the draft's argmax token equals the target's."""
+    return target_logits.argmax(dim=-1) == draft_logits.argmax(dim=-1)
+
+
+def entropy_nats(logits: torch.Tensor) -> torch.Tensor:
+    """Return the entropy (nats) of softmax(logits) for every row of the last axis."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    probs = log_probs.exp()
+    return -(probs * torch.where(probs > 0, log_probs, torch.zeros_like(log_probs))).sum(-1)
+
+
+def summarize_agreement(matches: torch.Tensor, entropies: torch.Tensor) -> AgreementStats:
+    """Return the agreement rate of bool ``matches`` and the mean/std of ``entropies``."""
+    return AgreementStats(
+        greedy_agreement=matches.float().mean().item(),
+        entropy_mean=entropies.mean().item(),
+        entropy_std=entropies.std().item(),
+        n_positions=matches.numel(),
+    )
+
+
+@torch.inference_mode()
+def agreement_stats(
+    target: PreTrainedModel,
+    drafts: Mapping[str, PreTrainedModel],
+    blocks: torch.Tensor,
+    batch_size: int = 8,
+) -> dict[str, AgreementStats]:
+    """Return, per draft, greedy agreement with ``target`` and draft entropy over ``blocks``.
+
+    ``blocks`` [N, L] are token ids fed teacher-forced; every position counts. The target runs
+    once per batch for all drafts.
+    """
+    matches: dict[str, list[torch.Tensor]] = {name: [] for name in drafts}
+    entropies: dict[str, list[torch.Tensor]] = {name: [] for name in drafts}
+    for start in range(0, blocks.shape[0], batch_size):
+        inputs = blocks[start : start + batch_size]
+        target_logits = target(input_ids=inputs).logits
+        for name, draft in drafts.items():
+            draft_logits = draft(input_ids=inputs).logits
+            matches[name].append(greedy_matches(target_logits, draft_logits).flatten())
+            entropies[name].append(entropy_nats(draft_logits).flatten())
+    return {
+        name: summarize_agreement(torch.cat(matches[name]), torch.cat(entropies[name]))
+        for name in drafts
+    }
+
+
+@torch.inference_mode()
+def decode_step_seconds(
+    models: Sequence[PreTrainedModel],
+    context_len: int = 128,
+    new_tokens: int = 1,
+    repeats: int = 50,
+    warmup: int = 5,
+    threads: int = DEFAULT_TIMING_THREADS,
+    seed: int = 0,
+) -> list[float]:
+    """Return, per model, the median seconds of one cached forward of ``new_tokens`` tokens.
+
+    Each model is prefilled with ``context_len`` random tokens; every repeat times one forward
+    with ``past_key_values`` (batch 1, the model's dtype, ``threads`` threads) and crops the
+    cache back, cycling through the models so that they share whatever else the machine does.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch_threads(threads):
+        caches, steps = [], []
+        for model in models:
+            vocab = model.config.vocab_size
+            context = torch.randint(0, vocab, (1, context_len), generator=generator)
+            caches.append(model(input_ids=context, use_cache=True).past_key_values)
+            steps.append(torch.randint(0, vocab, (1, new_tokens), generator=generator))
+        samples: list[list[float]] = [[] for _ in models]
+        for repeat in range(warmup + repeats):
+            for index, model in enumerate(models):
+                started = time.perf_counter()
+                model(input_ids=steps[index], past_key_values=caches[index], use_cache=True)
+                elapsed = time.perf_counter() - started
+                caches[index].crop(-new_tokens)
+                if repeat >= warmup:
+                    samples[index].append(elapsed)
+    return [statistics.median(values) for values in samples]
+
+
+def machine_load() -> float:
+    """Return the 1-minute load average (0.0 where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def cost_stats(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    context_len: int = 128,
+    repeats: int = 50,
+    threads: int = DEFAULT_TIMING_THREADS,
+) -> CostStats:
+    """Return the draft's and target's single-token decoding cost and t_draft / t_target."""
+    t_draft, t_target = decode_step_seconds(
+        [draft, target], context_len, repeats=repeats, threads=threads
+    )
+    return CostStats(
+        t_draft_s=t_draft,
+        t_target_s=t_target,
+        cost_ratio=t_draft / t_target,
+        context_len=context_len,
+        repeats=repeats,
+        threads=threads,
+        load_average=machine_load(),
+    )

@@ -1,0 +1,758 @@
+"""The embedded model zoo: small Llama targets and distilled drafts SpecSweep trains itself.
+
+No model hub is needed: a profile's recipe trains a byte-level BPE tokenizer and a target on
+text every Python install has (``workers.corpus``), distils several drafts from the target with
+forward KL, enlarges the target with function-preserving layers so that it costs what a target
+should relative to its drafts, measures realism figures and writes everything to a cache:
+
+    <cache>/zoo/<profile>-<recipe_hash>/{manifest.json, tokenizer/, target/, draft-xs/, ...}
+
+Each model directory loads with ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` and holds a ``model_card.json``. A build goes into a temporary
+directory that is renamed into place when complete, under a file lock, so interrupted or
+concurrent builds never leave a half-written zoo. ``zoo:<profile>/<model>`` refs resolve here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from training.lm_trainer import (
+    TrainConfig,
+    TrainResult,
+    distill_drafts,
+    pack_blocks,
+    torch_threads,
+    train_language_model,
+)
+from training.realism import agreement_stats, cost_stats, decode_step_seconds
+from training.tokenizer import encode_corpus, save_tokenizer, train_bpe_tokenizer
+from workers.corpus import heldout_text, training_corpus
+
+ZOO_VERSION = 1
+ZOO_MODEL_NAMES = ("target", "draft-xs", "draft-s", "draft-m")
+MODEL_REF_PREFIX = "zoo:"
+MANIFEST_FILE = "manifest.json"
+CARD_FILE = "model_card.json"
+TOKENIZER_DIR = "tokenizer"
+HELDOUT_KINDS = ("code", "math")
+MAX_POSITIONS = 2048
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Size of one Llama model (vocabulary and positions come from the recipe)."""
+
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    num_heads: int
+
+    def llama_config(self, vocab_size: int, special_token_id: int) -> LlamaConfig:
+        """Return the ``LlamaConfig`` of this shape with tied embeddings and fp32 weights."""
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_heads,
+            max_position_embeddings=MAX_POSITIONS,
+            tie_word_embeddings=True,
+            bos_token_id=special_token_id,
+            eos_token_id=special_token_id,
+            pad_token_id=special_token_id,
+            dtype="float32",
+        )
+
+
+@dataclass(frozen=True)
+class DraftRecipe:
+    """One draft: its zoo name, shape and distillation learning rate."""
+
+    name: str
+    shape: ModelShape
+    lr: float
+
+
+@dataclass(frozen=True)
+class Enlargement:
+    """How the trained target grows without changing its function.
+
+    The MLP of every layer widens to ``intermediate_size`` (new hidden units have random input
+    weights and zero output weights) and ``extra_layers`` decoder layers are appended whose
+    attention output and MLP down projections are zero: every matmul still runs, but the
+    residual stream, hence the logits, are unchanged.
+    """
+
+    extra_layers: int
+    intermediate_size: int
+
+
+@dataclass(frozen=True)
+class ZooRecipe:
+    """Everything that determines a profile's models; its hash names the cache directory.
+
+    Training runs on ``train_threads`` threads (one by default: on a shared machine a second
+    OpenMP thread that spins while its core is busy elsewhere slows training several-fold, and
+    one thread makes the weights independent of the core count). Decoding cost is timed with
+    ``timing_threads`` threads at a context of ``timing_context`` tokens.
+    """
+
+    profile: str
+    vocab_size: int
+    code_chars: int
+    math_problems: int
+    heldout_chars: int
+    seq_len: int
+    batch_size: int
+    warmup_steps: int
+    target: ModelShape
+    target_steps: int
+    target_lr: float
+    enlargement: Enlargement | None
+    drafts: tuple[DraftRecipe, ...]
+    main_draft: str
+    distill_steps: int
+    seed: int
+    train_threads: int = 1
+    timing_threads: int = 2
+    timing_context: int = 128
+    timing_repeats: int = 50
+
+    def __post_init__(self) -> None:
+        names = tuple(d.name for d in self.drafts)
+        if ("target", *names) != ZOO_MODEL_NAMES:
+            raise ValueError(f"zoo models must be {ZOO_MODEL_NAMES}, got ('target', *{names})")
+        if self.main_draft not in names:
+            raise ValueError(f"main_draft {self.main_draft!r} is not one of {names}")
+
+    def target_training(self) -> TrainConfig:
+        """Return the optimisation settings of the target's next-token training."""
+        return TrainConfig(
+            steps=self.target_steps,
+            batch_size=self.batch_size,
+            lr=self.target_lr,
+            warmup_steps=self.warmup_steps,
+            seed=self.seed,
+        )
+
+    def distillation(self) -> TrainConfig:
+        """Return the shared optimisation settings of the drafts' distillation."""
+        return TrainConfig(
+            steps=self.distill_steps,
+            batch_size=self.batch_size,
+            lr=self.drafts[0].lr,
+            warmup_steps=self.warmup_steps,
+            seed=self.seed + 1,
+        )
+
+    def recipe_hash(self) -> str:
+        """Return a short hash of this recipe, ``ZOO_VERSION`` and the Python minor version.
+
+        The Python version is part of it because the code corpus is the running interpreter's
+        standard library.
+        """
+        payload = {
+            "zoo_version": ZOO_VERSION,
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "recipe": asdict(self),
+        }
+        encoded = json.dumps(payload, sort_keys=True).encode("utf-8")
+        return hashlib.sha256(encoded).hexdigest()[:12]
+
+
+DEMO_RECIPE = ZooRecipe(
+    profile="demo",
+    vocab_size=4096,
+    code_chars=2_000_000,
+    math_problems=4000,
+    heldout_chars=40_000,
+    seq_len=128,
+    batch_size=16,
+    warmup_steps=20,
+    target=ModelShape(hidden_size=256, num_layers=4, intermediate_size=768, num_heads=4),
+    target_steps=300,
+    target_lr=3e-3,
+    enlargement=Enlargement(extra_layers=8, intermediate_size=4096),
+    drafts=(
+        DraftRecipe("draft-xs", ModelShape(64, 1, 192, 2), lr=5e-3),
+        DraftRecipe("draft-s", ModelShape(128, 1, 384, 4), lr=4e-3),
+        DraftRecipe("draft-m", ModelShape(192, 2, 512, 4), lr=3e-3),
+    ),
+    main_draft="draft-s",
+    distill_steps=200,
+    seed=0,
+)
+
+MICRO_RECIPE = ZooRecipe(
+    profile="micro",
+    vocab_size=1024,
+    code_chars=200_000,
+    math_problems=400,
+    heldout_chars=8_000,
+    seq_len=64,
+    batch_size=8,
+    warmup_steps=5,
+    target=ModelShape(hidden_size=64, num_layers=2, intermediate_size=128, num_heads=2),
+    target_steps=60,
+    target_lr=5e-3,
+    enlargement=Enlargement(extra_layers=1, intermediate_size=256),
+    drafts=(
+        DraftRecipe("draft-xs", ModelShape(16, 1, 32, 1), lr=1e-2),
+        DraftRecipe("draft-s", ModelShape(32, 1, 64, 2), lr=1e-2),
+        DraftRecipe("draft-m", ModelShape(48, 1, 96, 2), lr=8e-3),
+    ),
+    main_draft="draft-s",
+    distill_steps=40,
+    seed=0,
+    timing_repeats=10,
+)
+
+PROFILES: dict[str, ZooRecipe] = {"demo": DEMO_RECIPE, "micro": MICRO_RECIPE}
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest and cache
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ZooManifest:
+    """A built zoo: where its tokenizer and models are, and how it was obtained.
+
+    ``models`` maps each name in ``ZOO_MODEL_NAMES`` to its directory. ``from_cache`` is True
+    when ``build_zoo`` found the zoo already built and trained nothing.
+    """
+
+    profile: str
+    recipe_hash: str
+    root: Path
+    tokenizer: Path
+    models: dict[str, Path]
+    main_draft: str
+    build_seconds: float
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    from_cache: bool = False
+
+    def model_path(self, name: str) -> Path:
+        """Return the directory of model ``name`` (``target``, ``draft-s``, ...)."""
+        if name not in self.models:
+            raise KeyError(f"no model {name!r} in zoo {self.profile}; have {sorted(self.models)}")
+        return self.models[name]
+
+    def card(self, name: str) -> dict[str, Any]:
+        """Return the parsed ``model_card.json`` of model ``name``."""
+        return json.loads((self.model_path(name) / CARD_FILE).read_text())
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the manifest as JSON-ready data with paths relative to ``root``."""
+        return {
+            "profile": self.profile,
+            "recipe_hash": self.recipe_hash,
+            "tokenizer": self.tokenizer.name,
+            "models": {name: path.name for name, path in self.models.items()},
+            "main_draft": self.main_draft,
+            "build_seconds": self.build_seconds,
+            "stage_seconds": self.stage_seconds,
+            "zoo_version": ZOO_VERSION,
+        }
+
+    @classmethod
+    def load(cls, root: Path) -> ZooManifest:
+        """Read the manifest of the zoo built at ``root`` (marked ``from_cache``)."""
+        data = json.loads((root / MANIFEST_FILE).read_text())
+        return cls(
+            profile=data["profile"],
+            recipe_hash=data["recipe_hash"],
+            root=root,
+            tokenizer=root / data["tokenizer"],
+            models={name: root / rel for name, rel in data["models"].items()},
+            main_draft=data["main_draft"],
+            build_seconds=data["build_seconds"],
+            stage_seconds=data.get("stage_seconds", {}),
+            from_cache=True,
+        )
+
+
+def default_cache_dir() -> Path:
+    """Return ``$SPECSWEEP_CACHE`` or the user cache directory of the platform + ``specsweep``.
+
+    Linux/BSD: ``$XDG_CACHE_HOME`` or ``~/.cache``; macOS: ``~/Library/Caches``; Windows:
+    ``%LOCALAPPDATA%`` (what ``platformdirs.user_cache_dir`` gives, without the dependency).
+    """
+    if override := os.environ.get("SPECSWEEP_CACHE"):
+        return Path(override).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "specsweep"
+    if os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(base) / "specsweep" / "Cache"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base_dir = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base_dir / "specsweep"
+
+
+def zoo_dir(recipe: ZooRecipe, cache_dir: Path | None = None) -> Path:
+    """Return the directory the zoo of ``recipe`` lives in (whether built or not)."""
+    root = (cache_dir or default_cache_dir()) / "zoo"
+    return root / f"{recipe.profile}-{recipe.recipe_hash()}"
+
+
+@contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created if missing) for the body."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_stale_builds(final: Path) -> None:
+    """Delete temporary directories left by interrupted builds of ``final`` (lock held)."""
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def build_zoo(
+    profile: str | ZooRecipe = "demo",
+    cache_dir: Path | None = None,
+    progress: bool = True,
+    force: bool = False,
+) -> ZooManifest:
+    """Return the manifest of a profile's zoo, building it first unless it is cached.
+
+    ``profile`` is a name in ``PROFILES`` or a ``ZooRecipe``. The zoo is rebuilt only when the
+    recipe hash changes or ``force`` is set. Two processes building the same zoo wait for each
+    other on a lock file and the second finds the first's result.
+    """
+    recipe = PROFILES[profile] if isinstance(profile, str) else profile
+    final = zoo_dir(recipe, cache_dir)
+    if (final / MANIFEST_FILE).exists() and not force:
+        return ZooManifest.load(final)
+    with _exclusive_lock(final.parent / f".{final.name}.lock"):
+        if (final / MANIFEST_FILE).exists() and not force:
+            return ZooManifest.load(final)
+        _remove_stale_builds(final)
+        staging = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            manifest = _build_into(recipe, staging, progress)
+            if final.exists():
+                retired = final.parent / f".{final.name}.tmp-old-{uuid.uuid4().hex[:8]}"
+                final.rename(retired)
+                shutil.rmtree(retired, ignore_errors=True)
+            staging.rename(final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return replace(
+        manifest,
+        root=final,
+        tokenizer=final / TOKENIZER_DIR,
+        models={name: final / name for name in manifest.models},
+    )
+
+
+def parse_model_ref(ref: str) -> tuple[str, str]:
+    """Return (profile, model name) of a ``zoo:<profile>/<model>`` ref, validating both."""
+    if not ref.startswith(MODEL_REF_PREFIX) or ref.count("/") != 1:
+        raise ValueError(f"not a zoo model ref (zoo:<profile>/<model>): {ref!r}")
+    profile, name = ref[len(MODEL_REF_PREFIX) :].split("/")
+    if profile not in PROFILES:
+        raise ValueError(f"unknown zoo profile {profile!r} in {ref!r}; have {sorted(PROFILES)}")
+    if name not in ZOO_MODEL_NAMES:
+        raise ValueError(f"unknown zoo model {name!r} in {ref!r}; have {ZOO_MODEL_NAMES}")
+    return profile, name
+
+
+def is_model_ref(ref: str) -> bool:
+    """Return True when ``ref`` names a zoo model (starts with ``zoo:``)."""
+    return ref.startswith(MODEL_REF_PREFIX)
+
+
+def resolve_model_ref(ref: str, cache_dir: Path | None = None, progress: bool = True) -> Path:
+    """Return the local directory of ``zoo:<profile>/<model>``, building the profile if needed."""
+    profile, name = parse_model_ref(ref)
+    return build_zoo(profile, cache_dir=cache_dir, progress=progress).model_path(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Enlargement
+# ---------------------------------------------------------------------------------------------
+
+
+def enlarge_target(model: LlamaForCausalLM, plan: Enlargement, seed: int) -> LlamaForCausalLM:
+    """Return a bigger copy of ``model`` that computes the same logits (see ``Enlargement``).
+
+    New weights are drawn from the model's own initialiser with ``seed``; then the trained
+    weights are copied in and the output projections of everything new are zeroed.
+    """
+    old = model.config
+    if plan.intermediate_size < old.intermediate_size:
+        raise ValueError("enlargement cannot shrink the MLP")
+    config = LlamaConfig.from_dict(
+        {
+            **old.to_dict(),
+            "num_hidden_layers": old.num_hidden_layers + plan.extra_layers,
+            "intermediate_size": plan.intermediate_size,
+        }
+    )
+    torch.manual_seed(seed)
+    big = LlamaForCausalLM(config).eval()
+    width = old.intermediate_size
+    trained = model.state_dict()
+    with torch.no_grad():
+        for key, value in big.state_dict().items():
+            if key not in trained:
+                continue
+            if key.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+                value[:width].copy_(trained[key])
+            elif key.endswith("mlp.down_proj.weight"):
+                value[:, :width].copy_(trained[key])
+                value[:, width:].zero_()
+            else:
+                value.copy_(trained[key])
+        for layer in big.model.layers[old.num_hidden_layers :]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return big
+
+
+def enlargement_note(trained_layers: int, plan: Enlargement, trained_width: int) -> str:
+    """Return the model-card text saying what was added to the target and that it all runs."""
+    first, last = trained_layers, trained_layers + plan.extra_layers - 1
+    note = (
+        f"Layers 0-{trained_layers - 1} were trained. Layers {first}-{last} were added after "
+        f"training as function-preserving layers: their attention o_proj and MLP down_proj "
+        f"weights are zero, so their residual outputs are zero and the logits are unchanged. "
+    )
+    if plan.intermediate_size > trained_width:
+        note += (
+            f"Every layer's MLP was widened from {trained_width} to {plan.intermediate_size} "
+            f"hidden units with random input weights and zero output weights. "
+        )
+    return note + (
+        "The added weights are real dense matrices (random q/k/v, gate and up projections): "
+        "every layer still runs all of its matmuls at inference, so the decoding cost is that "
+        "of the full model."
+    )
+
+
+@torch.inference_mode()
+def max_logit_difference(a: LlamaForCausalLM, b: LlamaForCausalLM, blocks: torch.Tensor) -> float:
+    """Return max |logits_a − logits_b| over ``blocks`` (the enlargement's preservation check)."""
+    return (a(input_ids=blocks).logits - b(input_ids=blocks).logits).abs().max().item()
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _BuildState:
+    """What one build has produced so far (models in memory, data blocks, timings)."""
+
+    recipe: ZooRecipe
+    tokenizer: PreTrainedTokenizerFast
+    train_blocks: torch.Tensor
+    heldout_blocks: dict[str, torch.Tensor]
+
+
+def _log(progress: bool, recipe: ZooRecipe, message: str) -> None:
+    """Print a build-stage message above the progress bars when progress is shown."""
+    if progress:
+        tqdm.write(f"[zoo:{recipe.profile}] {message}")
+
+
+def _prepare_data(recipe: ZooRecipe, directory: Path, progress: bool) -> _BuildState:
+    """Build the corpus, train and save the tokenizer, pack training and held-out blocks."""
+    _log(progress, recipe, "reading corpus (stdlib code + math problems)")
+    corpus = training_corpus(recipe.code_chars, recipe.math_problems, seed=recipe.seed)
+    _log(progress, recipe, f"training a {recipe.vocab_size}-token BPE on {len(corpus):,} chars")
+    tokenizer = train_bpe_tokenizer(corpus, recipe.vocab_size)
+    save_tokenizer(tokenizer, directory / TOKENIZER_DIR)
+    block_len = recipe.seq_len + 1
+    train_blocks = pack_blocks(encode_corpus(tokenizer, corpus), block_len)
+    heldout_blocks = {
+        kind: pack_blocks(
+            encode_corpus(tokenizer, heldout_text(kind, recipe.heldout_chars, seed=recipe.seed)),
+            block_len,
+        )
+        for kind in HELDOUT_KINDS
+    }
+    return _BuildState(recipe, tokenizer, train_blocks, heldout_blocks)
+
+
+def _new_model(shape: ModelShape, state: _BuildState, seed: int) -> LlamaForCausalLM:
+    """Return a freshly initialised model of ``shape`` (seeded)."""
+    torch.manual_seed(seed)
+    config = shape.llama_config(state.recipe.vocab_size, state.tokenizer.eos_token_id)
+    return LlamaForCausalLM(config)
+
+
+def _architecture(model: LlamaForCausalLM) -> dict[str, Any]:
+    """Return the card's size fields of ``model``."""
+    config = model.config
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "vocab_size": config.vocab_size,
+    }
+
+
+def _save_model(
+    model: LlamaForCausalLM, state: _BuildState, directory: Path, card: dict[str, Any]
+) -> None:
+    """Save ``model`` (safetensors), the tokenizer and ``card`` into ``directory``."""
+    model.generation_config.eos_token_id = state.tokenizer.eos_token_id
+    model.generation_config.pad_token_id = state.tokenizer.pad_token_id
+    model.save_pretrained(str(directory))
+    state.tokenizer.save_pretrained(str(directory))
+    (directory / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def _base_card(name: str, role: str, state: _BuildState, result: TrainResult) -> dict[str, Any]:
+    """Return the card fields every model has: identity, training summary, held-out losses."""
+    recipe = state.recipe
+    return {
+        "name": name,
+        "ref": f"{MODEL_REF_PREFIX}{recipe.profile}/{name}",
+        "role": role,
+        "profile": recipe.profile,
+        "recipe_hash": recipe.recipe_hash(),
+        "zoo_version": ZOO_VERSION,
+        "tokens_seen": result.tokens_seen,
+        "final_train_loss": result.final_loss,
+        "val_loss": result.val_losses,
+        "val_loss_unit": "next-token cross-entropy, nats/token, held-out text",
+        "build_seconds": result.seconds,
+    }
+
+
+def _train_target(state: _BuildState, progress: bool) -> tuple[LlamaForCausalLM, TrainResult]:
+    """Train the (not yet enlarged) target on next-token prediction."""
+    recipe = state.recipe
+    _log(progress, recipe, f"training target ({recipe.target_steps} steps)")
+    target = _new_model(recipe.target, state, recipe.seed)
+    result = train_language_model(
+        target,
+        state.train_blocks,
+        recipe.target_training(),
+        val_blocks=state.heldout_blocks,
+        progress=progress,
+        desc="train target",
+    )
+    return target, result
+
+
+def _distill(
+    target: LlamaForCausalLM, state: _BuildState, progress: bool
+) -> tuple[dict[str, LlamaForCausalLM], dict[str, TrainResult]]:
+    """Create every draft and distil it from ``target`` with forward KL."""
+    recipe = state.recipe
+    _log(progress, recipe, f"distilling {len(recipe.drafts)} drafts ({recipe.distill_steps} steps)")
+    drafts = {
+        draft.name: _new_model(draft.shape, state, recipe.seed + 100 + index)
+        for index, draft in enumerate(recipe.drafts)
+    }
+    results = distill_drafts(
+        target,
+        drafts,
+        state.train_blocks,
+        recipe.distillation(),
+        learning_rates={draft.name: draft.lr for draft in recipe.drafts},
+        val_blocks=state.heldout_blocks,
+        progress=progress,
+    )
+    return drafts, results
+
+
+REALISM_METHOD = (
+    "agreement: fraction of held-out code+math positions (teacher-forced) where the draft's "
+    "argmax equals the target's; entropy: of softmax(raw draft logits), nats, over the same "
+    "positions; cost: median wall time of one batch-1 fp32 single-token forward with a KV cache "
+    "(after warm-up), draft and target timed alternately"
+)
+
+
+def _realism_cards(
+    trained_target: LlamaForCausalLM,
+    timed_target: LlamaForCausalLM,
+    drafts: dict[str, LlamaForCausalLM],
+    state: _BuildState,
+) -> dict[str, dict[str, Any]]:
+    """Return each draft's realism figures against the target on held-out code and math.
+
+    Agreement uses the trained target's logits, which the enlarged target reproduces (checked
+    during the build); cost is timed against the enlarged target, the one that is saved.
+    """
+    recipe = state.recipe
+    heldout = torch.cat([state.heldout_blocks[kind] for kind in HELDOUT_KINDS])[:, :-1]
+    agreement = agreement_stats(trained_target, drafts, heldout)
+    cards = {}
+    for name, draft in drafts.items():
+        cost = cost_stats(
+            timed_target,
+            draft,
+            recipe.timing_context,
+            recipe.timing_repeats,
+            threads=recipe.timing_threads,
+        )
+        cards[name] = {
+            "greedy_agreement": agreement[name].greedy_agreement,
+            "entropy_mean_nats": agreement[name].entropy_mean,
+            "entropy_std_nats": agreement[name].entropy_std,
+            "positions": agreement[name].n_positions,
+            "t_draft_s": cost.t_draft_s,
+            "t_target_s": cost.t_target_s,
+            "cost_ratio": cost.cost_ratio,
+            "timing_context_tokens": cost.context_len,
+            "timing_repeats": cost.repeats,
+            "timing_threads": cost.threads,
+            "load_average_1min": cost.load_average,
+            "method": REALISM_METHOD,
+        }
+    return cards
+
+
+def _target_cost_card(target: LlamaForCausalLM, recipe: ZooRecipe) -> dict[str, float]:
+    """Return the target's cached-forward cost for 1, 5 and 9 new tokens (verification sizes).
+
+    A verification forward of K+1 tokens that costs little more than one decoding step is what
+    lets speculative decoding pay off; these figures show how close the target comes.
+    """
+    repeats = max(5, recipe.timing_repeats // 5)
+    seconds = {
+        n: decode_step_seconds(
+            [target], recipe.timing_context, n, repeats=repeats, threads=recipe.timing_threads
+        )[0]
+        for n in (1, 5, 9)
+    }
+    return {
+        "t_forward_1_token_s": seconds[1],
+        "t_forward_5_tokens_s": seconds[5],
+        "t_forward_9_tokens_s": seconds[9],
+        "forward_5_over_1": seconds[5] / seconds[1],
+        "forward_9_over_1": seconds[9] / seconds[1],
+        "timing_threads": recipe.timing_threads,
+        "timing_repeats": repeats,
+    }
+
+
+def _enlarge(
+    trained_target: LlamaForCausalLM, state: _BuildState, progress: bool
+) -> tuple[LlamaForCausalLM, dict[str, Any] | None]:
+    """Return the target to save (enlarged if the recipe says so) and its card section."""
+    recipe = state.recipe
+    plan = recipe.enlargement
+    if plan is None:
+        return trained_target, None
+    _log(
+        progress,
+        recipe,
+        f"enlarging target: +{plan.extra_layers} layers, MLP width "
+        f"{plan.intermediate_size}, all function-preserving",
+    )
+    target = enlarge_target(trained_target, plan, recipe.seed + 7)
+    trained_layers = recipe.target.num_layers
+    probe = state.heldout_blocks["code"][:2, :-1]
+    section = {
+        "trained_layers": list(range(trained_layers)),
+        "added_layers": list(range(trained_layers, trained_layers + plan.extra_layers)),
+        "trained_intermediate_size": recipe.target.intermediate_size,
+        "intermediate_size": plan.intermediate_size,
+        "max_abs_logit_change": max_logit_difference(trained_target, target, probe),
+        "note": enlargement_note(trained_layers, plan, recipe.target.intermediate_size),
+    }
+    return target, section
+
+
+def _build_into(recipe: ZooRecipe, directory: Path, progress: bool) -> ZooManifest:
+    """Build the whole zoo of ``recipe`` into ``directory`` and return its manifest."""
+    started = time.perf_counter()
+    stages: dict[str, float] = {}
+
+    def lap(stage: str) -> None:
+        stages[stage] = time.perf_counter() - started - sum(stages.values())
+
+    directory.mkdir(parents=True)
+    with torch_threads(recipe.train_threads):
+        state = _prepare_data(recipe, directory, progress)
+        lap("data")
+        trained_target, target_result = _train_target(state, progress)
+        lap("target")
+        drafts, draft_results = _distill(trained_target, state, progress)
+        lap("distillation")
+        target, enlargement = _enlarge(trained_target, state, progress)
+        _log(progress, recipe, "measuring realism (agreement, entropy, decoding cost)")
+        realism = _realism_cards(trained_target, target, drafts, state)
+        target_cost = _target_cost_card(target, recipe)
+    lap("realism")
+
+    target_card = _base_card("target", "target", state, target_result)
+    target_card.update(_architecture(target))
+    target_card["trained_architecture"] = _architecture(trained_target)
+    if enlargement is not None:
+        target_card["enlargement"] = enlargement
+    target_card["decoding_cost"] = target_cost
+    _save_model(target, state, directory / "target", target_card)
+    for draft_recipe in recipe.drafts:
+        name = draft_recipe.name
+        card = _base_card(name, "draft", state, draft_results[name])
+        card.update(_architecture(drafts[name]))
+        card["main_draft"] = name == recipe.main_draft
+        card["distillation"] = {
+            "teacher": "target (trained layers; the enlarged target computes the same logits)",
+            "divergence": "forward_kl",
+            "lr": draft_recipe.lr,
+            "steps": recipe.distill_steps,
+        }
+        card["realism"] = realism[name]
+        _save_model(drafts[name], state, directory / name, card)
+    lap("save")
+
+    manifest = ZooManifest(
+        profile=recipe.profile,
+        recipe_hash=recipe.recipe_hash(),
+        root=directory,
+        tokenizer=directory / TOKENIZER_DIR,
+        models={name: directory / name for name in ZOO_MODEL_NAMES},
+        main_draft=recipe.main_draft,
+        build_seconds=time.perf_counter() - started,
+        stage_seconds=stages,
+    )
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
+    _log(progress, recipe, f"built in {manifest.build_seconds:.0f} s ({_format_stages(stages)})")
+    return manifest
+
+
+def _format_stages(stages: dict[str, float]) -> str:
+    """Return 'stage 12 s, ...' for the build log."""
+    return ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in stages.items())

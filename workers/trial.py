@@ -1,0 +1,82 @@
+"""Running one trial's prompts through the engine: the same function in process and in actors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from policies import make_policy
+from workers.engine import (
+    RequestSettings,
+    TargetScorer,
+    autoregressive_generate,
+    speculative_generate,
+)
+from workers.lm import CachedLM
+from workers.records import GenerationResult, SamplingConfig
+
+#: The policy name of target-only autoregressive decoding (the baseline trial of each group).
+BASELINE_POLICY = "ar"
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """Everything a worker needs to run one trial: prompts as token ids, decoding, policy.
+
+    ``runtime_inputs`` are trained callables (SpecDec++ head, Cali-TS predictor) passed to the
+    policy constructor. Sample i is decoded with seed ``seed * 1_000_003 + i`` so samples differ
+    but every run of the trial is reproducible.
+    """
+
+    prompts: list[list[int]]
+    sampling: SamplingConfig
+    policy: str
+    params: dict[str, Any] = field(default_factory=dict)
+    max_draft_len: int = 0
+    seed: int = 0
+    warmup_samples: int = 0
+    eos_token_id: int | None = None
+    runtime_inputs: dict[str, Any] = field(default_factory=dict)
+
+
+def run_trial(
+    draft: CachedLM | None, target: TargetScorer, request: TrialRequest
+) -> list[GenerationResult]:
+    """Decode every prompt of ``request``; return one result per prompt (warm-up excluded).
+
+    The first ``warmup_samples`` prompts are decoded once before timing starts, so that lazy
+    initialisation and allocator growth do not land in the measured samples.
+    """
+    for prompt in request.prompts[: request.warmup_samples]:
+        _decode(draft, target, request, prompt, seed=request.seed)
+    return [
+        _decode(draft, target, request, prompt, seed=request.seed * 1_000_003 + index)
+        for index, prompt in enumerate(request.prompts)
+    ]
+
+
+def _decode(
+    draft: CachedLM | None,
+    target: TargetScorer,
+    request: TrialRequest,
+    prompt: list[int],
+    seed: int,
+) -> GenerationResult:
+    """Decode one prompt with the baseline or the trial's policy."""
+    settings = RequestSettings(request.sampling, seed=seed, eos_token_id=request.eos_token_id)
+    prompt_ids = torch.tensor(prompt, dtype=torch.long)
+    if request.policy == BASELINE_POLICY:
+        return autoregressive_generate(target, prompt_ids, settings)
+    if draft is None:
+        raise ValueError(f"policy {request.policy!r} needs a draft model")
+    policy = make_policy(
+        request.policy, request.max_draft_len, **request.params, **request.runtime_inputs
+    )
+    reference = None
+    if policy.needs_reference:
+        reference = autoregressive_generate(target, prompt_ids, settings).output_ids
+    return speculative_generate(
+        draft, target, policy, prompt_ids, settings, request.max_draft_len, reference=reference
+    )
