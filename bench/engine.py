@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
@@ -46,15 +47,6 @@ class MethodResult:
     mean_accepted: float | None = None
     overhead_fraction: float | None = None
     matches_ar: bool | None = None
-
-
-def _resolve(ref: str) -> Path:
-    """Return a local model directory for a path or a ``zoo:`` reference."""
-    if ref.startswith("zoo:"):
-        from training.zoo import resolve_model_ref
-
-        return resolve_model_ref(ref)
-    return Path(ref)
 
 
 def _median_seconds(step, repeats: int) -> float:
@@ -162,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target_path, draft_path = _resolve(args.target), _resolve(args.draft)
+    target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts = [
         tokenizer(p.text)["input_ids"][-256:]

@@ -111,25 +111,36 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     return inputs
 
 
-def _resolve(ref: str, where: str, problems: list[str]) -> Path | None:
-    """Return the local directory of model ``ref`` (building zoo models), or record a problem."""
+def resolve_model_path(ref: str) -> Path:
+    """Return the local directory (or hub id as a path) of model ``ref``; build zoo models.
+
+    Raises ValueError saying why ``ref`` cannot be used: not a model directory, or neither local
+    nor reachable on the hub.
+    """
     if is_model_ref(ref):
         return resolve_model_ref(ref)
     path = Path(ref).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path.resolve()
     if path.exists() or ref.startswith((".", "/", "~")):
-        problems.append(f"{where}: {ref!r} is not a model directory (no config.json there)")
-        return None
+        raise ValueError(f"{ref!r} is not a model directory (no config.json there)")
     try:
         AutoConfig.from_pretrained(ref)
     except OSError as exc:
-        problems.append(
-            f"{where}: cannot load {ref!r}: not a local directory and not reachable on the hub "
+        raise ValueError(
+            f"cannot load {ref!r}: not a local directory and not reachable on the hub "
             f"({str(exc).splitlines()[0]}); download it and give its local path"
-        )
-        return None
+        ) from None
     return Path(ref)
+
+
+def _resolve(ref: str, where: str, problems: list[str]) -> Path | None:
+    """Return the local directory of model ``ref``, or record a problem naming the field."""
+    try:
+        return resolve_model_path(ref)
+    except ValueError as exc:
+        problems.append(f"{where}: {exc}")
+        return None
 
 
 def _load_tokenizer(path: Path, where: str, problems: list[str], trust: bool) -> Any:

@@ -1,0 +1,104 @@
+"""Actor overhead: the same trials in one process and split across Ray actors, side by side.
+
+Runs target-only AR and static-K speculative decoding on one pair and prompt set, greedy, first
+in process (draft and target in this process, one torch thread, as each actor has) and then
+with the target in a TargetWorker and the draft in a DraftWorker. Checks that outputs and
+accepted counts are identical and reports tokens/s of both and their ratio as JSON.
+
+    python bench/actors.py --target zoo:demo/target --draft zoo:demo/draft-s --out bench-actors.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import ray
+import torch
+from transformers import AutoTokenizer
+
+from orchestrator.preflight import resolve_model_path
+from workers.actors import DraftWorker, ModelSpec, TargetWorker
+from workers.datasets import DatasetSpec, load_prompts
+from workers.lm import CachedLM, load_causal_lm
+from workers.records import GenerationResult, SamplingConfig
+from workers.target import LocalTarget
+from workers.trial import BASELINE_POLICY, TrialRequest, run_trial
+
+
+def _tokens_per_s(results: list[GenerationResult]) -> float:
+    """Return generated tokens per second over all samples."""
+    return sum(r.n_generated for r in results) / sum(r.seconds for r in results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both placements, print the comparison and write JSON; return the exit code."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--target", default="zoo:demo/target")
+    parser.add_argument("--draft", default="zoo:demo/draft-s")
+    parser.add_argument("--dataset", default="builtin:code")
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--k", type=int, default=4, help="static draft length")
+    parser.add_argument("--out", type=Path, default=Path("bench-actors.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    prompts = [
+        tokenizer(p.text)["input_ids"][-256:]
+        for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
+    ]
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
+    requests = {
+        "ar": TrialRequest(prompts, sampling, BASELINE_POLICY, warmup_samples=1),
+        f"static K={args.k}": TrialRequest(
+            prompts, sampling, "static", max_draft_len=args.k, warmup_samples=1
+        ),
+    }
+    draft = CachedLM(load_causal_lm(draft_path))
+    target = LocalTarget(CachedLM(load_causal_lm(target_path)))
+    local = {name: run_trial(draft, target, request) for name, request in requests.items()}
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    target_actor = TargetWorker.options(num_cpus=1).remote(ModelSpec(str(target_path)))
+    draft_actor = DraftWorker.options(num_cpus=1).remote(ModelSpec(str(draft_path)), [target_actor])
+    split = {
+        name: ray.get(draft_actor.run_trial.remote(request)) for name, request in requests.items()
+    }
+    ray.shutdown()
+
+    report = {
+        "target": str(target_path),
+        "draft": str(draft_path),
+        "samples": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "methods": {},
+    }
+    for name in requests:
+        same_outputs = [r.output_ids for r in local[name]] == [r.output_ids for r in split[name]]
+        same_accepted = [r.n_accepted for r in local[name]] == [r.n_accepted for r in split[name]]
+        in_process, actors = _tokens_per_s(local[name]), _tokens_per_s(split[name])
+        report["methods"][name] = {
+            "in_process_tokens_per_s": in_process,
+            "actors_tokens_per_s": actors,
+            "actors_over_in_process": actors / in_process,
+            "same_outputs": same_outputs,
+            "same_accepted_counts": same_accepted,
+        }
+        print(
+            f"{name:14} in-process {in_process:7.1f} tok/s  actors {actors:7.1f} tok/s  "
+            f"ratio {actors / in_process:.2f}  same outputs {same_outputs}  "
+            f"same accepted {same_accepted}"
+        )
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"JSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
