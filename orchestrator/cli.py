@@ -1,0 +1,668 @@
+"""The command line: ``python -m orchestrator {submit,plan,status,query,export,zoo} ...``.
+
+Each command is one small handler that reads its arguments, calls the library (spec, planner,
+runner, store, zoo) and prints tables built by :mod:`orchestrator.report`. Problems the user can
+fix (an invalid sweep file, a failed preflight, a missing store, an unknown sweep, a refused
+query) print a message to stderr and exit with code 2, without a traceback; unexpected
+exceptions still show theirs. ``submit`` exits with 1 when some trials failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+
+from orchestrator import report
+from orchestrator.planner import Plan, plan_sweep
+from orchestrator.spec import SweepError, SweepSpec, load_sweep
+from orchestrator.store import Store, StoreError, default_url, open_store
+
+if TYPE_CHECKING:
+    from orchestrator.runner import SweepSummary
+
+EXIT_OK = 0
+EXIT_TRIALS_FAILED = 1
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+PROG = "python -m orchestrator"
+#: ``training.zoo.PROFILES`` keys, repeated here so ``--help`` does not import torch
+#: (``tests/test_cli.py`` checks that the two agree).
+ZOO_PROFILES = ("demo", "micro")
+EXPORT_FORMATS = ("csv", "parquet")
+#: SQLSTATE of PostgreSQL's "cannot execute ... in a read-only transaction".
+PG_READ_ONLY_SQLSTATE = "25006"
+READ_ONLY_MARKERS = ("readonly", "read-only", "read only", "query_only")
+#: SQLite's message when the query command's authorizer denies an ATTACH.
+SQLITE_DENIED = "not authorized"
+WIDE_OUTPUT_COLUMNS = 200
+
+
+class UserError(Exception):
+    """A problem the user can fix; ``lines`` are printed to stderr and the CLI exits with 2."""
+
+    def __init__(self, lines: Sequence[str] | str) -> None:
+        self.lines = [lines] if isinstance(lines, str) else list(lines)
+        super().__init__("\n".join(self.lines))
+
+
+Handler = Callable[[argparse.Namespace, Console], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the process exit code.
+
+    Returns instead of exiting so tests can call it in-process.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_request:
+        return exit_request.code if isinstance(exit_request.code, int) else EXIT_USER_ERROR
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        return handler(args, make_console())
+    except UserError as error:
+        for line in error.lines:
+            print(line, file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def make_console() -> Console:
+    """Return a stdout console; wide when stdout is not a terminal, so piped tables don't wrap."""
+    width = None if sys.stdout.isatty() else WIDE_OUTPUT_COLUMNS
+    return Console(file=sys.stdout, width=width, highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument parsing
+# ---------------------------------------------------------------------------------------------
+
+
+def _non_negative_int(text: str) -> int:
+    """Parse a retry count (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0 (got {value})")
+    return value
+
+
+def _db_parent(default: Any) -> argparse.ArgumentParser:
+    """Return a parent parser holding ``--db`` (accepted before or after the command)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--db",
+        metavar="URL",
+        default=default,
+        help="results store URL (default: $SPECSWEEP_DB or sqlite:///results.db)",
+    )
+    return parent
+
+
+def _help_handler(parser: argparse.ArgumentParser) -> Handler:
+    """Return a handler that prints ``parser``'s help to stderr (a command group run bare)."""
+
+    def print_help(_args: argparse.Namespace, _console: Console) -> int:
+        parser.print_help(sys.stderr)
+        return EXIT_USER_ERROR
+
+    return print_help
+
+
+def _add_command(
+    commands: Any, name: str, handler: Handler, help_text: str, epilog: str, parents: list[Any]
+) -> argparse.ArgumentParser:
+    """Add one sub-command with its one-line help, its description and an examples epilog."""
+    command = commands.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=epilog,
+        parents=parents,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.set_defaults(handler=handler)
+    return command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser: global ``--db`` and one sub-parser per command."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="SpecSweep: plan, run and inspect speculative-decoding sweeps.",
+        epilog=(
+            "examples:\n"
+            f"  {PROG} plan sweeps/demo.yaml\n"
+            f"  {PROG} submit sweeps/demo.yaml\n"
+            f"  {PROG} status demo\n"
+            f"  {PROG} query \"SELECT policy, speedup FROM trials WHERE status = 'done'\"\n"
+            f"\nrun '{PROG} COMMAND --help' for a command's options"
+        ),
+        parents=[_db_parent(None)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    db = [_db_parent(argparse.SUPPRESS)]
+    _add_submit(commands, db)
+    _add_plan(commands, db)
+    _add_status(commands, db)
+    _add_query(commands, db)
+    _add_export(commands, db)
+    _add_zoo(commands)
+    return parser
+
+
+def _add_submit(commands: Any, db: list[Any]) -> None:
+    """Add ``submit``."""
+    command = _add_command(
+        commands,
+        "submit",
+        _submit,
+        "validate, plan and run a sweep on Ray, storing each trial as it ends",
+        "Trials already done in the store are skipped, so resubmitting a sweep resumes it and\n"
+        "retries its failed trials. Exit codes: 0 all trials done, 1 some trials failed,\n"
+        "2 invalid sweep file or failed preflight (nothing run, store untouched).\n\n"
+        "examples:\n"
+        f"  {PROG} submit sweeps/demo.yaml\n"
+        f"  {PROG} submit sweeps/demo.yaml --dry-run\n"
+        f"  {PROG} --db postgresql://user@host/specsweep submit sweeps/big.yaml "
+        "--address auto --retries 3",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file")
+    command.add_argument(
+        "--dry-run", action="store_true", help="print the plan (like 'plan') and run nothing"
+    )
+    command.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)",
+    )
+    command.add_argument(
+        "--retries",
+        type=_non_negative_int,
+        metavar="N",
+        help="retries per failed trial (default: the sweep's execution.retries)",
+    )
+    command.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _add_plan(commands: Any, db: list[Any]) -> None:
+    """Add ``plan``."""
+    command = _add_command(
+        commands,
+        "plan",
+        _plan,
+        "show the trials, training jobs, skipped groups and resources a sweep expands to",
+        "Runs nothing and opens no database.\n\n"
+        "examples:\n"
+        f"  {PROG} plan sweeps/demo.yaml\n"
+        f"  {PROG} plan sweeps/demo.yaml --all",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file")
+    command.add_argument(
+        "--all", action="store_true", help="list every trial (default: counts per group)"
+    )
+
+
+def _add_status(commands: Any, db: list[Any]) -> None:
+    """Add ``status``."""
+    command = _add_command(
+        commands,
+        "status",
+        _status,
+        "show each stored sweep's trial counts by status and its failed trials' errors",
+        "'running' counts trials a runner has started and not finished; after a crash they stay\n"
+        "so until the sweep is resubmitted.\n\n"
+        "examples:\n"
+        f"  {PROG} status\n"
+        f"  {PROG} status demo\n"
+        f"  {PROG} --db sqlite:///other.db status",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP", nargs="?", help="a sweep name (default: all)")
+
+
+def _add_query(commands: Any, db: list[Any]) -> None:
+    """Add ``query``."""
+    command = _add_command(
+        commands,
+        "query",
+        _query,
+        "run one SQL statement on a read-only connection to the store and print the rows",
+        "Tables: sweeps, sweep_trials, trials, sample_results, rounds, training_jobs, artifacts.\n"
+        "The connection is read-only: statements that write fail (exit code 2).\n\n"
+        "examples:\n"
+        f'  {PROG} query "SELECT policy, threshold, max_draft_len, speedup FROM trials '
+        "WHERE dataset = 'builtin:code' ORDER BY speedup DESC LIMIT 10\"\n"
+        f'  {PROG} query "SELECT * FROM trials" --format csv > trials.csv',
+        db,
+    )
+    command.add_argument("sql", metavar="SQL", help="one SQL statement (quote it)")
+    command.add_argument(
+        "--format", choices=("table", "csv"), default="table", help="output format"
+    )
+
+
+def _add_export(commands: Any, db: list[Any]) -> None:
+    """Add ``export``."""
+    command = _add_command(
+        commands,
+        "export",
+        _export,
+        "write a sweep's trial rows (every column) to a CSV or Parquet file",
+        "Rows are in plan order; params, config and metrics are JSON text.\n\n"
+        "examples:\n"
+        f"  {PROG} export demo --format csv --out demo.csv\n"
+        f"  {PROG} export demo --out demo.parquet",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP", help="the sweep name")
+    command.add_argument(
+        "--format",
+        choices=EXPORT_FORMATS,
+        help="file format (default: from the --out suffix, .csv or .parquet)",
+    )
+    command.add_argument("--out", metavar="FILE", required=True, type=Path, help="output file")
+
+
+def _add_zoo(commands: Any) -> None:
+    """Add ``zoo`` and its ``build`` sub-command (no ``--db``: the zoo is not in the store)."""
+    zoo = commands.add_parser(
+        "zoo",
+        help="the embedded model zoo (small targets and distilled drafts)",
+        description="The embedded model zoo, referenced in sweeps as zoo:<profile>/<model>.",
+        epilog=f"examples:\n  {PROG} zoo build\n  {PROG} zoo build --profile micro --force",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    zoo.set_defaults(handler=_help_handler(zoo))
+    actions = zoo.add_subparsers(title="zoo commands", metavar="ACTION")
+    command = _add_command(
+        actions,
+        "build",
+        _zoo_build,
+        "build (or find in the cache) a zoo profile and print its model cards' key figures",
+        "The demo profile takes several minutes on CPU, micro about half a minute. A built zoo\n"
+        "is cached ($SPECSWEEP_CACHE or ~/.cache/specsweep) and reused.\n\n"
+        "examples:\n"
+        f"  {PROG} zoo build\n"
+        f"  {PROG} zoo build --profile micro --force",
+        [],
+    )
+    command.add_argument("--profile", choices=ZOO_PROFILES, default="demo", help="zoo profile")
+    command.add_argument("--force", action="store_true", help="rebuild even if cached")
+    command.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="cache directory (default: see above)"
+    )
+    command.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared steps
+# ---------------------------------------------------------------------------------------------
+
+
+def display_url(url: str | None) -> str:
+    """Return the store URL as shown to users (the default filled in, password hidden)."""
+    url = url or default_url()
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _load_sweep(path: str) -> SweepSpec:
+    """Return the validated sweep at ``path``; a SweepError becomes a UserError listing problems."""
+    try:
+        return load_sweep(path)
+    except SweepError as error:
+        count = len(error.problems)
+        raise UserError(
+            [
+                f"error: {path} is not a valid sweep ({count} problem{'s' * (count != 1)}):",
+                *(f"  {problem}" for problem in error.problems),
+                "fix the fields named above (FILE:LINE: field.path: message) and run again",
+            ]
+        ) from None
+
+
+@contextmanager
+def _opened_store(url: str | None, read_only: bool) -> Iterator[Store]:
+    """Yield the store at ``url``; a bad URL or a missing/unmigrated store becomes a UserError."""
+    shown = display_url(url)
+    try:
+        store = open_store(url, read_only=read_only)
+    except StoreError as error:
+        raise UserError([f"error: cannot open the store {shown}: {error}", _STORE_HINT]) from None
+    except (ArgumentError, NoSuchModuleError) as error:
+        raise UserError(f"error: --db {shown!r} is not a usable database URL: {error}") from None
+    except ImportError as error:
+        raise UserError(
+            f"error: the driver for {shown} is not installed ({error}); for PostgreSQL: "
+            "pip install 'specsweep[postgres]'"
+        ) from None
+    except OperationalError as error:
+        raise UserError(f"error: cannot connect to the store {shown}: {error.orig}") from None
+    with store:
+        yield store
+
+
+_STORE_HINT = "submit a sweep to create it, or point --db (or $SPECSWEEP_DB) at an existing one"
+
+
+def _require_sweep(store: Store, name: str) -> None:
+    """Raise UserError unless a sweep called ``name`` is stored."""
+    names = [sweep["name"] for sweep in store.sweeps()]
+    if name not in names:
+        known = ", ".join(names) or "none"
+        raise UserError(f"error: no sweep named {name!r} in the store (stored sweeps: {known})")
+
+
+def _print_table(console: Console, rows: Sequence[Any], columns: Sequence[str], title: str) -> None:
+    """Print ``rows`` as a table titled ``title``."""
+    console.print(report.render_table(rows, columns, title=title))
+
+
+def _print_plan(console: Console, plan: Plan, all_trials: bool) -> None:
+    """Print a plan: counts, trials (grouped or all), jobs, skipped groups and resources."""
+    counts = plan.counts()
+    console.print(
+        f"sweep {plan.sweep}: {counts['trials']} trials ({counts['baselines']} AR baselines + "
+        f"{counts['policy_trials']} policy trials), {counts['jobs']} training jobs, "
+        f"{counts['skipped']} trials skipped",
+        markup=False,
+    )
+    if all_trials:
+        _print_table(console, report.plan_trial_rows(plan), report.PLAN_TRIAL_COLUMNS, "trials")
+    else:
+        rows = report.plan_group_rows(plan)
+        _print_table(console, rows, report.PLAN_GROUP_COLUMNS, "trials per group (--all: each)")
+    if plan.jobs:
+        _print_table(console, report.job_rows(plan), report.JOB_COLUMNS, "training jobs")
+    else:
+        console.print("training jobs: none")
+    if plan.skipped:
+        rows = report.skipped_rows(plan)
+        _print_table(console, rows, report.SKIPPED_COLUMNS, "skipped (not planned)")
+    _print_table(console, report.resource_rows(plan), report.RESOURCE_COLUMNS, "resources per pair")
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------
+
+
+def _plan(args: argparse.Namespace, console: Console) -> int:
+    """``plan``: print what a sweep expands to."""
+    _print_plan(console, plan_sweep(_load_sweep(args.sweep)), args.all)
+    return EXIT_OK
+
+
+def _submit(args: argparse.Namespace, console: Console) -> int:
+    """``submit``: validate, plan, preflight, then register and run the sweep."""
+    spec = _load_sweep(args.sweep)
+    plan = plan_sweep(spec)
+    if args.dry_run:
+        _print_plan(console, plan, all_trials=False)
+        console.print("dry run: nothing was run and the store was not opened")
+        return EXIT_OK
+    from orchestrator import runner
+
+    try:
+        inputs = runner.preflight(spec, plan)
+    except runner.PreflightError as error:
+        raise UserError(
+            [
+                f"error: preflight failed for {args.sweep}; nothing was run:",
+                *(f"  {problem}" for problem in error.problems),
+            ]
+        ) from None
+    shown = display_url(args.db)
+    with _opened_store(args.db, read_only=False) as store:
+        spec_yaml = Path(args.sweep).read_text(encoding="utf-8")
+        store.register_sweep(spec, plan, spec_yaml=spec_yaml)
+        done = store.completed_trial_ids(trial.trial_id for trial in plan.trials)
+        if len(done) == len(plan.trials):
+            _print_results(console, store.trials_frame(spec.name), spec.name)
+            console.print(_nothing_to_run(len(plan.trials), spec.name, shown), markup=False)
+            return EXIT_OK
+        options = runner.RunOptions(
+            address=args.address, retries=args.retries, progress=not args.no_progress
+        )
+        try:
+            summary = runner.run_sweep(spec, plan, store, options, inputs=inputs)
+        except KeyboardInterrupt:
+            print(
+                f"interrupted: finished trials are stored in {shown}; resubmit to continue "
+                f"({PROG} submit {args.sweep})",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
+        rows = store.trials_frame(spec.name)
+    return _report_run(console, summary, rows, args.sweep, shown)
+
+
+def _report_run(
+    console: Console, summary: SweepSummary, rows: Sequence[Any], sweep_file: str, shown_url: str
+) -> int:
+    """Print the end-of-run table, the one-line summary and any failures; return the exit code."""
+    _print_results(console, rows, summary.sweep)
+    if summary.ran == 0 and summary.already_done == summary.planned:
+        console.print(_nothing_to_run(summary.planned, summary.sweep, shown_url), markup=False)
+        return EXIT_OK
+    console.print(
+        f"sweep {summary.sweep}: {summary.planned} trials planned, {summary.already_done} "
+        f"already done, {summary.ran} ran, {summary.failed} failed in {summary.seconds:.1f} s "
+        f"(store: {shown_url})",
+        markup=False,
+    )
+    if not summary.failed:
+        return EXIT_OK
+    _print_failures(console, rows, summary.sweep)
+    console.print(
+        f"{summary.failed} trial{'s' * (summary.failed != 1)} failed; to retry them, "
+        f"resubmit (done trials are skipped): {PROG} submit {sweep_file}",
+        markup=False,
+    )
+    return EXIT_TRIALS_FAILED
+
+
+def _nothing_to_run(n_trials: int, sweep: str, shown_url: str) -> str:
+    """Return the message for a submission whose trials are all done already."""
+    return f"nothing to run: all {n_trials} trials of sweep {sweep} are already in DB ({shown_url})"
+
+
+def _print_results(console: Console, rows: Sequence[Any], sweep: str) -> None:
+    """Print the end-of-run summary table of a sweep's trial rows."""
+    _print_table(
+        console,
+        report.summary_rows(rows),
+        report.SUMMARY_COLUMNS,
+        f"sweep {sweep}: means over done trials (speedup vs the AR baseline)",
+    )
+
+
+def _print_failures(console: Console, rows: Sequence[Any], sweep: str) -> None:
+    """Print the failed trials among ``rows`` with their errors' last lines."""
+    failed = report.failed_rows(rows)
+    if not failed:
+        return
+    _print_table(console, failed, report.FAILED_COLUMNS, f"failed trials of sweep {sweep}")
+    console.print(
+        f'full error text: {PROG} query "SELECT trial_id, error FROM trials '
+        f"WHERE status = 'failed'\"",
+        markup=False,
+    )
+
+
+def _status(args: argparse.Namespace, console: Console) -> int:
+    """``status``: trial counts by status per sweep, and the failed trials' errors."""
+    with _opened_store(args.db, read_only=True) as store:
+        if args.sweep is not None:
+            _require_sweep(store, args.sweep)
+            names = [args.sweep]
+        else:
+            names = [sweep["name"] for sweep in store.sweeps()]
+        frames = {name: store.trials_frame(name) for name in names}
+    if not frames:
+        console.print(f"no sweeps in {display_url(args.db)} yet", markup=False)
+        return EXIT_OK
+    counts = [{"sweep": name, **report.status_counts(rows)} for name, rows in frames.items()]
+    _print_table(console, counts, report.STATUS_COLUMNS, f"sweeps in {display_url(args.db)}")
+    for name, rows in frames.items():
+        _print_failures(console, rows, name)
+    return EXIT_OK
+
+
+def _query(args: argparse.Namespace, console: Console) -> int:
+    """``query``: run one statement on a read-only connection and print its rows."""
+    with _opened_store(args.db, read_only=True) as store:
+        try:
+            with store.engine.connect() as connection:
+                if connection.dialect.name == "sqlite":
+                    connection.connection.driver_connection.set_authorizer(_deny_attach)
+                result = connection.exec_driver_sql(
+                    args.sql, execution_options={"no_parameters": True}
+                )
+                if not result.returns_rows:
+                    console.print("the statement returned no result set")
+                    return EXIT_OK
+                names = list(result.keys())
+                values = [tuple(row) for row in result]
+        except DBAPIError as error:
+            raise UserError(query_error_message(error)) from None
+    if args.format == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(values)
+        return EXIT_OK
+    columns = report.unique_names(names)
+    rows = [dict(zip(columns, row, strict=True)) for row in values]
+    console.print(report.render_table(rows, columns, headers={}))
+    console.print(f"{len(rows)} row{'s' * (len(rows) != 1)}")
+    return EXIT_OK
+
+
+def _deny_attach(action: int, *_details: object) -> int:
+    """SQLite authorizer: refuse ATTACH, which would create a database file, allow the rest."""
+    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
+
+
+def query_error_message(error: DBAPIError) -> str:
+    """Return the message for a failed query, saying plainly when it was a refused write.
+
+    Recognises the refusal from the database's own error (SQLite's read-only messages,
+    PostgreSQL's SQLSTATE 25006), not from the SQL text.
+    """
+    original = error.orig
+    text = str(original).strip()
+    if text == SQLITE_DENIED:
+        return "error: query refused: ATTACH is not allowed in 'query' (it can create files)"
+    refused = getattr(original, "sqlstate", None) == PG_READ_ONLY_SQLSTATE or any(
+        marker in text.lower() for marker in READ_ONLY_MARKERS
+    )
+    if refused:
+        return (
+            "error: query refused: 'query' opens the store read-only, so statements that write "
+            f"(INSERT, UPDATE, DELETE, CREATE, DROP, ...) cannot run. The database said: {text}"
+        )
+    return f"error: query failed: {text}"
+
+
+def _export_format(out: Path, requested: str | None) -> str:
+    """Return the export format: ``requested``, else inferred from ``out``'s suffix."""
+    if requested is not None:
+        return requested
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix in EXPORT_FORMATS:
+        return suffix
+    raise UserError(f"error: cannot tell the format of {out}: pass --format csv or parquet")
+
+
+def _export(args: argparse.Namespace, console: Console) -> int:
+    """``export``: write a sweep's trial rows to CSV or Parquet."""
+    file_format = _export_format(args.out, args.format)
+    with _opened_store(args.db, read_only=True) as store:
+        _require_sweep(store, args.sweep)
+        rows = store.trials_frame(args.sweep)
+    records = report.export_records(rows)
+    try:
+        if file_format == "csv":
+            write_csv(args.out, records)
+        else:
+            write_parquet(args.out, records)
+    except OSError as error:
+        raise UserError(f"error: cannot write {args.out}: {error.strerror or error}") from None
+    console.print(
+        f"wrote {len(records)} trials of sweep {args.sweep} to {args.out} ({file_format})",
+        markup=False,
+    )
+    return EXIT_OK
+
+
+def _trial_columns() -> list[str]:
+    """Return the trials table's column names (the header of an export of no rows)."""
+    from orchestrator.store.models import TrialRow
+
+    return [column.key for column in TrialRow.__table__.columns]
+
+
+def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Write ``records`` to a CSV file with a header row (None as an empty cell)."""
+    columns = list(records[0]) if records else _trial_columns()
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(records)
+
+
+def write_parquet(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Write ``records`` to a Parquet file through pandas and pyarrow."""
+    try:
+        import pandas
+    except ImportError as error:
+        raise UserError(
+            f"error: Parquet export needs pandas and pyarrow ({error}); pip install pandas pyarrow"
+        ) from None
+    columns = list(records[0]) if records else _trial_columns()
+    pandas.DataFrame(list(records), columns=columns).to_parquet(path, index=False)
+
+
+def _zoo_build(args: argparse.Namespace, console: Console) -> int:
+    """``zoo build``: build or find a zoo profile and print its model cards' key figures."""
+    from training.zoo import build_zoo
+
+    manifest = build_zoo(
+        args.profile, cache_dir=args.cache_dir, progress=not args.no_progress, force=args.force
+    )
+    rows = report.zoo_card_rows({name: manifest.card(name) for name in manifest.models})
+    columns = report.zoo_columns(rows)
+    title = f"zoo {manifest.profile}: model cards (val loss in nats/token on held-out text)"
+    console.print(report.render_table(rows, columns, title, headers=report.zoo_headers(columns)))
+    built = f"built in {manifest.build_seconds:.0f} s"
+    how = "found in the cache" if manifest.from_cache else built
+    console.print(
+        f"zoo {manifest.profile} {how} at {manifest.root}; use its models in sweeps as "
+        f"zoo:{manifest.profile}/<model>",
+        markup=False,
+    )
+    return EXIT_OK

@@ -1,0 +1,369 @@
+"""Tables the CLI prints: pure functions from store rows, plans and model cards to row dicts.
+
+Every ``*_rows`` function returns a list of plain dicts (one per table row, keys are column
+names) so the same data can be printed with :func:`render_table`, written as CSV, or tested
+without a terminal. Only :func:`render_table` knows about ``rich``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.planner import Plan
+
+Row = Mapping[str, Any]
+
+#: How the end-of-run summary groups trials: one row per pair × dataset × temperature × policy ×
+#: max draft length (threshold settings and seeds of a group are averaged).
+SUMMARY_GROUP = ("pair", "dataset", "temperature", "policy", "max_draft_len")
+SUMMARY_COLUMNS = (
+    *SUMMARY_GROUP,
+    "trials",
+    "done",
+    "tokens_per_s",
+    "speedup",
+    "best_speedup",
+    "acceptance_rate",
+)
+STATUS_COLUMNS = ("sweep", "planned", "done", "failed", "pending", "running")
+FAILED_COLUMNS = (
+    "trial_id",
+    "pair",
+    "dataset",
+    "temperature",
+    "policy",
+    "threshold",
+    "max_draft_len",
+    "attempts",
+    "error",
+)
+PLAN_GROUP_COLUMNS = (
+    "pair",
+    "dataset",
+    "temperature",
+    "policy",
+    "trials",
+    "settings",
+    "max_draft_lens",
+)
+PLAN_TRIAL_COLUMNS = (
+    "trial_id",
+    "pair",
+    "dataset",
+    "temperature",
+    "policy",
+    "params",
+    "max_draft_len",
+    "seed",
+    "requires_jobs",
+)
+JOB_COLUMNS = ("name", "kind", "base", "teacher", "dataset", "samples", "epochs", "job_id")
+SKIPPED_COLUMNS = ("pair", "dataset", "temperature", "seed", "policy", "trials", "reason")
+RESOURCE_COLUMNS = (
+    "pair",
+    "backend",
+    "target_actors",
+    "gpus_per_target_actor",
+    "draft_gpus",
+    "cpus",
+    "gpus",
+)
+ZOO_LEADING_COLUMNS = ("model", "role", "parameters")
+ZOO_TRAILING_COLUMNS = ("greedy_agreement", "entropy_std_nats", "cost_ratio")
+VAL_LOSS_PREFIX = "val_loss_"
+
+#: Column headers that read better than the key.
+HEADERS = {
+    "temperature": "temp",
+    "max_draft_len": "max DL",
+    "max_draft_lens": "max DLs",
+    "tokens_per_s": "tokens/s",
+    "best_speedup": "best speedup",
+    "acceptance_rate": "acceptance",
+    "requires_jobs": "needs jobs",
+    "target_actors": "target actors",
+    "gpus_per_target_actor": "GPUs/target actor",
+    "draft_gpus": "draft GPUs",
+    "cpus": "CPUs",
+    "gpus": "GPUs",
+    "greedy_agreement": "agreement",
+    "entropy_std_nats": "entropy std",
+    "cost_ratio": "cost ratio",
+}
+MISSING = "-"
+MAX_ERROR_CHARS = 160
+
+
+def mean_or_none(values: Iterable[float | None]) -> float | None:
+    """Return the mean of the values that are not None (None when there are none).
+
+    Exists because metrics such as the AR baseline's acceptance rate are NULL in the store.
+    """
+    present = [value for value in values if value is not None]
+    return math.fsum(present) / len(present) if present else None
+
+
+def group_rows(rows: Iterable[Row], keys: Sequence[str]) -> dict[tuple[Hashable, ...], list[Row]]:
+    """Return ``rows`` grouped by their values of ``keys``, groups in order of first appearance."""
+    groups: dict[tuple[Hashable, ...], list[Row]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[key] for key in keys), []).append(row)
+    return groups
+
+
+def summary_rows(
+    rows: Iterable[Row], group_by: Sequence[str] = SUMMARY_GROUP
+) -> list[dict[str, Any]]:
+    """Return one summary row per group of trial rows (``Store.trials_frame`` dicts).
+
+    Columns: the ``group_by`` values, ``trials`` (in the group), ``done``, and over the group's
+    done trials the mean ``tokens_per_s``, mean ``speedup``, ``best_speedup`` and mean
+    ``acceptance_rate`` (None where no done trial has the metric). Exists for the table
+    ``submit`` prints at the end of a run: how each policy did on each dataset.
+    """
+    summary = []
+    for values, members in group_rows(rows, group_by).items():
+        done = [row for row in members if row["status"] == "done"]
+        speedups = [row["speedup"] for row in done if row["speedup"] is not None]
+        summary.append(
+            {
+                **dict(zip(group_by, values, strict=True)),
+                "trials": len(members),
+                "done": len(done),
+                "tokens_per_s": mean_or_none(row["tokens_per_s"] for row in done),
+                "speedup": mean_or_none(speedups),
+                "best_speedup": max(speedups) if speedups else None,
+                "acceptance_rate": mean_or_none(row["acceptance_rate"] for row in done),
+            }
+        )
+    return summary
+
+
+def status_counts(rows: Iterable[Row]) -> dict[str, int]:
+    """Return how many trial rows there are (``planned``) and how many have each status.
+
+    Exists for ``status``: a sweep's progress at a glance.
+    """
+    counts = {"planned": 0, "done": 0, "failed": 0, "pending": 0, "running": 0}
+    for row in rows:
+        counts["planned"] += 1
+        counts[row["status"]] += 1
+    return counts
+
+
+def error_summary(error: str | None, limit: int = MAX_ERROR_CHARS) -> str:
+    """Return the last non-empty line of a stored error (a traceback's message), shortened.
+
+    Exists so a table of failed trials stays one line per trial.
+    """
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return MISSING
+    last = lines[-1]
+    return last if len(last) <= limit else last[: limit - 3] + "..."
+
+
+def failed_rows(rows: Iterable[Row]) -> list[dict[str, Any]]:
+    """Return the failed trials among ``rows`` with their error's last line.
+
+    Exists so ``status`` and ``submit`` can say which trials failed and why.
+    """
+    return [
+        {
+            **{key: row[key] for key in FAILED_COLUMNS if key != "error"},
+            "error": error_summary(row["error"]),
+        }
+        for row in rows
+        if row["status"] == "failed"
+    ]
+
+
+def format_params(params: Mapping[str, Any]) -> str:
+    """Return ``name=value`` pairs sorted by name (``-`` for none), for one-line trial listings."""
+    if not params:
+        return MISSING
+    return ", ".join(f"{name}={format_value(params[name])}" for name in sorted(params))
+
+
+def plan_group_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Return the plan's trial counts per pair × dataset × temperature × policy.
+
+    ``settings`` counts distinct parameter settings and ``max_draft_lens`` lists the caps.
+    Exists for ``plan`` without ``--all``: the grid's shape without one line per trial.
+    """
+    trials = [trial.to_dict() for trial in plan.trials]
+    result = []
+    for (pair, dataset, temperature, policy), members in group_rows(
+        trials, ("pair", "dataset", "temperature", "policy")
+    ).items():
+        settings = {json.dumps(member["params"], sort_keys=True) for member in members}
+        caps = sorted({member["max_draft_len"] for member in members})
+        result.append(
+            {
+                "pair": pair,
+                "dataset": dataset,
+                "temperature": temperature,
+                "policy": policy,
+                "trials": len(members),
+                "settings": len(settings),
+                "max_draft_lens": ", ".join(str(cap) for cap in caps),
+            }
+        )
+    return result
+
+
+def plan_trial_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Return one row per planned trial (``plan --all``)."""
+    return [
+        {
+            "trial_id": trial.trial_id,
+            "pair": trial.pair,
+            "dataset": trial.dataset,
+            "temperature": trial.temperature,
+            "policy": trial.policy,
+            "params": format_params(trial.params_dict),
+            "max_draft_len": trial.max_draft_len,
+            "seed": trial.seed,
+            "requires_jobs": ", ".join(trial.requires_jobs) or MISSING,
+        }
+        for trial in plan.trials
+    ]
+
+
+def job_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Return one row per planned training job."""
+    return [{key: getattr(job, key) for key in JOB_COLUMNS} for job in plan.jobs]
+
+
+def skipped_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Return one row per group of trials the planner skipped, with the reason."""
+    return [
+        {
+            "pair": group.pair,
+            "dataset": group.dataset,
+            "temperature": group.temperature,
+            "seed": group.seed,
+            "policy": group.policy,
+            "trials": group.n_trials,
+            "reason": group.reason,
+        }
+        for group in plan.skipped
+    ]
+
+
+def resource_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Return what each pair's worker group asks Ray for (``Plan.resources()``), one row each."""
+    return [{key: getattr(res, key) for key in RESOURCE_COLUMNS} for res in plan.resources()]
+
+
+def zoo_card_rows(cards: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Return the key figures of each zoo model card: size, held-out losses and realism.
+
+    ``cards`` maps a model name to its parsed ``model_card.json``. Held-out losses become one
+    ``val_loss_<set>`` column per held-out set; drafts add their agreement with the target,
+    entropy spread and cost ratio (None for the target). Exists for ``zoo build``'s report.
+    """
+    rows = []
+    for name, card in cards.items():
+        realism = card.get("realism") or {}
+        row = {"model": name, "role": card.get("role"), "parameters": card.get("parameters")}
+        for held_out, loss in sorted((card.get("val_loss") or {}).items()):
+            row[f"{VAL_LOSS_PREFIX}{held_out}"] = loss
+        for key in ZOO_TRAILING_COLUMNS:
+            row[key] = realism.get(key)
+        rows.append(row)
+    return rows
+
+
+def zoo_columns(rows: Sequence[Row]) -> list[str]:
+    """Return the columns of a zoo card table: fixed ones around every ``val_loss_*`` present."""
+    losses = sorted({key for row in rows for key in row if key.startswith(VAL_LOSS_PREFIX)})
+    return [*ZOO_LEADING_COLUMNS, *losses, *ZOO_TRAILING_COLUMNS]
+
+
+def zoo_headers(columns: Sequence[str]) -> dict[str, str]:
+    """Return the headers of a zoo card table: ``HEADERS`` plus ``val loss (code)`` and the like."""
+    losses = {
+        column: f"val loss ({column.removeprefix(VAL_LOSS_PREFIX)})"
+        for column in columns
+        if column.startswith(VAL_LOSS_PREFIX)
+    }
+    return {**HEADERS, **losses}
+
+
+def export_records(rows: Iterable[Row]) -> list[dict[str, Any]]:
+    """Return ``rows`` with dict and list values encoded as JSON text (sorted keys).
+
+    Exists because CSV and Parquet columns hold scalars: ``params``, ``config`` and ``metrics``
+    are exported as JSON strings that ``json.loads`` turns back into the stored values.
+    """
+    return [
+        {
+            key: json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+            for key, value in row.items()
+        }
+        for row in rows
+    ]
+
+
+def unique_names(names: Sequence[str]) -> list[str]:
+    """Return ``names`` with repeats suffixed ``_2``, ``_3``... so each keys its own column.
+
+    Exists for ``query`` results, where ``SELECT a.x, b.x`` yields two columns named ``x``.
+    """
+    used: set[str] = set()
+    result = []
+    for name in names:
+        candidate, count = name, 1
+        while candidate in used:
+            count += 1
+            candidate = f"{name}_{count}"
+        used.add(candidate)
+        result.append(candidate)
+    return result
+
+
+def format_value(value: Any) -> str:
+    """Return a cell's text: ``-`` for None, floats to 4 significant digits, others as str."""
+    if value is None:
+        return MISSING
+    if isinstance(value, float):
+        if not math.isfinite(value) or abs(value) < 1e4:
+            return f"{value:.4g}"
+        return f"{value:.0f}"
+    return str(value)
+
+
+def _is_number(value: Any) -> bool:
+    """True for ints and floats (not bools): their cells are right-aligned."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def render_table(
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    title: str | None = None,
+    formatter: Callable[[Any], str] = format_value,
+    headers: Mapping[str, str] = HEADERS,
+) -> Table:
+    """Return a rich Table of ``rows`` restricted to ``columns``.
+
+    A column's header is ``headers[column]`` when given, else the column name. Cells are plain
+    text (no rich markup is interpreted, so ``pairs[0]`` prints as written); numeric columns
+    are right-aligned.
+    """
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        numeric = any(_is_number(row.get(column)) for row in rows)
+        table.add_column(
+            headers.get(column, column), justify="right" if numeric else "left", overflow="fold"
+        )
+    for row in rows:
+        table.add_row(*(Text(formatter(row.get(column))) for column in columns))
+    return table
