@@ -38,8 +38,8 @@ execution: {retries: 1, warmup_samples: 1}
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray instance with room for one target and one draft actor."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    """A local Ray instance with room for a tp_size-2 target group and its draft actor."""
+    ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -99,3 +99,31 @@ def test_preflight_names_missing_model_and_tokenizer_mismatch(zoo_env, tmp_path)
         with pytest.raises(PreflightError) as caught:
             preflight(spec, plan_sweep(spec))
         assert expected in str(caught.value)
+
+
+@pytest.mark.slow
+def test_deepspeed_target_group_on_actors_gives_the_unsharded_greedy_output(
+    zoo_env, ray_local, tmp_path
+):
+    text = SWEEP.replace(
+        'target: {model: "zoo:micro/target"}',
+        'target: {model: "zoo:micro/target", backend: deepspeed, tp_size: 2}',
+    ).replace("temperatures: [0.0, {temperature: 1.0, top_k: 20}]", "temperatures: [0.0]")
+    spec = parse_sweep(text, "deepspeed.yaml")
+    plan = plan_sweep(spec)
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.register_sweep(spec, plan)
+    inputs = preflight(spec, plan)
+    summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
+
+    from orchestrator.runner import _PairRunner
+
+    paths = inputs.model_paths["micro"]
+    target = LocalTarget(CachedLM(load_causal_lm(paths.target)))
+    draft = CachedLM(load_causal_lm(paths.draft))
+    runner = _PairRunner(spec.pairs[0], inputs, True, store)
+    for trial in plan.trials:
+        unsharded = run_trial(draft, target, runner._request(trial))
+        stored = store.sample_outputs(trial.trial_id)
+        assert [r.output_ids for r in unsharded] == [s["output_ids"] for s in stored]
