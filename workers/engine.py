@@ -103,10 +103,11 @@ def speculative_generate(
             draft, policy, sequence, len(output), cap, sampling, generator, target_hidden
         )
         drafted_at = time.perf_counter()
+        draft_tokens = _stack(block.tokens)
         response = target.verify(
             VerifyRequest(
                 pending=torch.tensor(sequence[-1:], dtype=torch.long),
-                draft_tokens=_stack(block.tokens),
+                draft_tokens=draft_tokens,
                 draft_token_probs=None if sampling.greedy else _stack(block.token_probs),
                 want_hidden="target_hidden" in policy.features,
             )
@@ -116,7 +117,7 @@ def speculative_generate(
         if next_token is None:
             residual = residual_distribution(response.rejected_row.cpu(), block.rows[n_accepted])
             next_token = int(sample_token(residual, generator))
-        new_tokens = [int(t) for t in block.tokens[:n_accepted]] + [next_token]
+        new_tokens = [*draft_tokens[:n_accepted].tolist(), next_token]
         draft.crop(min(draft.cached_len, len(sequence) + n_accepted))
         sequence.extend(new_tokens)
         output.extend(new_tokens)
