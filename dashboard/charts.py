@@ -1,0 +1,227 @@
+"""Plotly figure builders for the dashboard pages (data in, figure out; no Streamlit).
+
+Each policy keeps one colour on every page (:func:`policy_colors`); the greedy oracle is drawn
+as black stars and the AR baseline in grey, as references rather than competitors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from dashboard.data import BASELINE_POLICY, ORACLE_POLICY
+
+#: Drafting policies in a fixed order, so each gets the same palette colour everywhere.
+POLICY_ORDER = (
+    "static",
+    "max_confidence",
+    "adaedl",
+    "svip",
+    "hf_heuristic",
+    "specdecpp",
+    "beta_ts",
+    "cali_ts",
+)
+PALETTE = px.colors.qualitative.Plotly
+ORACLE_COLOUR = "#000000"
+BASELINE_COLOUR = "#7f7f7f"
+HOVER_COLUMNS = (
+    "policy",
+    "threshold",
+    "max_draft_len",
+    "n_trials",
+    "tokens_per_s",
+    "speedup",
+    "acceptance_rate",
+)
+_HOVER = (
+    "<b>%{customdata[0]}</b><br>threshold %{customdata[1]}<br>max draft length "
+    "%{customdata[2]}<br>trials %{customdata[3]}<br>tokens/s %{customdata[4]:.3g}<br>"
+    "speedup %{customdata[5]:.3g}<br>acceptance %{customdata[6]:.3g}<br>"
+    "x %{x:.3g}, y %{y:.3g}<extra></extra>"
+)
+
+
+def policy_colors(policies: Iterable[str]) -> dict[str, str]:
+    """Return {policy: colour}: known policies by their fixed slot, others after, in name order.
+
+    The oracle is black and the AR baseline grey on every chart.
+    """
+    known = list(POLICY_ORDER)
+    extra = sorted(set(policies) - set(known) - {ORACLE_POLICY, BASELINE_POLICY})
+    colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate([*known, *extra])}
+    colours[ORACLE_POLICY] = ORACLE_COLOUR
+    colours[BASELINE_POLICY] = BASELINE_COLOUR
+    return {name: colours[name] for name in policies}
+
+
+def frontier_figure(
+    points: pd.DataFrame,
+    x: str,
+    y: str,
+    titles: tuple[str, str],
+    speedup_reference: bool = False,
+) -> go.Figure:
+    """Return the Pareto view: every setting as a dot, each policy's front as a line.
+
+    ``points`` come from ``data.mark_frontiers``. The oracle and the AR baseline are drawn as
+    reference markers; ``speedup_reference`` adds the speedup-1 line of the baseline.
+    """
+    figure = go.Figure()
+    colours = policy_colors(points["policy"].unique())
+    drafting = points[~points["is_baseline"] & (points["policy"] != ORACLE_POLICY)]
+    for policy, rows in drafting.groupby("policy", sort=True):
+        colour = colours[policy]
+        figure.add_trace(_markers(rows, x, y, policy, colour, dict(size=9, opacity=0.45)))
+        front = rows[rows["on_front"]].sort_values([x, y])
+        figure.add_trace(
+            go.Scatter(
+                x=front[x],
+                y=front[y],
+                mode="lines+markers",
+                name=policy,
+                legendgroup=policy,
+                line=dict(color=colour, width=3),
+                marker=dict(color=colour, size=11),
+                customdata=front[list(HOVER_COLUMNS)],
+                hovertemplate=_HOVER,
+            )
+        )
+    oracle = points[points["policy"] == ORACLE_POLICY]
+    if not oracle.empty:
+        style = dict(size=16, symbol="star", line=dict(width=1, color="white"))
+        figure.add_trace(_markers(oracle, x, y, "greedy oracle", ORACLE_COLOUR, style, True))
+    baseline = points[points["is_baseline"]]
+    if not baseline.empty:
+        style = dict(size=14, symbol="x")
+        figure.add_trace(_markers(baseline, x, y, "AR baseline", BASELINE_COLOUR, style, True))
+    if speedup_reference:
+        figure.add_hline(
+            y=1.0,
+            line=dict(color=BASELINE_COLOUR, dash="dash"),
+            annotation_text="AR baseline (speedup 1)",
+            annotation_position="bottom right",
+        )
+    figure.update_layout(
+        xaxis_title=titles[0], yaxis_title=titles[1], legend_title_text="policy", height=480
+    )
+    return figure
+
+
+def _markers(
+    rows: pd.DataFrame,
+    x: str,
+    y: str,
+    name: str,
+    colour: str,
+    style: dict,
+    show_legend: bool = False,
+) -> go.Scatter:
+    """Return a marker-only trace of ``rows`` with the config hover label."""
+    return go.Scatter(
+        x=rows[x],
+        y=rows[y],
+        mode="markers",
+        name=name,
+        legendgroup=name if show_legend else str(rows["policy"].iloc[0]),
+        showlegend=show_legend,
+        marker=dict(color=colour, **style),
+        customdata=rows[list(HOVER_COLUMNS)],
+        hovertemplate=_HOVER,
+    )
+
+
+def speedup_temperature_figure(best: pd.DataFrame) -> go.Figure:
+    """Return speedup vs temperature, one line per policy (its best setting at each temperature)."""
+    figure = px.line(
+        best,
+        x="temperature",
+        y="speedup",
+        color="policy",
+        markers=True,
+        color_discrete_map=policy_colors(best["policy"].unique()),
+        hover_data=["threshold", "max_draft_len", "n_trials"],
+    )
+    figure.add_hline(y=1.0, line=dict(color=BASELINE_COLOUR, dash="dash"))
+    figure.update_layout(yaxis_title="speedup over AR (best setting)", height=420)
+    return figure
+
+
+def threshold_figure(means: pd.DataFrame) -> go.Figure:
+    """Return tokens/s vs threshold, one line per policy and max draft length."""
+    data = means.assign(K=means["max_draft_len"].astype(int).astype(str))
+    figure = px.line(
+        data,
+        x="threshold",
+        y="tokens_per_s",
+        color="policy",
+        line_dash="K",
+        markers=True,
+        color_discrete_map=policy_colors(data["policy"].unique()),
+        hover_data=["n_trials"],
+    )
+    figure.update_layout(yaxis_title="tokens/s", legend_title_text="policy, K", height=420)
+    return figure
+
+
+def length_distribution_figure(distribution: pd.DataFrame) -> go.Figure:
+    """Return the drafted and accepted length histograms per round, side by side per policy."""
+    figure = px.bar(
+        distribution,
+        x="length",
+        y="fraction",
+        color="policy",
+        facet_col="kind",
+        barmode="group",
+        color_discrete_map=policy_colors(distribution["policy"].unique()),
+        hover_data=["rounds"],
+        category_orders={"kind": ["drafted", "accepted"]},
+    )
+    figure.update_layout(yaxis_title="share of rounds", height=420)
+    return figure
+
+
+def cost_scatter_figure(totals: pd.DataFrame) -> go.Figure:
+    """Return measured vs predicted seconds per trial with the y = x line."""
+    figure = px.scatter(
+        totals,
+        x="measured_s",
+        y="predicted_s",
+        color="policy",
+        color_discrete_map=policy_colors(totals["policy"].unique()),
+        hover_data=["trial_id", "relative_error"],
+    )
+    if not totals.empty:
+        low = float(min(totals["measured_s"].min(), totals["predicted_s"].min()))
+        high = float(max(totals["measured_s"].max(), totals["predicted_s"].max()))
+        figure.add_shape(
+            type="line",
+            x0=low,
+            y0=low,
+            x1=high,
+            y1=high,
+            line=dict(color=BASELINE_COLOUR, dash="dash"),
+        )
+    figure.update_layout(
+        xaxis_title="measured seconds (rounds)", yaxis_title="predicted seconds", height=420
+    )
+    return figure
+
+
+def comparison_figure(table: pd.DataFrame, metric: str) -> go.Figure:
+    """Return the B − A difference of ``metric`` per policy, grouped by dataset."""
+    column = f"{metric} Δ"
+    figure = px.bar(
+        table,
+        x="policy",
+        y=column,
+        color="dataset",
+        barmode="group",
+        hover_data=[f"{metric} A", f"{metric} B"],
+    )
+    figure.add_hline(y=0.0, line=dict(color=BASELINE_COLOUR))
+    figure.update_layout(yaxis_title=f"{metric}: B − A", height=380)
+    return figure

@@ -1,0 +1,484 @@
+"""The dashboard's data: read-only loading from the store, filters and aggregates (pure).
+
+Loading opens the store read-only (``open_store(url, read_only=True)``), so the dashboard can
+never write; every loader turns a store that cannot be read into :class:`StoreUnavailable`
+with a message fit for the page. Everything after loading is a pure function of DataFrames.
+
+Conventions: a "setting" of a policy is its (threshold, max_draft_len); a metric of a setting
+is the mean over the trials that share it (pairs, datasets, temperatures and seeds left in by
+the filters); "best" is the setting with the largest mean. Baseline trials (``is_baseline``)
+are kept by the max-draft-length filter, since they are every view's reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from dashboard.pareto import pareto_mask
+from orchestrator.cost_model import CostModelError, fit_cost_model
+from orchestrator.store import Store, StoreError, default_url, open_store
+from orchestrator.store.models import RoundRow, TrainingJobRow
+
+__all__ = [
+    "CACHE_TTL_S",
+    "CONTEXT_KEY",
+    "FILL_COMMAND",
+    "METRIC_COLUMNS",
+    "DashboardContext",
+    "StoreUnavailable",
+    "TrialFilters",
+    "apply_filters",
+    "best_settings",
+    "compare_sweeps",
+    "config_points",
+    "cost_model_fits",
+    "db_argument",
+    "default_url",
+    "display_url",
+    "done_trials",
+    "fill_hint",
+    "filter_options",
+    "load_draft_job_kinds",
+    "load_round_counts",
+    "load_round_timings",
+    "load_sweep_names",
+    "load_trials",
+    "mark_frontiers",
+    "round_length_distribution",
+    "setting_means",
+    "speedup_vs_temperature",
+    "throughput_vs_threshold",
+]
+
+#: Where the main script leaves the DashboardContext for the pages.
+CONTEXT_KEY = "specsweep_dashboard"
+#: How long the pages reuse what they read from the store, so new trials show up soon.
+CACHE_TTL_S = 30
+FILL_COMMAND = "python -m orchestrator submit sweeps/demo.yaml"
+ORACLE_POLICY = "oracle"
+#: The planner's policy name of the target-only AR baseline trials.
+BASELINE_POLICY = "ar"
+METRIC_COLUMNS = (
+    "tokens_per_s",
+    "speedup",
+    "acceptance_rate",
+    "mean_accepted",
+    "mean_drafted",
+    "discard_rate",
+    "verification_rate",
+)
+SETTING_COLUMNS = ("threshold", "max_draft_len")
+#: Trial columns the dashboard keeps (JSON columns other than params are dropped).
+TRIAL_COLUMNS = (
+    "trial_id",
+    "pair",
+    "target",
+    "draft",
+    "draft_job",
+    "dataset",
+    "split",
+    "samples",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "policy",
+    "threshold",
+    "max_draft_len",
+    "seed",
+    "is_baseline",
+    "baseline_id",
+    "status",
+    "n_samples",
+    "generated_tokens",
+    "seconds",
+    *METRIC_COLUMNS,
+    "n_rounds",
+    "n_drafted",
+    "n_accepted",
+    "n_draft_forwards",
+    "draft_seconds",
+    "verify_seconds",
+    "params",
+)
+_NUMERIC_COLUMNS = (
+    "temperature",
+    "threshold",
+    "seconds",
+    *METRIC_COLUMNS,
+    "draft_seconds",
+    "verify_seconds",
+)
+_ID_CHUNK = 500
+
+
+class StoreUnavailable(RuntimeError):
+    """The store at a URL cannot be read (missing, never written, unreachable, bad URL)."""
+
+
+@dataclass(frozen=True)
+class TrialFilters:
+    """The sidebar's choices; an empty tuple means no restriction on that column."""
+
+    pairs: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()
+    temperatures: tuple[float, ...] = ()
+    max_draft_lens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DashboardContext:
+    """What the main script hands every page: the store URL, the sweep and filtered trials."""
+
+    url: str
+    sweep: str | None
+    sweeps: tuple[str, ...]
+    filters: TrialFilters
+    trials: pd.DataFrame = field(repr=False)
+
+
+def display_url(url: str) -> str:
+    """Return ``url`` with any password masked, for messages and captions."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def db_argument(argv: Sequence[str]) -> str | None:
+    """Return the value of ``--db URL`` / ``--db=URL`` in ``argv`` (None when absent)."""
+    for index, argument in enumerate(argv):
+        if argument.startswith("--db="):
+            return argument.removeprefix("--db=")
+        if argument == "--db" and index + 1 < len(argv):
+            return argv[index + 1]
+    return None
+
+
+def fill_hint(url: str) -> str:
+    """Return the shell command that fills the store at ``url`` with the demo sweep."""
+    if url == default_url():
+        return FILL_COMMAND
+    return f"{FILL_COMMAND} --db {display_url(url)}"
+
+
+@contextmanager
+def _reader(url: str) -> Iterator[Store]:
+    """Yield the store at ``url`` opened read-only; failures become StoreUnavailable."""
+    try:
+        store = open_store(url, read_only=True)
+    except (StoreError, SQLAlchemyError, ValueError, OSError) as error:
+        raise StoreUnavailable(str(error).splitlines()[0]) from error
+    try:
+        yield store
+    except SQLAlchemyError as error:
+        raise StoreUnavailable(str(error).splitlines()[0]) from error
+    finally:
+        store.close()
+
+
+def load_sweep_names(url: str) -> list[str]:
+    """Return the names of the stored sweeps, oldest first (the sidebar's sweep choices)."""
+    with _reader(url) as store:
+        return [sweep["name"] for sweep in store.sweeps()]
+
+
+def load_trials(url: str, sweep: str | None = None) -> pd.DataFrame:
+    """Return the trials (all statuses) of ``sweep``, or of the whole store, as a DataFrame.
+
+    Keeps :data:`TRIAL_COLUMNS`, with ``params`` rendered as text for hover labels and missing
+    metrics as NaN.
+    """
+    with _reader(url) as store:
+        rows = store.trials_frame(sweep)
+    frame = pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
+    frame["params"] = [_params_text(params) for params in frame["params"]]
+    for column in _NUMERIC_COLUMNS:
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
+    frame["is_baseline"] = frame["is_baseline"].astype(bool)
+    return frame
+
+
+def _params_text(params: Any) -> str:
+    """Return a policy's parameters as ``k=v, ...`` text (empty for none)."""
+    if not isinstance(params, dict):
+        return ""
+    return ", ".join(f"{key}={value}" for key, value in sorted(params.items()))
+
+
+def load_round_counts(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
+    """Return the number of rounds per (trial_id, drafted, accepted) of the given trials.
+
+    Counted in the database, so the distribution views never pull every round.
+    """
+    columns = ["trial_id", "drafted", "accepted", "rounds"]
+    query = select(RoundRow.trial_id, RoundRow.drafted, RoundRow.accepted, func.count()).group_by(
+        RoundRow.trial_id, RoundRow.drafted, RoundRow.accepted
+    )
+    return _rounds_query(url, trial_ids, query, columns)
+
+
+def load_round_timings(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
+    """Return one row per round of the given trials: trial_id, draft_forwards, seconds.
+
+    ``seconds`` is the round's draft plus verify time, the T of the cost model.
+    """
+    columns = ["trial_id", "draft_forwards", "seconds"]
+    query = select(
+        RoundRow.trial_id,
+        RoundRow.draft_forwards,
+        RoundRow.draft_seconds + RoundRow.verify_seconds,
+    )
+    return _rounds_query(url, trial_ids, query, columns)
+
+
+def _rounds_query(
+    url: str, trial_ids: Sequence[str], query: Any, columns: list[str]
+) -> pd.DataFrame:
+    """Run ``query`` restricted to ``trial_ids`` (in chunks) and return a DataFrame."""
+    wanted = list(dict.fromkeys(trial_ids))
+    rows: list[Any] = []
+    with _reader(url) as store, Session(store.engine) as session:
+        for start in range(0, len(wanted), _ID_CHUNK):
+            chunk = wanted[start : start + _ID_CHUNK]
+            rows.extend(session.execute(query.where(RoundRow.trial_id.in_(chunk))).all())
+    return pd.DataFrame([tuple(row) for row in rows], columns=columns)
+
+
+def load_draft_job_kinds(url: str) -> dict[str, str]:
+    """Return {training job name: kind} (e.g. ``adaspec``), to label KD drafts by method."""
+    with _reader(url) as store, Session(store.engine) as session:
+        return dict(session.execute(select(TrainingJobRow.name, TrainingJobRow.kind)).all())
+
+
+def done_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """Return the trials whose status is ``done`` (the only ones with metrics)."""
+    return trials[trials["status"] == "done"].reset_index(drop=True)
+
+
+def filter_options(trials: pd.DataFrame) -> dict[str, list[Any]]:
+    """Return the sorted choices of each sidebar filter found in ``trials``.
+
+    Max draft lengths come from non-baseline trials only (a baseline drafts nothing).
+    """
+    drafting = trials[~trials["is_baseline"]]
+    return {
+        "pairs": sorted(trials["pair"].dropna().unique().tolist()),
+        "datasets": sorted(trials["dataset"].dropna().unique().tolist()),
+        "temperatures": sorted(float(t) for t in trials["temperature"].dropna().unique()),
+        "max_draft_lens": sorted(int(k) for k in drafting["max_draft_len"].dropna().unique()),
+    }
+
+
+def apply_filters(trials: pd.DataFrame, filters: TrialFilters) -> pd.DataFrame:
+    """Return the trials matching every non-empty filter; baselines pass the length filter."""
+    keep = pd.Series(True, index=trials.index)
+    if filters.pairs:
+        keep &= trials["pair"].isin(filters.pairs)
+    if filters.datasets:
+        keep &= trials["dataset"].isin(filters.datasets)
+    if filters.temperatures:
+        keep &= trials["temperature"].isin(filters.temperatures)
+    if filters.max_draft_lens:
+        keep &= trials["is_baseline"] | trials["max_draft_len"].isin(filters.max_draft_lens)
+    return trials[keep].reset_index(drop=True)
+
+
+def setting_means(
+    trials: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str]
+) -> pd.DataFrame:
+    """Return the mean of ``metrics`` per ``keys`` + setting, with the number of trials.
+
+    A policy without a threshold (static, oracle, the baseline) has a NaN threshold; it still
+    forms its own setting.
+    """
+    group = list(dict.fromkeys([*keys, *SETTING_COLUMNS]))
+    columns = [*group, *metrics]
+    if trials.empty:
+        return pd.DataFrame(columns=[*columns, "n_trials"])
+    grouped = trials.groupby(group, dropna=False, sort=True)
+    means = grouped[list(metrics)].mean()
+    means["n_trials"] = grouped.size()
+    return means.reset_index()
+
+
+def best_settings(trials: pd.DataFrame, keys: Sequence[str], metric: str) -> pd.DataFrame:
+    """Return, per ``keys``, the setting with the largest mean ``metric`` (one row each).
+
+    Columns: ``keys``, threshold, max_draft_len, the metric and n_trials. Settings whose
+    metric is NaN everywhere are left out.
+    """
+    means = setting_means(trials, keys, [metric]).dropna(subset=[metric])
+    if means.empty:
+        return means.reset_index(drop=True)
+    best = means.loc[means.groupby(list(keys), sort=True)[metric].idxmax()]
+    return best.reset_index(drop=True)
+
+
+def config_points(trials: pd.DataFrame) -> pd.DataFrame:
+    """Return one point per policy setting: mean metrics over the trials that share it.
+
+    These are the points of the Pareto views: a policy's threshold sweep gives one point per
+    (threshold, max draft length), averaged over the selected pairs, datasets, temperatures.
+    """
+    means = setting_means(trials, ["policy", "is_baseline"], METRIC_COLUMNS)
+    return means.sort_values(["policy", "max_draft_len", "threshold"]).reset_index(drop=True)
+
+
+def mark_frontiers(
+    points: pd.DataFrame, x: str, y: str, maximise_x: bool, maximise_y: bool
+) -> pd.DataFrame:
+    """Return ``points`` with an ``on_front`` column: Pareto-optimal within its policy on (x, y).
+
+    Exists to draw one frontier per policy from its threshold sweep.
+    """
+    marked = points.copy()
+    marked["on_front"] = False
+    for _policy, rows in marked.groupby("policy", sort=False):
+        mask = pareto_mask(rows[[x, y]].to_numpy(dtype=float), [maximise_x, maximise_y])
+        marked.loc[rows.index, "on_front"] = mask
+    return marked
+
+
+def speedup_vs_temperature(trials: pd.DataFrame) -> pd.DataFrame:
+    """Return each drafting policy's best mean speedup at each temperature (and its setting)."""
+    drafting = trials[~trials["is_baseline"]]
+    best = best_settings(drafting, ["policy", "temperature"], "speedup")
+    return best.sort_values(["policy", "temperature"]).reset_index(drop=True)
+
+
+def throughput_vs_threshold(trials: pd.DataFrame) -> pd.DataFrame:
+    """Return mean tokens/s per (policy, max draft length, threshold) of threshold policies."""
+    with_threshold = trials[trials["threshold"].notna() & ~trials["is_baseline"]]
+    means = setting_means(with_threshold, ["policy"], ["tokens_per_s"])
+    return means.sort_values(["policy", "max_draft_len", "threshold"]).reset_index(drop=True)
+
+
+def round_length_distribution(round_counts: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Return drafted and accepted lengths per round as (policy, kind, length, rounds, fraction).
+
+    ``kind`` is ``drafted`` or ``accepted``; ``fraction`` is the share of that policy's rounds
+    with that length. Baseline rounds (nothing drafted) are left out.
+    """
+    columns = ["policy", "kind", "length", "rounds", "fraction"]
+    drafting = trials.loc[~trials["is_baseline"], ["trial_id", "policy"]]
+    counts = round_counts.merge(drafting, on="trial_id")
+    if counts.empty:
+        return pd.DataFrame(columns=columns)
+    parts = []
+    for kind in ("drafted", "accepted"):
+        part = counts.groupby(["policy", kind], as_index=False)["rounds"].sum()
+        part = part.rename(columns={kind: "length"})
+        part["kind"] = kind
+        parts.append(part)
+    long = pd.concat(parts, ignore_index=True)
+    long["fraction"] = long["rounds"] / long.groupby(["policy", "kind"])["rounds"].transform("sum")
+    return long[columns].sort_values(["kind", "policy", "length"]).reset_index(drop=True)
+
+
+def cost_model_fits(
+    round_timings: pd.DataFrame,
+    trials: pd.DataFrame,
+    group_by: Sequence[str],
+    include_baseline: bool = False,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fit T = t_draft·N_draft + t_target·N_target over the rounds of each trial group.
+
+    The model describes speculative rounds, so the AR baseline's rounds (one target step each,
+    a different code path) are left out unless ``include_baseline``.
+
+    Returns (fits, totals). ``fits``: one row per group with t_draft, t_target, r2, the mean
+    absolute relative error of its trials' totals, n_rounds and ``problem`` (why a group could
+    not be fitted, else empty). ``totals``: one row per trial with its measured seconds (sum
+    over rounds), the seconds its group's fit predicts from its draft forwards and rounds, and
+    the relative error.
+    """
+    keys = list(group_by)
+    included = trials if include_baseline else trials[~trials["is_baseline"]]
+    info = included[["trial_id", "policy", *[k for k in keys if k != "policy"]]]
+    rounds = round_timings.merge(info, on="trial_id")
+    fit_rows, total_rows = [], []
+    for labels, part in _groups(rounds, keys):
+        try:
+            fit = fit_cost_model(part["draft_forwards"], [1] * len(part), part["seconds"])
+        except CostModelError as error:
+            fit_rows.append({**labels, "n_rounds": len(part), "problem": str(error)})
+            continue
+        per_trial = part.groupby(["trial_id", "policy"], as_index=False).agg(
+            measured_s=("seconds", "sum"),
+            draft_forwards=("draft_forwards", "sum"),
+            rounds=("seconds", "size"),
+        )
+        per_trial["predicted_s"] = fit.predict(per_trial["draft_forwards"], per_trial["rounds"])
+        per_trial["relative_error"] = (
+            per_trial["predicted_s"] - per_trial["measured_s"]
+        ) / per_trial["measured_s"]
+        fit_rows.append(
+            {
+                **labels,
+                "t_draft": fit.t_draft,
+                "t_target": fit.t_target,
+                "r2": fit.r2,
+                "mean_abs_error": float(per_trial["relative_error"].abs().mean()),
+                "n_rounds": fit.n_observations,
+                "problem": "",
+            }
+        )
+        total_rows.append(per_trial.assign(**labels))
+    fit_columns = [*keys, "t_draft", "t_target", "r2", "mean_abs_error", "n_rounds", "problem"]
+    fits = pd.DataFrame(fit_rows).reindex(columns=fit_columns)
+    total_columns = [
+        "trial_id",
+        *dict.fromkeys([*keys, "policy"]),
+        "measured_s",
+        "predicted_s",
+        "relative_error",
+    ]
+    totals = (pd.concat(total_rows, ignore_index=True) if total_rows else pd.DataFrame()).reindex(
+        columns=total_columns
+    )
+    return fits, totals
+
+
+def _groups(frame: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Yield ({key: value}, rows) per group of ``keys``; the whole frame when keys is empty."""
+    if not keys:
+        yield {}, frame
+        return
+    for values, rows in frame.groupby(keys, sort=True):
+        yield dict(zip(keys, values, strict=True)), rows
+
+
+def compare_sweeps(
+    trials_a: pd.DataFrame,
+    trials_b: pd.DataFrame,
+    metrics: Sequence[str],
+    keys: Sequence[str] = ("policy", "dataset"),
+) -> pd.DataFrame:
+    """Return per ``keys`` the mean of each metric in sweep A, in sweep B and B − A.
+
+    Columns: keys, ``n A``, ``n B`` (trials per cell), then ``<metric> A``, ``<metric> B``,
+    ``<metric> Δ`` per metric. A cell present in one sweep only has NaN for the other.
+    """
+    sides = []
+    for label, trials in (("A", trials_a), ("B", trials_b)):
+        grouped = trials.groupby(list(keys), dropna=False)
+        side = grouped[list(metrics)].mean().add_suffix(f" {label}")
+        side[f"n {label}"] = grouped.size()
+        sides.append(side)
+    merged = sides[0].join(sides[1], how="outer")
+    merged[["n A", "n B"]] = merged[["n A", "n B"]].fillna(0).astype(int)
+    columns = ["n A", "n B"]
+    for metric in metrics:
+        merged[f"{metric} Δ"] = merged[f"{metric} B"] - merged[f"{metric} A"]
+        columns += [f"{metric} A", f"{metric} B", f"{metric} Δ"]
+    return merged[columns].reset_index()

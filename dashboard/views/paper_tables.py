@@ -1,0 +1,67 @@
+"""The papers' tables (AdaEDL, SpecDec++, SVIP, AdaSPEC) over the selected trials, as CSV too."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, tables
+
+context: data.DashboardContext = st.session_state[data.CONTEXT_KEY]
+trials = context.trials
+cache = st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False)
+cached_job_kinds = cache(data.load_draft_job_kinds)
+
+
+def show_table(table: pd.DataFrame, file_name: str) -> None:
+    """Draw ``table`` (rounded for reading) and a button downloading it in full as CSV."""
+    st.dataframe(table.round(3), hide_index=True)
+    st.download_button(
+        "Download CSV",
+        tables.table_csv(table),
+        file_name=file_name,
+        mime="text/csv",
+        key=f"csv-{file_name}",
+        on_click="ignore",
+        icon=":material/download:",
+    )
+
+
+st.header("Tables")
+st.caption(
+    "A policy's setting is its (threshold, max draft length); a cell is the mean over the trials "
+    "of that setting that the sidebar keeps (seeds, pairs, temperatures), then the best setting."
+)
+
+st.subheader("Tokens/s per policy × dataset, per max draft length (AdaEDL Table 1)")
+for max_draft_len, table in tables.tokens_per_s_tables(trials).items():
+    st.markdown(f"**Max draft length {max_draft_len}** (best threshold per cell)")
+    show_table(table, f"tokens_per_s_K{max_draft_len}.csv")
+
+st.subheader("Best throughput per policy and dataset (SpecDec++ Table 1)")
+st.caption("Tokens/s of each policy's best setting per dataset, over thresholds and max lengths.")
+show_table(tables.best_throughput_table(trials), "best_throughput.csv")
+
+st.subheader("Speedup per policy × domain (SVIP Table 1)")
+st.caption("One setting per policy for every dataset: the one with the best mean speedup.")
+show_table(tables.speedup_by_domain_table(trials), "speedup_by_domain.csv")
+
+st.subheader("Acceptance rate per draft × dataset (AdaSPEC Table 1)")
+drafting_policies = sorted(trials.loc[~trials["is_baseline"], "policy"].unique())
+policy = st.selectbox(
+    "Drafting rule the acceptance is measured with",
+    drafting_policies,
+    index=drafting_policies.index("static") if "static" in drafting_policies else 0,
+)
+if not tables.has_kd_drafts(trials):
+    st.info(
+        "No knowledge-distilled drafts in this selection: the table shows the base drafts only. "
+        "Add a `training_jobs` entry of kind `distillspec` or `adaspec` and a pair with "
+        "`draft: {job: NAME}` to compare KD methods."
+    )
+try:
+    job_kinds = cached_job_kinds(context.url)
+except data.StoreUnavailable as error:
+    st.warning(f"Cannot read the training jobs: {error}")
+    job_kinds = {}
+show_table(tables.kd_acceptance_table(trials, job_kinds, policy), "kd_acceptance.csv")
