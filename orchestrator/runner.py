@@ -156,6 +156,7 @@ class _PairRunner:
                 results = ray.get(self.draft.run_trial.remote(request))
             except Exception as exc:
                 error = _describe(exc)
+                self.store.record_attempt_error(trial, error)
                 if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.GetTimeoutError):
                     self.close()
                 continue

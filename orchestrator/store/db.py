@@ -97,7 +97,13 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
 
 
 def _postgres_read_only(dbapi_connection: Any, _record: Any) -> None:
-    """Make every transaction on a new PostgreSQL connection read-only."""
+    """Make every transaction on a new PostgreSQL connection read-only.
+
+    ``prepare_threshold = 0`` sends every statement through the extended protocol, which runs
+    one statement per call: otherwise a script such as ``SET TRANSACTION READ WRITE; DELETE
+    ...; COMMIT`` (psycopg's simple protocol runs it whole) would undo the read-only setting.
+    """
+    dbapi_connection.prepare_threshold = 0
     cursor = dbapi_connection.cursor()
     cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
     cursor.close()

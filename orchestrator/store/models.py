@@ -117,6 +117,8 @@ class TrialRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
+    #: One entry per failed attempt, oldest first; kept when a later attempt succeeds.
+    attempt_errors: Mapped[list[Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

@@ -176,6 +176,19 @@ class Store:
             row.finished_at = None
             return True
 
+    def record_attempt_error(self, trial: Trial, error: str) -> bool:
+        """Append a failed attempt's error to the trial's ``attempt_errors``; False if it is done.
+
+        Exists so that a trial that succeeds on a retry still shows why its earlier attempts
+        failed (``error`` holds only the reason of a trial that is ``failed`` now).
+        """
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            row.attempt_errors = [*(row.attempt_errors or []), error]
+            return True
+
     def record_trial(
         self,
         trial: Trial,

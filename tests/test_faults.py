@@ -1,0 +1,591 @@
+"""Faults during a sweep: killed workers, a killed driver, and errors inside a trial.
+
+- Worker faults: a :class:`FaultInjector` wraps the runner's ``_PairRunner`` so the test knows
+  the actors of the current worker group (and their process ids) and when a trial has just been
+  sent to them; a timer then kills the draft or the target actor, with ``ray.kill`` or SIGKILL,
+  while that trial runs. The runner itself is unchanged: it has to survive a real actor death.
+- Driver fault: ``python -m orchestrator submit`` runs as a subprocess and is SIGKILLed mid-sweep;
+  its Ray processes must exit, and a second ``submit`` must finish the sweep without touching
+  the trials already stored.
+- Model errors: a trial that raises inside the worker is stored as failed with its reason, and
+  the other trials go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import yaml
+from sqlalchemy import func, select
+
+from orchestrator import runner as runner_module
+from orchestrator.planner import Plan, Trial, plan_sweep
+from orchestrator.runner import RunOptions, run_sweep
+from orchestrator.spec import parse_sweep
+from orchestrator.store import Store, open_store
+from orchestrator.store.models import RoundRow, SampleResultRow
+
+SAMPLES = 2
+#: Ray's exception type names for an actor that died (``ray.kill`` or a killed process).
+ACTOR_DEATH = ("ActorDiedError", "RayActorError", "ActorUnavailableError")
+#: Seconds between sending a trial to the actors and killing one of them. A micro-zoo trial
+#: (one warm-up and two measured samples of 12 tokens, a Ray call per round) takes longer.
+KILL_DELAY_S = 0.1
+
+CODE_DATASET = {"name": "builtin:code", "samples": SAMPLES, "max_new_tokens": 12}
+#: The AR baseline and four policy trials: static K=4, SVIP at two thresholds, AdaEDL.
+FIVE_POLICIES = [
+    {"name": "static"},
+    {"name": "svip", "grid": {"threshold": [0.3, 0.6]}},
+    {"name": "adaedl", "grid": {"threshold": [0.5]}},
+]
+
+
+def sweep_yaml(
+    name: str,
+    policies: list[dict[str, Any]] = FIVE_POLICIES,
+    datasets: list[dict[str, Any]] | None = None,
+    retries: int = 2,
+    warmup_samples: int = 1,
+) -> str:
+    """Return a greedy micro-zoo sweep file (pair ``micro``: target and draft-s, max DL 4)."""
+    sweep = {
+        "name": name,
+        "pairs": [
+            {
+                "name": "micro",
+                "target": {"model": "zoo:micro/target"},
+                "draft": {"model": "zoo:micro/draft-s"},
+            }
+        ],
+        "datasets": datasets or [CODE_DATASET],
+        "temperatures": [0.0],
+        "policies": policies,
+        "max_draft_lens": [4],
+        "execution": {"retries": retries, "warmup_samples": warmup_samples},
+    }
+    return yaml.safe_dump(sweep, sort_keys=False)
+
+
+FAULT_SWEEP = sweep_yaml("faults")
+#: (actor, how): one fault per trial after the baseline, in plan order.
+FAULTS = (
+    ("draft", "ray.kill"),
+    ("target", "sigkill"),
+    ("target", "ray.kill"),
+    ("draft", "sigkill"),
+)
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """A fresh local Ray instance (never another process's cluster) with one pair's 2 CPUs."""
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def zoo_env(micro_zoo: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Point zoo references at the session's micro zoo."""
+    monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
+    return micro_zoo
+
+
+@dataclass
+class Injection:
+    """One fault that was injected: which trial, which actor, how, and the killed process."""
+
+    trial_id: str
+    role: str
+    how: str
+    pid: int
+
+
+@dataclass
+class FaultInjector:
+    """Kills an actor of the pair's worker group while chosen trials run (first attempt only)."""
+
+    faults: dict[str, tuple[str, str]]
+    starts: int = 0
+    actors: dict[str, Any] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    injected: list[Injection] = field(default_factory=list)
+    timers: list[threading.Timer] = field(default_factory=list)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Wrap ``_PairRunner._start`` (to see fresh actors) and ``_request`` (trial sent)."""
+        pair_runner = runner_module._PairRunner
+        original_start, original_request = pair_runner._start, pair_runner._request
+
+        def start(runner: Any) -> None:
+            fresh = runner.draft is None
+            original_start(runner)
+            if fresh:
+                self.starts += 1
+                self.actors = {"draft": runner.draft, "target": runner.ranks[0]}
+                self.pids = {
+                    role: ray.get(actor.__ray_call__.remote(lambda _actor: os.getpid()))
+                    for role, actor in self.actors.items()
+                }
+
+        def request(runner: Any, trial: Trial) -> Any:
+            built = original_request(runner, trial)
+            done = {injection.trial_id for injection in self.injected}
+            if trial.trial_id in self.faults and trial.trial_id not in done:
+                role, how = self.faults[trial.trial_id]
+                self.injected.append(Injection(trial.trial_id, role, how, self.pids[role]))
+                timer = threading.Timer(KILL_DELAY_S, self._kill, (role, how))
+                self.timers.append(timer)
+                timer.start()
+            return built
+
+        monkeypatch.setattr(pair_runner, "_start", start)
+        monkeypatch.setattr(pair_runner, "_request", request)
+
+    def _kill(self, role: str, how: str) -> None:
+        if how == "ray.kill":
+            ray.kill(self.actors[role], no_restart=True)
+        else:
+            os.kill(self.pids[role], signal.SIGKILL)
+
+
+def _sample_counts(store: Store) -> tuple[int, int]:
+    """Return (sample rows, distinct (trial, sample index) pairs) in the whole store."""
+    pairs = select(SampleResultRow.trial_id, SampleResultRow.sample_index).distinct().subquery()
+    with store.engine.connect() as connection:
+        rows = connection.scalar(select(func.count()).select_from(SampleResultRow))
+        distinct = connection.scalar(select(func.count()).select_from(pairs))
+    return int(rows or 0), int(distinct or 0)
+
+
+def _round_count(store: Store, trial_id: str) -> int:
+    with store.engine.connect() as connection:
+        query = select(func.count()).select_from(RoundRow).where(RoundRow.trial_id == trial_id)
+        return int(connection.scalar(query) or 0)
+
+
+def _process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _run(text: str, name: str, tmp_path: Path) -> tuple[Plan, Store]:
+    spec = parse_sweep(text, f"{name}.yaml")
+    plan = plan_sweep(spec)
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.register_sweep(spec, plan)
+    return plan, store
+
+
+@pytest.mark.slow
+def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_once(
+    zoo_env: Any,
+    ray_local: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    spec = parse_sweep(FAULT_SWEEP, "faults.yaml")
+    plan, store = _run(FAULT_SWEEP, "faults", tmp_path)
+    assert [t.policy for t in plan.trials] == ["ar", "static", "svip", "svip", "adaedl"]
+    hit = {trial.trial_id: fault for trial, fault in zip(plan.trials[1:], FAULTS, strict=True)}
+    injector = FaultInjector(hit)
+    injector.install(monkeypatch)
+
+    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    for timer in injector.timers:
+        timer.join()
+
+    assert [(i.trial_id, (i.role, i.how)) for i in injector.injected] == list(hit.items())
+    assert len({i.pid for i in injector.injected}) == len(FAULTS)  # a fresh process each time
+    assert not any(_process_alive(i.pid) for i in injector.injected)
+    assert injector.starts == 1 + len(FAULTS)  # the first group, then one per actor death
+    assert (summary.ran, summary.failed, summary.failures) == (len(plan.trials), 0, [])
+
+    rows = {row["trial_id"]: row for row in store.trials_frame("faults")}
+    assert list(rows) == [trial.trial_id for trial in plan.trials]
+    for trial_id, row in rows.items():
+        assert row["status"] == "done", row["error"]
+        if trial_id in hit:
+            assert row["attempts"] == 2, (hit[trial_id], row["attempt_errors"])
+            (error,) = row["attempt_errors"]
+            assert any(name in error for name in ACTOR_DEATH), (hit[trial_id], error)
+        else:
+            assert (row["attempts"], row["attempt_errors"]) == (1, None)
+        samples = store.sample_outputs(trial_id)
+        assert [s["sample_index"] for s in samples] == list(range(SAMPLES))
+        assert _round_count(store, trial_id) == sum(s["n_rounds"] for s in samples)
+    assert _sample_counts(store) == (SAMPLES * len(plan.trials), SAMPLES * len(plan.trials))
+
+    # Greedy speculative decoding is lossless, so every retried trial must reproduce the
+    # baseline's tokens: a retry that resumed a half-updated KV cache would not.
+    baseline = [s["output_ids"] for s in store.sample_outputs(plan.trials[0].trial_id)]
+    for trial in plan.trials[1:]:
+        assert [s["output_ids"] for s in store.sample_outputs(trial.trial_id)] == baseline
+
+    kinds = sorted({rows[i.trial_id]["attempt_errors"][0].split(":")[0] for i in injector.injected})
+    with capsys.disabled():
+        print(
+            f"\n[faults] injected {len(injector.injected)} worker faults "
+            f"({', '.join(f'{i.role} {i.how}' for i in injector.injected)}); errors recorded: "
+            f"{', '.join(kinds)}; {len(rows)} trials stored, 0 lost, "
+            f"{_sample_counts(store)[0]} sample rows"
+        )
+    store.close()
+
+
+EMPTY_PROMPT_FILE = [
+    {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n", "canonical_solution": "    return"},
+    {"task_id": "HumanEval/1", "prompt": "", "canonical_solution": "    pass"},
+]
+
+
+@pytest.mark.slow
+def test_a_model_error_fails_only_its_trials_with_the_reason_and_the_sweep_goes_on(
+    zoo_env: Any,
+    ray_local: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """Two real run-time errors: an empty prompt (the model cannot run on zero tokens) and a
+    Cali-TS sigma that passes validation but whose square underflows to 0 in the posterior."""
+    local = tmp_path / "humaneval.jsonl"
+    local.write_text("".join(json.dumps(row) + "\n" for row in EMPTY_PROMPT_FILE))
+    humaneval = {"name": "humaneval", "local_path": str(local), "samples": SAMPLES}
+    text = sweep_yaml(
+        "model-error",
+        policies=[{"name": "static"}, {"name": "cali_ts", "params": {"sigma_model": 1.0e-200}}],
+        datasets=[CODE_DATASET, {**humaneval, "max_new_tokens": 12}],
+        retries=1,
+        warmup_samples=0,
+    )
+    spec = parse_sweep(text, "model-error.yaml")
+    plan, store = _run(text, "model-error", tmp_path)
+    injector = FaultInjector({})
+    injector.install(monkeypatch)
+
+    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+
+    empty_prompt = "cannot reshape tensor of 0 elements"
+    expected = {
+        ("builtin:code", "ar"): None,
+        ("builtin:code", "static"): None,
+        ("builtin:code", "cali_ts"): "ZeroDivisionError: float division by zero",
+        ("humaneval", "ar"): empty_prompt,
+        ("humaneval", "static"): empty_prompt,
+        # Cali-TS raises on the first prompt, before the empty one is reached.
+        ("humaneval", "cali_ts"): "ZeroDivisionError: float division by zero",
+    }
+    rows = store.trials_frame("model-error")
+    assert sorted((row["dataset"], row["policy"]) for row in rows) == sorted(expected)
+    for row in rows:
+        reason = expected[(row["dataset"], row["policy"])]
+        samples = store.sample_outputs(row["trial_id"])
+        if reason is None:
+            assert (row["status"], row["attempts"], row["error"]) == ("done", 1, None)
+            assert len(samples) == SAMPLES
+        else:
+            assert row["status"] == "failed"
+            assert reason in row["error"]
+            assert row["attempts"] == 2  # retries: 1
+            assert len(row["attempt_errors"]) == 2
+            assert all(reason in error for error in row["attempt_errors"])
+            assert samples == []
+    assert (summary.ran, summary.failed) == (len(plan.trials), 4)
+    assert injector.starts == 1  # a model error is not an actor death: the actors are kept
+    with capsys.disabled():
+        print(f"\n[model-error] {len(rows)} trials: 2 stored done, 4 failed with their reason")
+    store.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver killed: `submit` as a subprocess, SIGKILLed mid-sweep, then submitted again
+# ---------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+#: Command-line fragments of Ray's per-node agents; after an unclean raylet death they exit only
+#: once a 60 s error report to the (dead) GCS times out (``publish_error_to_driver``).
+RAY_AGENTS = (b"DashboardAgent", b"RuntimeEnvAgent", b"dashboard/agent.py", b"runtime_env/agent")
+#: Seconds after the kill by which every process of the killed driver must have exited.
+AGENT_EXIT_S = 120.0
+
+
+def submit_command(sweep_file: Path, url: str) -> list[str]:
+    """Return the ``python -m orchestrator submit`` command line of a test subprocess."""
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "--db",
+        url,
+        "submit",
+        str(sweep_file),
+        "--no-progress",
+    ]
+
+
+def submit_env(zoo: Any) -> dict[str, str]:
+    """Return the environment of a ``submit`` subprocess: the session's zoo, its own local Ray."""
+    return {
+        **os.environ,
+        "SPECSWEEP_CACHE": str(zoo.root.parent.parent),
+        "RAY_ADDRESS": "local",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _parents() -> dict[int, int]:
+    """Return {pid: parent pid} of every process now running."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def _start_tick(pid: int) -> int | None:
+    """Return when ``pid`` started (clock ticks since boot), or None if it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+#: A process, told apart from a later one that reuses its pid: (pid, start tick).
+Proc = tuple[int, int]
+
+
+def _is_running(proc: Proc) -> bool:
+    """True while the very process ``proc`` runs (not a zombie, pid not reused)."""
+    return _start_tick(proc[0]) == proc[1] and _process_alive(proc[0])
+
+
+def ray_processes_of(driver_pid: int) -> set[Proc]:
+    """Return the processes a driver started: its descendants and its Ray session's processes.
+
+    Ray names a local session ``session_<date>_<time>_<micro>_<driver pid>``; processes that
+    left the driver's tree still carry that name in their command line (only those started
+    after the driver count, so an old session of a recycled pid is never taken for ours).
+    """
+    driver_start = _start_tick(driver_pid)
+    if driver_start is None:  # gone: its pid may name another process by now
+        return set()
+    parents = _parents()
+    found = {driver_pid}
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in found}
+        grew = not children <= found
+        found |= children
+    marker = re.compile(rf"session_\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_{driver_pid}(?!\d)")
+    for pid in parents:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if marker.search(command) and (_start_tick(pid) or -1) >= driver_start:
+            found.add(pid)
+    ticks = {pid: _start_tick(pid) for pid in found - {driver_pid}}
+    return {(pid, tick) for pid, tick in ticks.items() if tick is not None}
+
+
+def wait_until_gone(procs: set[Proc], timeout_s: float) -> set[Proc]:
+    """Wait up to ``timeout_s`` for ``procs`` to exit; return those still running."""
+    deadline = time.monotonic() + timeout_s
+    alive = {proc for proc in procs if _is_running(proc)}
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = {proc for proc in alive if _is_running(proc)}
+    return alive
+
+
+def kill_processes(procs: set[Proc]) -> None:
+    """SIGKILL each of ``procs`` (processes this test started) that still runs."""
+    for proc in procs:
+        if _is_running(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc[0], signal.SIGKILL)
+
+
+def describe_processes(procs: set[Proc]) -> list[str]:
+    """Return ``pid: command`` of each of ``procs`` (for failure messages)."""
+    lines = []
+    for pid, _tick in sorted(procs):
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            lines.append(f"{pid}: {command.decode(errors='replace')[:150]}")
+    return lines
+
+
+def _status_counts(db: Path) -> dict[str, int]:
+    """Return {status: trials} read straight from the SQLite file (empty before it exists)."""
+    if not db.exists():
+        return {}
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            query = "SELECT status, count(*) FROM trials GROUP BY status"
+            return dict(connection.execute(query).fetchall())
+    except sqlite3.Error:  # not created or not migrated yet
+        return {}
+
+
+def _kill_mid_sweep(process: subprocess.Popen, db: Path, total: int, timeout_s: float) -> set[Proc]:
+    """SIGKILL ``process`` once ≥1 trial is done and one is running; return its Ray processes."""
+    deadline = time.monotonic() + timeout_s
+    started: set[Proc] = set()
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"submit ended (code {process.returncode}) before the kill")
+        started |= ray_processes_of(process.pid)
+        counts = _status_counts(db)
+        if 1 <= counts.get("done", 0) < total and counts.get("running", 0) >= 1:
+            process.send_signal(signal.SIGKILL)
+            return started
+        time.sleep(0.1)
+    raise AssertionError(f"no trial was done within {timeout_s} s: {_status_counts(db)}")
+
+
+def _is_ray_agent(proc: Proc) -> bool:
+    """True for Ray's per-node dashboard and runtime-env agents."""
+    try:
+        command = Path(f"/proc/{proc[0]}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(name in command for name in RAY_AGENTS)
+
+
+def _wait_collecting(process: subprocess.Popen, timeout_s: float) -> set[Proc]:
+    """Wait for ``process`` to exit; return the Ray processes it had while it ran."""
+    deadline = time.monotonic() + timeout_s
+    seen: set[Proc] = set()
+    while process.poll() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"submit did not finish within {timeout_s} s")
+        seen |= ray_processes_of(process.pid)
+        time.sleep(0.5)
+    return seen
+
+
+def _done_trials(url: str, sweep: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Return the sweep's trial rows and, per done trial, (finished_at, attempts, samples)."""
+    with open_store(url, read_only=True) as store:
+        rows = {row["trial_id"]: row for row in store.trials_frame(sweep)}
+        done = {
+            trial_id: (row["finished_at"], row["attempts"], store.sample_outputs(trial_id))
+            for trial_id, row in rows.items()
+            if row["status"] == "done"
+        }
+    return rows, done
+
+
+@pytest.mark.slow
+def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_no_ray(
+    zoo_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep_file = tmp_path / "driver.yaml"
+    sweep_file.write_text(sweep_yaml("driver"))
+    plan = plan_sweep(parse_sweep(sweep_file.read_text(), str(sweep_file)))
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    logs = [(tmp_path / f"submit-{n}.log").open("w") for n in (1, 2)]
+    first = subprocess.Popen(
+        submit_command(sweep_file, url),
+        cwd=REPO,
+        env=submit_env(zoo_env),
+        stdout=logs[0],
+        stderr=subprocess.STDOUT,
+    )
+    second: subprocess.Popen | None = None
+    killed: set[Proc] = set()
+    started: set[Proc] = set()
+    try:
+        killed = _kill_mid_sweep(first, tmp_path / "results.db", len(plan.trials), timeout_s=400)
+        killed_at = time.monotonic()
+        assert first.wait(timeout=30) == -signal.SIGKILL
+        agents = {proc for proc in killed if _is_ray_agent(proc)}
+        lingering = wait_until_gone(killed - agents, timeout_s=30)
+        assert not lingering, describe_processes(lingering)
+
+        before, kept = _done_trials(url, "driver")
+        interrupted = [tid for tid, row in before.items() if row["status"] == "running"]
+        assert {row["status"] for row in before.values()} <= {"done", "running", "pending"}
+        assert kept and interrupted and len(kept) < len(plan.trials)
+
+        second = subprocess.Popen(
+            submit_command(sweep_file, url),
+            cwd=REPO,
+            env=submit_env(zoo_env),
+            stdout=logs[1],
+            stderr=subprocess.STDOUT,
+        )
+        # The agents wait for Ray's 60 s publish-error timeout on the dead GCS, then exit.
+        lingering = wait_until_gone(agents, timeout_s=AGENT_EXIT_S - (time.monotonic() - killed_at))
+        assert not lingering, describe_processes(lingering)
+        started = _wait_collecting(second, timeout_s=500)
+        leftover = wait_until_gone(started, timeout_s=30)
+        assert not leftover, describe_processes(leftover)
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+        kill_processes(killed | started)
+        for log in logs:
+            log.close()
+    output = (tmp_path / "submit-2.log").read_text()
+    assert second.returncode == 0, output[-3000:]
+    assert f"{len(plan.trials)} trials planned, {len(kept)} already done" in output
+
+    after, done = _done_trials(url, "driver")
+    assert list(after) == [trial.trial_id for trial in plan.trials]
+    assert set(done) == set(after)
+    for trial_id, untouched in kept.items():
+        assert done[trial_id] == untouched  # same finish time, attempts and sample rows (ids)
+    for trial_id in interrupted:
+        assert after[trial_id]["attempts"] == 2  # the killed attempt and the redone one
+    baseline = [s["output_ids"] for s in done[plan.trials[0].trial_id][2]]
+    for _, _, samples in done.values():
+        assert [s["sample_index"] for s in samples] == list(range(SAMPLES))
+        assert [s["output_ids"] for s in samples] == baseline
+    with open_store(url, read_only=True) as store:
+        stored = _sample_counts(store)
+    assert stored == (SAMPLES * len(plan.trials), SAMPLES * len(plan.trials))
+    with capsys.disabled():
+        print(
+            f"\n[driver] SIGKILLed submit with {len(kept)} trials done and {len(interrupted)} "
+            f"running; its {len(killed)} Ray processes all exited ({len(agents)} agents after "
+            f"Ray's 60 s timeout); resubmitted: {len(after)} trials stored, 0 lost, "
+            f"{len(kept)} kept untouched"
+        )
