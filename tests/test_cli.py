@@ -221,8 +221,8 @@ def test_plan_all_lists_every_trial(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if any(t.trial_id in line for t in plan.trials)]
     assert len(listed) == 96
-    svip = _table_row(out, _trial(plan, "svip", 0.3).trial_id)
-    assert svip[4] == "svip" and "threshold=0.3" in svip[5].split(", ")
+    svip = _table_row(out, _trial(plan, "svip", 1.5).trial_id)
+    assert svip[4] == "svip" and "threshold=1.5" in svip[5].split(", ")
 
 
 MALFORMED = {
