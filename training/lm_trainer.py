@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from training.losses import DivergenceKind, distillation_loss
+from training.losses import DivergenceKind, distillation_loss, target_distribution
 
 LOSS_WINDOW = 20
 
@@ -219,15 +219,17 @@ def distill_drafts(
 ) -> dict[str, TrainResult]:
     """Distil every draft in place towards ``target``'s next-token distributions on ``blocks``.
 
-    One target forward per batch serves all drafts; each draft has its own AdamW (learning rate
+    One target forward and softmax per batch serve all drafts; each draft has its own AdamW (lr
     from ``learning_rates`` or ``config.lr``) and minimises ``divergence`` (forward KL by
     default) over every position. Returns one summary per draft, whose ``seconds`` count that
     draft's own forward/backward time (the shared target forwards are not included).
     """
     torch.manual_seed(config.seed)
     target.eval()
-    rates = {name: (learning_rates or {}).get(name, config.lr) for name in drafts}
-    optimizers = {name: _adamw(draft, config, rates[name]) for name, draft in drafts.items()}
+    schedules = {
+        name: replace(config, lr=(learning_rates or {}).get(name, config.lr)) for name in drafts
+    }
+    optimizers = {name: _adamw(draft, config, schedules[name].lr) for name, draft in drafts.items()}
     recent: dict[str, list[float]] = {name: [] for name in drafts}
     seconds = dict.fromkeys(drafts, 0.0)
     for draft in drafts.values():
@@ -242,11 +244,11 @@ def distill_drafts(
     for step, index in enumerate(bar):
         inputs = blocks[index][:, :-1]
         with torch.no_grad():
-            target_logits = target(input_ids=inputs).logits.float()
+            teacher = target_distribution(target(input_ids=inputs).logits)
         for name, draft in drafts.items():
             started = time.perf_counter()
-            loss = distillation_loss(divergence, target_logits, draft(input_ids=inputs).logits)
-            lr = learning_rate(step, config) * rates[name] / config.lr
+            loss = distillation_loss(divergence, teacher, draft(input_ids=inputs).logits)
+            lr = learning_rate(step, schedules[name])
             _step(draft, optimizers[name], loss, lr, config.grad_clip)
             seconds[name] += time.perf_counter() - started
             recent[name] = [*recent[name][-(LOSS_WINDOW - 1) :], loss.item()]

@@ -105,33 +105,38 @@ def agreement_stats(
 def decode_step_seconds(
     models: Sequence[PreTrainedModel],
     context_len: int = 128,
-    new_tokens: int = 1,
+    new_tokens: int | Sequence[int] = 1,
     repeats: int = 50,
     warmup: int = 5,
     threads: int = DEFAULT_TIMING_THREADS,
     seed: int = 0,
 ) -> list[float]:
-    """Return, per model, the median seconds of one cached forward of ``new_tokens`` tokens.
+    """Return, per entry of ``models``, the median seconds of one cached forward.
 
-    Each model is prefilled with ``context_len`` random tokens; every repeat times one forward
-    with ``past_key_values`` (batch 1, the model's dtype, ``threads`` threads) and crops the
-    cache back, cycling through the models so that they share whatever else the machine does.
+    Entry i forwards ``new_tokens[i]`` tokens (or ``new_tokens`` for all) after a prefill of
+    ``context_len`` random tokens, with ``past_key_values`` (batch 1, the model's dtype,
+    ``threads`` threads), then crops its cache back. Entries take turns within every repeat, so
+    all of them share whatever else the machine is doing; a model may appear more than once
+    (e.g. to compare 1-token and 9-token forwards).
     """
+    counts = [new_tokens] * len(models) if isinstance(new_tokens, int) else list(new_tokens)
+    if len(counts) != len(models):
+        raise ValueError(f"{len(counts)} token counts for {len(models)} models")
     generator = torch.Generator().manual_seed(seed)
     with torch_threads(threads):
         caches, steps = [], []
-        for model in models:
+        for model, count in zip(models, counts, strict=True):
             vocab = model.config.vocab_size
             context = torch.randint(0, vocab, (1, context_len), generator=generator)
             caches.append(model(input_ids=context, use_cache=True).past_key_values)
-            steps.append(torch.randint(0, vocab, (1, new_tokens), generator=generator))
+            steps.append(torch.randint(0, vocab, (1, count), generator=generator))
         samples: list[list[float]] = [[] for _ in models]
         for repeat in range(warmup + repeats):
             for index, model in enumerate(models):
                 started = time.perf_counter()
                 model(input_ids=steps[index], past_key_values=caches[index], use_cache=True)
                 elapsed = time.perf_counter() - started
-                caches[index].crop(-new_tokens)
+                caches[index].crop(-counts[index])
                 if repeat >= warmup:
                     samples[index].append(elapsed)
     return [statistics.median(values) for values in samples]
@@ -147,21 +152,31 @@ def machine_load() -> float:
 
 def cost_stats(
     target: PreTrainedModel,
-    draft: PreTrainedModel,
+    drafts: Mapping[str, PreTrainedModel],
     context_len: int = 128,
     repeats: int = 50,
     threads: int = DEFAULT_TIMING_THREADS,
-) -> CostStats:
-    """Return the draft's and target's single-token decoding cost and t_draft / t_target."""
-    t_draft, t_target = decode_step_seconds(
-        [draft, target], context_len, repeats=repeats, threads=threads
+) -> dict[str, CostStats]:
+    """Return, per draft, its and the target's single-token decoding cost and their ratio.
+
+    All models are timed in one alternating loop, so the target is timed once per repeat and
+    every ratio compares timings taken under the same machine load.
+    """
+    names = list(drafts)
+    seconds = decode_step_seconds(
+        [*drafts.values(), target], context_len, repeats=repeats, threads=threads
     )
-    return CostStats(
-        t_draft_s=t_draft,
-        t_target_s=t_target,
-        cost_ratio=t_draft / t_target,
-        context_len=context_len,
-        repeats=repeats,
-        threads=threads,
-        load_average=machine_load(),
-    )
+    t_target = seconds[-1]
+    load = machine_load()
+    return {
+        name: CostStats(
+            t_draft_s=t_draft,
+            t_target_s=t_target,
+            cost_ratio=t_draft / t_target,
+            context_len=context_len,
+            repeats=repeats,
+            threads=threads,
+            load_average=load,
+        )
+        for name, t_draft in zip(names, seconds[:-1], strict=True)
+    }
