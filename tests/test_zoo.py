@@ -16,6 +16,7 @@ from training.lm_trainer import (
     TrainConfig,
     batch_indices,
     distill_drafts,
+    greedy_continuations,
     learning_rate,
     next_token_loss,
     pack_blocks,
@@ -245,6 +246,10 @@ def test_recipes_are_validated() -> None:
         replace(MICRO_RECIPE, main_draft="draft-xl")
     with pytest.raises(ValueError):
         replace(MICRO_RECIPE, drafts=MICRO_RECIPE.drafts[:2])
+    with pytest.raises(ValueError):
+        replace(MICRO_RECIPE, onpolicy_fraction=1.5)
+    with pytest.raises(ValueError):
+        replace(MICRO_RECIPE, onpolicy_prompt_tokens=MICRO_RECIPE.seq_len + 1)
     for recipe in PROFILES.values():
         sizes = [d.shape.hidden_size * d.shape.num_layers for d in recipe.drafts]
         assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
@@ -378,6 +383,20 @@ def test_training_and_distillation_reduce_their_losses() -> None:
     assert result.val_losses["v"] < 0.5 < math.log(20)
     assert after.item() < before.item() / 4
     assert results["d"].final_loss < before.item()
+
+
+def test_greedy_continuations_match_transformers_generate() -> None:
+    model = tiny_llama(layers=2, seed=5, vocab=30)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(20)  # peaked logits: no near-ties in the argmax
+    prompts = torch.randint(0, 30, (5, 4), generator=torch.Generator().manual_seed(1))
+    ours = greedy_continuations(model, prompts, new_tokens=6, batch_size=2)
+    assert ours.shape == (5, 10) and torch.equal(ours[:, :4], prompts)
+    for row, prompt in zip(ours, prompts, strict=True):
+        reference = model.generate(
+            prompt[None], max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0
+        )
+        assert row.tolist() == reference[0].tolist()
 
 
 def test_realism_measures() -> None:

@@ -122,6 +122,32 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 @torch.inference_mode()
+def greedy_continuations(
+    model: PreTrainedModel, prompts: torch.Tensor, new_tokens: int, batch_size: int = 64
+) -> torch.Tensor:
+    """Return ``prompts`` [N, P] each followed by ``new_tokens`` greedy tokens of ``model``.
+
+    Batched decoding with a KV cache (equal-length prompts, so no padding). Distilling on the
+    target's own outputs (DistillSpec's on-policy data) teaches a draft the target's habits in
+    generation, loops included, which teacher forcing on human text never shows it.
+    """
+    was_training = model.training
+    model.eval()
+    rows = []
+    for start in range(0, prompts.shape[0], batch_size):
+        ids = prompts[start : start + batch_size]
+        out = model(input_ids=ids, use_cache=True)
+        cache = out.past_key_values
+        for _ in range(new_tokens):
+            next_ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+            ids = torch.cat([ids, next_ids], dim=1)
+            out = model(input_ids=next_ids, past_key_values=cache, use_cache=True)
+        rows.append(ids)
+    model.train(was_training)
+    return torch.cat(rows)
+
+
+@torch.inference_mode()
 def evaluate_lm_loss(model: PreTrainedModel, blocks: torch.Tensor, batch_size: int = 8) -> float:
     """Return the mean next-token cross-entropy of ``model`` over ``blocks`` (nats/token)."""
     was_training = model.training

@@ -38,6 +38,7 @@ from training.lm_trainer import (
     TrainConfig,
     TrainResult,
     distill_drafts,
+    greedy_continuations,
     pack_blocks,
     torch_threads,
     train_language_model,
@@ -46,7 +47,7 @@ from training.realism import agreement_stats, cost_stats, decode_step_seconds, m
 from training.tokenizer import encode_corpus, save_tokenizer, train_bpe_tokenizer
 from workers.corpus import heldout_text, training_corpus
 
-ZOO_VERSION = 2
+ZOO_VERSION = 3
 ZOO_MODEL_NAMES = ("target", "draft-xs", "draft-s", "draft-m")
 MODEL_REF_PREFIX = "zoo:"
 MANIFEST_FILE = "manifest.json"
@@ -115,6 +116,10 @@ class Enlargement:
 class ZooRecipe:
     """Everything that determines a profile's models; its hash names the cache directory.
 
+    Distillation runs one epoch over ``distill_steps * batch_size`` blocks, of which the
+    fraction ``onpolicy_fraction`` are on-policy: ``onpolicy_prompt_tokens`` corpus tokens
+    followed by the trained target's greedy continuation (DistillSpec's target-generated data).
+
     Training runs on ``train_threads`` threads (one by default: on a shared machine a second
     OpenMP thread that spins while its core is busy elsewhere slows training several-fold, and
     one thread makes the weights independent of the machine's core count). Decoding cost is
@@ -137,6 +142,8 @@ class ZooRecipe:
     main_draft: str
     distill_steps: int
     seed: int
+    onpolicy_fraction: float = 0.3
+    onpolicy_prompt_tokens: int = 64
     train_threads: int = 1
     timing_threads: int = 2
     timing_context: int = 128
@@ -148,6 +155,10 @@ class ZooRecipe:
             raise ValueError(f"zoo models must be {ZOO_MODEL_NAMES}, got ('target', *{names})")
         if self.main_draft not in names:
             raise ValueError(f"main_draft {self.main_draft!r} is not one of {names}")
+        if not 0.0 <= self.onpolicy_fraction <= 1.0:
+            raise ValueError(f"onpolicy_fraction must be in [0, 1], got {self.onpolicy_fraction}")
+        if not 0 < self.onpolicy_prompt_tokens <= self.seq_len:
+            raise ValueError("onpolicy_prompt_tokens must be in [1, seq_len]")
 
     def target_training(self) -> TrainConfig:
         """Return the optimisation settings of the target's next-token training."""
@@ -229,6 +240,7 @@ MICRO_RECIPE = ZooRecipe(
     main_draft="draft-m",
     distill_steps=40,
     seed=0,
+    onpolicy_prompt_tokens=32,
     timing_threads=1,
     timing_repeats=10,
 )
@@ -590,16 +602,39 @@ def _train_target(state: _BuildState, progress: bool) -> tuple[LlamaForCausalLM,
     return target, result
 
 
+def _distillation_blocks(target: LlamaForCausalLM, state: _BuildState) -> torch.Tensor:
+    """Return the blocks the drafts are distilled on: corpus blocks plus on-policy blocks.
+
+    On-policy blocks are a corpus prompt followed by the target's greedy continuation, so the
+    drafts also learn how the target behaves on its own outputs (what they see when decoding).
+    """
+    recipe = state.recipe
+    total = recipe.distill_steps * recipe.batch_size
+    generated = round(total * recipe.onpolicy_fraction)
+    generator = torch.Generator().manual_seed(recipe.seed + 2)
+    available = state.train_blocks.shape[0]
+    order = torch.randperm(available, generator=generator).repeat(total // available + 1)
+    natural = state.train_blocks[order[: total - generated]]
+    if generated == 0:
+        return natural
+    prompts = state.train_blocks[order[total - generated : total], : recipe.onpolicy_prompt_tokens]
+    new_tokens = state.train_blocks.shape[1] - recipe.onpolicy_prompt_tokens
+    continued = greedy_continuations(target, prompts, new_tokens)
+    return torch.cat([natural, continued])
+
+
 def _distill(
     target: LlamaForCausalLM, state: _BuildState, progress: bool
 ) -> tuple[dict[str, LlamaForCausalLM], dict[str, TrainResult]]:
     """Create every draft and distil it from ``target`` with forward KL.
 
     A draft starts from random weights except its (tied) token embeddings, which are the
-    target's projected onto their top principal directions: at this tiny compute budget that
-    raises the main draft's agreement with the target by several points for free.
+    target's projected onto their top principal axes: at this tiny compute budget that raises
+    the drafts' agreement with the target by several points for free.
     """
     recipe = state.recipe
+    _log(progress, recipe, "generating on-policy distillation data with the target")
+    blocks = _distillation_blocks(target, state)
     _log(progress, recipe, f"distilling {len(recipe.drafts)} drafts ({recipe.distill_steps} steps)")
     drafts = {
         draft.name: _new_model(draft.shape, state, recipe.seed + 100 + index)
@@ -613,7 +648,7 @@ def _distill(
     results = distill_drafts(
         target,
         drafts,
-        state.train_blocks,
+        blocks,
         recipe.distillation(),
         learning_rates={draft.name: draft.lr for draft in recipe.drafts},
         val_blocks=state.heldout_blocks,
@@ -772,6 +807,9 @@ def _build_into(recipe: ZooRecipe, directory: Path, progress: bool) -> ZooManife
             "teacher": "target (trained layers; the enlarged target computes the same logits)",
             "initialisation": "random, except token embeddings = the target's projected onto "
             "their top principal axes",
+            "data": f"one epoch of {recipe.distill_steps * recipe.batch_size} blocks; a "
+            f"fraction {recipe.onpolicy_fraction} are {recipe.onpolicy_prompt_tokens} corpus "
+            "tokens + the target's greedy continuation, the rest corpus blocks",
             "divergence": "forward_kl",
             "lr": draft_recipe.lr,
             "steps": recipe.distill_steps,
