@@ -1,0 +1,254 @@
+"""EESD early-exit draft: the target's first N layers plus one trainable layer, self-distilled.
+
+The draft is a plain ``LlamaForCausalLM`` with N + 1 layers: the target's (``config.base``)
+embeddings and first N layers, copied and frozen; one trainable decoder layer initialised from
+the target's last layer; the target's final norm and LM head (untied from the embeddings, so
+the head trains while the embeddings stay frozen). It is distilled with forward KL against the
+full target (``config.teacher``, default the same target) on a mix of target-generated text
+(dataset prompts continued greedily) and dataset text, ``generated_fraction`` of it generated.
+
+Zoo targets are enlarged with function-preserving layers whose output projections are zero
+(``training.zoo.enlarge_target``). Initialising from such a layer would start the exit layer
+as a no-op, so when the target's model card (or, without a card, its weights) shows the last
+layer is one of them, the exit layer starts from the last trained layer and the draft's card
+says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from training.jobs.base import (
+    ARTIFACT_DIR,
+    JobConfig,
+    JobConfigError,
+    JobResult,
+    Stopwatch,
+    load_job_model,
+    load_job_tokenizer,
+    resolve_ref,
+)
+from training.jobs.distillspec import divergence_loss, prefixed
+from training.jobs.draft_common import (
+    DATA_DIR,
+    Phase,
+    TrainSettings,
+    cached_tensor,
+    draft_card,
+    heldout_blocks,
+    heldout_metrics,
+    kd_texts,
+    parse_settings,
+    phase_metrics,
+    read_card,
+    require,
+    save_draft,
+    train_student,
+    training_blocks,
+)
+
+EXIT_FRACTION = 0.08
+
+
+@dataclass(frozen=True)
+class EesdSettings(TrainSettings):
+    """Early-exit settings: N frozen target layers (None: max(1, round(0.08 · layers))) and the
+    fraction of training blocks that are target-generated."""
+
+    exit_layers: int | None = None
+    generated_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.exit_layers is None or self.exit_layers >= 1,
+            "exit_layers",
+            f"must be >= 1 or null, got {self.exit_layers}",
+        )
+        require(
+            0.0 <= self.generated_fraction <= 1.0,
+            "generated_fraction",
+            f"must be in [0, 1], got {self.generated_fraction}",
+        )
+
+
+def default_exit_layers(num_layers: int) -> int:
+    """Return EESD's default N: about 8% of the target's layers, at least one."""
+    return max(1, round(EXIT_FRACTION * num_layers))
+
+
+def is_zero_residual_layer(layer: Any) -> bool:
+    """Return True when a Llama decoder layer adds nothing to the residual stream (its
+    attention ``o_proj`` and MLP ``down_proj`` weights are all zero)."""
+    return bool(
+        (layer.self_attn.o_proj.weight == 0).all() and (layer.mlp.down_proj.weight == 0).all()
+    )
+
+
+def exit_init_layer(
+    num_layers: int, enlargement: Mapping[str, Any] | None, zero_layers: Sequence[bool]
+) -> tuple[int, str]:
+    """Return (index, reason): the target layer the trainable exit layer is initialised from.
+
+    The last layer, unless the card's ``enlargement`` lists it as added (then the last trained
+    layer) or, without that information, its weights make it a zero residual layer (then the
+    last layer that is not).
+    """
+    last = num_layers - 1
+    if enlargement and last in enlargement.get("added_layers", []):
+        trained = max(enlargement["trained_layers"])
+        return trained, (
+            f"the target's last layer ({last}) is a function-preserving zero layer added by "
+            f"the zoo's enlargement (its model card); initialised from its last trained "
+            f"layer ({trained}) instead"
+        )
+    effective = [index for index in range(num_layers) if not zero_layers[index]]
+    if zero_layers[last] and effective:
+        return effective[-1], (
+            f"the target's layers after {effective[-1]} have zero output projections "
+            f"(function-preserving); initialised from layer {effective[-1]}, the last that "
+            "changes the residual stream"
+        )
+    return last, f"initialised from the target's last layer ({last})"
+
+
+def early_exit_draft(
+    target: LlamaForCausalLM, exit_layers: int, init_layer: int
+) -> LlamaForCausalLM:
+    """Return the N + 1 layer draft cut from ``target`` (N = ``exit_layers``), on CPU.
+
+    Embeddings and layers 0..N-1 are copies of the target's and frozen; layer N is a copy of
+    target layer ``init_layer``; norm and an untied LM head are copies of the target's; those
+    three train.
+    """
+    config = LlamaConfig.from_dict(
+        {
+            **target.config.to_dict(),
+            "num_hidden_layers": exit_layers + 1,
+            "tie_word_embeddings": False,
+        }
+    )
+    draft = LlamaForCausalLM(config)
+    source = target.state_dict()
+    head = target.get_output_embeddings().weight
+    exit_prefix = f"model.layers.{exit_layers}."
+    state = {}
+    for key in draft.state_dict():
+        if key.startswith(exit_prefix):
+            state[key] = source[f"model.layers.{init_layer}." + key[len(exit_prefix) :]]
+        elif key == "lm_head.weight":
+            state[key] = head
+        else:
+            state[key] = source[key]
+    draft.load_state_dict(state)
+    draft.model.embed_tokens.requires_grad_(False)
+    for layer in draft.model.layers[:exit_layers]:
+        layer.requires_grad_(False)
+    return draft.eval()
+
+
+def _target_enlargement(ref: str) -> dict[str, Any] | None:
+    """Return the ``enlargement`` section of the target's model card, if it has one."""
+    path = Path(resolve_ref(ref))
+    card = read_card(path) if path.is_dir() else None
+    return None if card is None else card.get("enlargement")
+
+
+def settings_of(config: JobConfig) -> EesdSettings:
+    """Return the job's parsed settings; JobConfigError names the first bad one.
+
+    ``training.jobs.check_job_config`` calls it when a sweep is validated, so a bad setting
+    stops the sweep before anything runs.
+    """
+    return parse_settings(EesdSettings, config.settings, config.kind)
+
+
+def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
+    """Cut, self-distil and save an early-exit draft of ``config.base``.
+
+    Metrics: DistillSpec's (train loss, held-out KL and agreement after and before training,
+    tokens, steps) plus ``exit_layers``, ``init_layer`` and ``trainable_parameters``.
+    """
+    watch = Stopwatch()
+    settings = settings_of(config)
+    if config.epochs < 1:
+        raise JobConfigError(f"{config.kind}: epochs must be >= 1, got {config.epochs}")
+    target = load_job_model(config.base, progress)
+    if not isinstance(target, LlamaForCausalLM):
+        raise JobConfigError(f"eesd_exit needs a Llama target, got {type(target).__name__}")
+    num_layers = target.config.num_hidden_layers
+    exit_layers = settings.exit_layers or default_exit_layers(num_layers)
+    require(
+        exit_layers < num_layers,
+        "exit_layers",
+        f"must be below the target's {num_layers} layers, got {exit_layers}",
+    )
+    zero_layers = [is_zero_residual_layer(layer) for layer in target.model.layers]
+    init_layer, init_note = exit_init_layer(
+        num_layers, _target_enlargement(config.base), zero_layers
+    )
+    device = settings.torch_device()
+    draft = early_exit_draft(target, exit_layers, init_layer).to(device)
+    target = target.to(device)
+    same = config.teacher is None or config.teacher == config.base
+    teacher = target if same else load_job_model(config.teacher, progress).to(device)
+    tokenizer = load_job_tokenizer(config.base, progress)
+    texts = kd_texts(config, with_prompts=settings.generated_fraction > 0)
+    train = cached_tensor(
+        output_dir / DATA_DIR / "train_blocks.pt",
+        lambda: training_blocks(
+            texts, tokenizer, teacher, settings, settings.generated_fraction, config.seed
+        ),
+    )
+    heldout = heldout_blocks(texts, tokenizer, settings)
+    initial = heldout_metrics(teacher, draft, heldout)
+    result = train_student(
+        draft,
+        teacher,
+        train,
+        divergence_loss("forward_kl"),
+        Phase("exit", config.epochs, settings.lr),
+        settings,
+        output_dir,
+        config.seed,
+        progress,
+    )
+    metrics = {
+        **phase_metrics(result),
+        **heldout_metrics(teacher, draft, heldout),
+        **prefixed(initial, "initial_"),
+        "exit_layers": float(exit_layers),
+        "init_layer": float(init_layer),
+        "trainable_parameters": float(
+            sum(p.numel() for p in draft.parameters() if p.requires_grad)
+        ),
+    }
+    card = draft_card(
+        config,
+        settings,
+        metrics,
+        teacher_resolved=config.teacher or config.base,
+        exit_layers=exit_layers,
+        target_layers=num_layers,
+        init_layer=init_layer,
+        init_note=init_note,
+        frozen=f"token embeddings and layers 0-{exit_layers - 1}, equal to the target's",
+        trained=f"layer {exit_layers} (from target layer {init_layer}), final norm, LM head "
+        "(untied copy of the target's)",
+        data=f"{settings.generated_fraction:.0%} dataset prompts continued by the target's "
+        "greedy output, the rest packed dataset documents; forward KL against the full target",
+    )
+    artifact = output_dir / ARTIFACT_DIR
+    save_draft(draft, tokenizer, artifact, card)
+    return JobResult(
+        artifact_path=str(artifact),
+        artifact_kind="draft",
+        metrics=metrics,
+        seconds=watch.seconds() + result.resumed_seconds,
+        resumed_from_step=result.resumed_from_step,
+    )
