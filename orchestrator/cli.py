@@ -469,12 +469,20 @@ def _report_run(
     if summary.ran == 0 and summary.already_done == summary.planned:
         console.print(_nothing_to_run(summary.planned, summary.sweep, shown_url), markup=False)
         return EXIT_OK
+    jobs = (
+        f", training jobs: {summary.jobs_trained} trained, {summary.jobs_reused} reused"
+        if summary.jobs_trained or summary.jobs_reused
+        else ""
+    )
     console.print(
         f"sweep {summary.sweep}: {summary.planned} trials planned, {summary.already_done} "
-        f"already done, {summary.ran} ran, {summary.failed} failed in {summary.seconds:.1f} s "
-        f"(store: {shown_url})",
+        f"already done, {summary.ran} ran, {summary.failed} failed in {summary.seconds:.1f} s"
+        f"{jobs} (store: {shown_url})",
         markup=False,
     )
+    for failure in summary.failures:
+        if failure.startswith("training job "):
+            console.print(failure, markup=False)
     if not summary.failed:
         return EXIT_OK
     _print_failures(console, rows, summary.sweep)

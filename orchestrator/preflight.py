@@ -65,20 +65,19 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     """Resolve and check everything the plan's trials need; raise PreflightError on problems."""
     problems: list[str] = []
     inputs = PreparedInputs()
+    job_bases = _check_training_jobs(spec, problems)
     for index, pair in enumerate(spec.pairs):
         where = f"pairs[{index}]"
         target = _resolve(pair.target.model, f"{where}.target.model", problems)
         draft = None
+        draft_ref = pair.draft.model
         if pair.draft.job is not None:
-            problems.append(
-                f"{where}.draft.job: {pair.draft.job!r} names a training job; this version of "
-                "SpecSweep cannot run KD training jobs yet, so use a model reference instead"
-            )
+            draft_ref, draft = job_bases[pair.draft.job]
         elif pair.draft.model is not None:
             draft = _resolve(pair.draft.model, f"{where}.draft.model", problems)
         if target is None:
             continue
-        inputs.model_paths[pair.name] = ModelPaths(target, draft)
+        inputs.model_paths[pair.name] = ModelPaths(target, None if pair.draft.job else draft)
         tokenizer = _load_tokenizer(
             target, f"{where}.target.model", problems, pair.target.trust_remote_code
         )
@@ -93,7 +92,7 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
             )
             if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
                 problems.append(
-                    f"{where}: the draft's tokenizer ({pair.draft.model}) differs from the "
+                    f"{where}: the draft's tokenizer ({draft_ref}) differs from the "
                     f"target's ({pair.target.model}); speculative decoding needs one vocabulary"
                 )
     for trial in plan.trials:
@@ -109,6 +108,30 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     if problems:
         raise PreflightError(problems)
     return inputs
+
+
+def _check_training_jobs(
+    spec: SweepSpec, problems: list[str]
+) -> dict[str, tuple[str, Path | None]]:
+    """Resolve every job's models and load its training data; return (base ref, path) by name.
+
+    A job's base is the model its draft starts from, so a pair whose draft the job trains is
+    checked against the target's tokenizer through it.
+    """
+    bases: dict[str, tuple[str, Path | None]] = {}
+    for index, job in enumerate(spec.training_jobs):
+        where = f"training_jobs[{index}]"
+        bases[job.name] = (job.base, _resolve(job.base, f"{where}.base", problems))
+        if job.teacher is not None:
+            _resolve(job.teacher, f"{where}.teacher", problems)
+        data = job.dataset
+        try:
+            load_prompts(
+                DatasetSpec(data.name, data.split or "train", data.samples, 0, data.local_path)
+            )
+        except (DatasetUnavailable, UnknownDataset, OSError, ValueError) as exc:
+            problems.append(f"{where}.dataset {data.name}: {exc}")
+    return bases
 
 
 def resolve_model_path(ref: str) -> Path:

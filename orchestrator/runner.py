@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from threading import Lock
+from threading import Event, Lock
 
 import ray
 from tqdm import tqdm
 
+from orchestrator.errors import describe_failure
 from orchestrator.metrics import trial_metrics
 from orchestrator.placement import (
     actor_options_for_rank,
@@ -29,9 +29,14 @@ from orchestrator.planner import Plan, Trial
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.spec import PairSpec, SweepSpec
 from orchestrator.store import Store
+from orchestrator.training_stage import attach_job_drafts, run_training_jobs
 from workers.actors import DraftWorker, ModelSpec, RankSpec, TargetWorker
 from workers.records import SamplingConfig
-from workers.trial import TrialRequest
+from workers.trial import BASELINE_POLICY, TrialRequest
+
+#: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
+WARMUP_TOKENS = 8
+WARMUP_DRAFT_LEN = 2
 
 __all__ = ["PreflightError", "RunOptions", "SweepSummary", "preflight", "run_sweep"]
 
@@ -54,6 +59,8 @@ class SweepSummary:
     already_done: int
     ran: int = 0
     failed: int = 0
+    jobs_trained: int = 0
+    jobs_reused: int = 0
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
 
@@ -83,9 +90,23 @@ def run_sweep(
     inputs = inputs or preflight(spec, plan)
     _ensure_ray(options.address)
     retries = spec.execution.retries if options.retries is None else options.retries
+    jobs = run_training_jobs(plan.jobs, store, retries, options.progress)
+    summary.jobs_reused = sum(outcome.reused for outcome in jobs.values())
+    summary.jobs_trained = sum(not outcome.reused for outcome in jobs.values())
+    for outcome in jobs.values():
+        if outcome.error is not None:
+            summary.failures.append(f"training job {outcome.job.name}: {outcome.error}")
+    artifacts = attach_job_drafts(spec, inputs, jobs)
     pairs = {pair.name: pair for pair in spec.pairs}
     by_pair: dict[str, list[Trial]] = {}
     for trial in pending:
+        blocked = [name for name in trial.requires_jobs if jobs[name].artifact_path is None]
+        if blocked:
+            reason = f"training job {blocked[0]} failed: {jobs[blocked[0]].error}"
+            store.record_failure(trial, reason, attempts=0)
+            summary.ran += 1
+            summary.failed += 1
+            continue
         by_pair.setdefault(trial.pair, []).append(trial)
     progress = tqdm(
         total=len(pending),
@@ -95,11 +116,16 @@ def run_sweep(
         dynamic_ncols=True,
     )
     lock = Lock()
+    stop = Event()
 
     def run_pair(pair_name: str) -> None:
-        runner = _PairRunner(pairs[pair_name], inputs, spec.execution.record_rounds, store)
+        runner = _PairRunner(
+            pairs[pair_name], inputs, spec.execution.record_rounds, store, artifacts
+        )
         try:
             for trial in by_pair[pair_name]:
+                if stop.is_set():
+                    return
                 error = runner.run_with_retries(trial, retries)
                 with lock:
                     summary.ran += 1
@@ -111,10 +137,18 @@ def run_sweep(
         finally:
             runner.close()
 
-    workers = min(spec.execution.max_concurrent_pairs, len(by_pair))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    workers = max(1, min(spec.execution.max_concurrent_pairs, len(by_pair)))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         for future in [pool.submit(run_pair, name) for name in by_pair]:
             future.result()
+    except BaseException:
+        # Ctrl-C (or any error): start no new trial; the ones in flight finish and are stored.
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        progress.close()
+        raise
+    pool.shutdown()
     progress.close()
     summary.seconds = time.perf_counter() - start
     return summary
@@ -132,9 +166,15 @@ class _PairRunner:
     """The worker group of one pair: target ranks and the draft actor, replaced when they die."""
 
     def __init__(
-        self, pair: PairSpec, inputs: PreparedInputs, record_rounds: bool, store: Store
+        self,
+        pair: PairSpec,
+        inputs: PreparedInputs,
+        record_rounds: bool,
+        store: Store,
+        artifacts: dict[str, str] | None = None,
     ) -> None:
         self.pair = pair
+        self.artifacts = artifacts or {}
         self.inputs = inputs
         self.record_rounds = record_rounds
         self.store = store
@@ -155,7 +195,7 @@ class _PairRunner:
                 request = self._request(trial)
                 results = ray.get(self.draft.run_trial.remote(request))
             except Exception as exc:
-                error = _describe(exc)
+                error = describe_failure(exc)
                 self.store.record_attempt_error(trial, error)
                 if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.GetTimeoutError):
                     self.close()
@@ -191,6 +231,7 @@ class _PairRunner:
             seed=trial.seed,
             warmup_samples=min(trial.warmup_samples, len(token_ids)),
             eos_token_id=self.inputs.tokenizer(self.pair.name).eos_token_id,
+            artifact_path=self.artifacts[trial.policy_job] if trial.policy_job else None,
         )
 
     def _start(self) -> None:
@@ -222,6 +263,24 @@ class _PairRunner:
             draft, self.ranks
         )
         ray.get([self.draft.node_id.remote(), *(r.node_id.remote() for r in self.ranks)])
+        self._warm_up(draft is not None)
+
+    def _warm_up(self, has_draft: bool) -> None:
+        """Decode a few tokens of one prompt on the new actors and discard the result.
+
+        The first forwards of a fresh process pay for lazy initialisation and allocator growth;
+        without this they would land in whichever trial runs first (often the AR baseline,
+        which every speedup divides by). ``warmup_samples`` still warms each trial on top.
+        """
+        key = next(iter(self.inputs.prompts))
+        prompt = self.inputs.token_ids(self.pair.name, key, WARMUP_TOKENS)[:1]
+        request = TrialRequest(
+            prompts=prompt,
+            sampling=SamplingConfig(max_new_tokens=WARMUP_TOKENS),
+            policy="static" if has_draft else BASELINE_POLICY,
+            max_draft_len=WARMUP_DRAFT_LEN,
+        )
+        ray.get(self.draft.run_trial.remote(request))
 
     def close(self) -> None:
         """Kill the pair's actors and free their placement group."""
@@ -231,13 +290,6 @@ class _PairRunner:
         if self.group is not None:
             remove_worker_group(self.group)
         self.draft, self.ranks, self.group = None, [], None
-
-
-def _describe(exc: BaseException) -> str:
-    """Return a one-paragraph reason for a failed attempt (the root cause's type and message)."""
-    cause = getattr(exc, "cause", None) or exc
-    lines = traceback.format_exception_only(type(cause), cause)
-    return "".join(lines).strip()[:2000]
 
 
 def _free_port() -> int:

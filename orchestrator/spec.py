@@ -352,6 +352,26 @@ class TrainingJobSpec(_Frozen):
             raise LocatedProblems([(("teacher",), f"kind {self.kind!r} needs a teacher model")])
         return self
 
+    @model_validator(mode="after")
+    def _known_settings(self) -> TrainingJobSpec:
+        """Check ``config`` with the job kind's own settings parser (names the bad setting)."""
+        from training.jobs import JobConfig, JobConfigError, check_job_config
+
+        job = JobConfig(
+            kind=self.kind,
+            name=self.name,
+            base=self.base,
+            teacher=self.teacher,
+            dataset=self.dataset.name,
+            epochs=self.epochs,
+            settings=self.config,
+        )
+        try:
+            check_job_config(job)
+        except JobConfigError as exc:
+            raise LocatedProblems([(("config",), str(exc))]) from None
+        return self
+
 
 class ExecutionSpec(_Frozen):
     """How the runner executes trials."""

@@ -452,6 +452,9 @@ class FakeSweepSummary:
     ran: int
     failed: int
     seconds: float
+    jobs_trained: int = 0
+    jobs_reused: int = 0
+    failures: list[str] = field(default_factory=list)
 
 
 class FakePreflightError(Exception):

@@ -589,3 +589,50 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
             f"Ray's 60 s timeout); resubmitted: {len(after)} trials stored, 0 lost, "
             f"{len(kept)} kept untouched"
         )
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_submit_promptly_and_keeps_every_finished_trial(
+    zoo_env: Any, tmp_path: Path
+) -> None:
+    sweep_file = tmp_path / "interrupt.yaml"
+    sweep_file.write_text(sweep_yaml("interrupt"))
+    plan = plan_sweep(parse_sweep(sweep_file.read_text(), str(sweep_file)))
+    db = tmp_path / "results.db"
+    url = f"sqlite:///{db}"
+    log = (tmp_path / "submit.log").open("w")
+    process = subprocess.Popen(
+        submit_command(sweep_file, url),
+        cwd=REPO,
+        env=submit_env(zoo_env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    started: set[Proc] = set()
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert process.poll() is None, "submit ended before it could be interrupted"
+            started |= ray_processes_of(process.pid)
+            counts = _status_counts(db)
+            if counts.get("done", 0) >= 1 and counts.get("running", 0) >= 1:
+                break
+            time.sleep(0.1)
+        interrupted_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=120)
+        seconds = time.monotonic() - interrupted_at
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        kill_processes(started)
+        log.close()
+    output = (tmp_path / "submit.log").read_text()
+    assert code == 130, output[-3000:]
+    assert "interrupted: finished trials are stored" in output
+    counts = _status_counts(db)
+    # The trial in flight finishes and is stored; no new one starts, none is left running.
+    assert counts.get("running", 0) == 0
+    assert 1 <= counts.get("done", 0) < len(plan.trials), (counts, seconds)
+    assert seconds < 60

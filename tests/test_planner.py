@@ -205,7 +205,7 @@ policies:
 max_draft_lens: [4]
 training_jobs:
   - {name: kd_draft, kind: distillspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,
-     dataset: "builtin:code", epochs: 1, config: {divergence: fkl}}
+     dataset: "builtin:code", epochs: 1, config: {divergence: forward_kl}}
   - {name: head, kind: specdecpp_head, base: zoo:demo/draft-s, teacher: zoo:demo/target,
      dataset: {name: "builtin:code", samples: 32}}
 """
@@ -215,7 +215,7 @@ def test_jobs_and_requirements() -> None:
     plan = _plan(JOBS)
     jobs = {job.name: job for job in plan.jobs}
     assert set(jobs) == {"kd_draft", "head"}
-    assert jobs["kd_draft"].config == {"divergence": "fkl"}
+    assert jobs["kd_draft"].config == {"divergence": "forward_kl"}
     assert jobs["head"].samples == 32
     for trial in plan.trials:
         expected = ("kd_draft", "head") if trial.policy == "specdecpp" else ("kd_draft",)
@@ -227,7 +227,7 @@ def test_jobs_and_requirements() -> None:
 
 def test_job_config_changes_job_and_trial_ids() -> None:
     plan = _plan(JOBS)
-    changed = _plan(JOBS.replace("divergence: fkl", "divergence: rkl"))
+    changed = _plan(JOBS.replace("divergence: forward_kl", "divergence: reverse_kl"))
     assert plan.jobs[0].job_id != changed.jobs[0].job_id
     assert plan.jobs[1].job_id == changed.jobs[1].job_id
     old_ids = {t.trial_id for t in plan.trials}

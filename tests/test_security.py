@@ -263,6 +263,7 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
     monkeypatch.setattr(runner_module, "actor_options_for_rank", lambda group, rank: {})
     monkeypatch.setattr(runner_module, "draft_actor_options", lambda group: {})
     monkeypatch.setattr(runner_module.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(runner_module._PairRunner, "_warm_up", lambda self, has_draft: None)
     runner_module._PairRunner(spec.pairs[0], inputs, False, None)._start()  # type: ignore[arg-type]
     assert [(Path(s.path).name, s.trust_remote_code) for s in specs] == [
         ("target", expected),

@@ -216,7 +216,7 @@ def test_table1_target_group_is_a_tp4_deepspeed_70b_on_one_8_gpu_node() -> None:
     for name in drafts & set(jobs):
         assert jobs[name].base in drafts, "KD jobs distil the sweep's small drafter"
         assert jobs[name].teacher == "meta-llama/Llama-2-70b-chat-hf"
-    assert jobs["adaspec_vicuna68m"].config["k"] == 0.4
+    assert jobs["adaspec_vicuna68m"].config["keep_fraction"] == 0.4
     kinds = {job.kind for job in sweep.spec.training_jobs}
     assert {"specdecpp_head", "cali_ts_predictor"} <= kinds
     trials = sweep.plan.trials
@@ -315,8 +315,8 @@ PUBLISHED = {
         },
         max_new_tokens=512,
         job_settings={
-            "eesd_exit": {"trainable_layers": 1},
-            "cali_ts_predictor": {"max_lookahead": 10},
+            "eesd_exit": {"generated_fraction": 0.5},
+            "cali_ts_predictor": {"max_offset": 10},
         },
     ),
     "adaspec_table1.yaml": PublishedSetup(
@@ -328,7 +328,12 @@ PUBLISHED = {
         targets={("EleutherAI/pythia-1.4b", 1, "float32"), ("microsoft/phi-2", 1, "float32")},
         job_settings={
             "distillspec": {"divergence": "forward_kl", "lr": 3e-4, "batch_size": 16},
-            "adaspec": {"divergence": "forward_kl", "k": 0.4, "lr": 3e-4, "batch_size": 16},
+            "adaspec": {
+                "divergence": "forward_kl",
+                "keep_fraction": 0.4,
+                "lr": 3e-4,
+                "batch_size": 16,
+            },
         },
     ),
 }

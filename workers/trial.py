@@ -26,8 +26,10 @@ class TrialRequest:
     """Everything a worker needs to run one trial: prompts as token ids, decoding, policy.
 
     ``runtime_inputs`` are trained callables (SpecDec++ head, Cali-TS predictor) passed to the
-    policy constructor. Sample i is decoded with seed ``seed * 1_000_003 + i`` so samples differ
-    but every run of the trial is reproducible.
+    policy constructor; ``artifact_path`` is a trained artifact's directory the worker loads
+    them from instead (``workers.heads.load_runtime_inputs``), so a request stays small.
+    Sample i is decoded with seed ``seed * 1_000_003 + i`` so samples differ but every run of
+    the trial is reproducible.
     """
 
     prompts: list[list[int]]
@@ -39,6 +41,7 @@ class TrialRequest:
     warmup_samples: int = 0
     eos_token_id: int | None = None
     runtime_inputs: dict[str, Any] = field(default_factory=dict)
+    artifact_path: str | None = None
 
 
 def run_trial(
@@ -49,10 +52,17 @@ def run_trial(
     The first ``warmup_samples`` prompts are decoded once before timing starts, so that lazy
     initialisation and allocator growth do not land in the measured samples.
     """
+    runtime_inputs = dict(request.runtime_inputs)
+    if request.artifact_path is not None:
+        from workers.heads import load_runtime_inputs
+
+        runtime_inputs.update(load_runtime_inputs(request.policy, request.artifact_path))
     for prompt in request.prompts[: request.warmup_samples]:
-        _decode(draft, target, request, prompt, seed=request.seed)
+        _decode(draft, target, request, runtime_inputs, prompt, seed=request.seed)
     return [
-        _decode(draft, target, request, prompt, seed=request.seed * 1_000_003 + index)
+        _decode(
+            draft, target, request, runtime_inputs, prompt, seed=request.seed * 1_000_003 + index
+        )
         for index, prompt in enumerate(request.prompts)
     ]
 
@@ -61,6 +71,7 @@ def _decode(
     draft: CachedLM | None,
     target: TargetScorer,
     request: TrialRequest,
+    runtime_inputs: dict[str, Any],
     prompt: list[int],
     seed: int,
 ) -> GenerationResult:
@@ -71,9 +82,7 @@ def _decode(
         return autoregressive_generate(target, prompt_ids, settings)
     if draft is None:
         raise ValueError(f"policy {request.policy!r} needs a draft model")
-    policy = make_policy(
-        request.policy, request.max_draft_len, **request.params, **request.runtime_inputs
-    )
+    policy = make_policy(request.policy, request.max_draft_len, **request.params, **runtime_inputs)
     reference = None
     if policy.needs_reference:
         reference = autoregressive_generate(target, prompt_ids, settings).output_ids

@@ -215,6 +215,8 @@ class TrainingJobRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
+    #: One entry per failed attempt, oldest first; kept when a later attempt succeeds.
+    attempt_errors: Mapped[list[Any] | None]
     metrics: Mapped[dict[str, Any] | None]
     seconds: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utc_now)

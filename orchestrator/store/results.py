@@ -346,6 +346,27 @@ class Store:
                 row.seconds = seconds
             row.updated_at = utc_now()
 
+    def record_job_attempt_error(self, job: TrainingJob, error: str) -> None:
+        """Append a failed attempt's error to the job's ``attempt_errors`` (kept when done)."""
+        with self._transaction() as session:
+            _insert_ignore(session, TrainingJobRow, [_job_values(job)])
+            row = session.get(TrainingJobRow, job.job_id, with_for_update=True)
+            assert row is not None
+            row.attempt_errors = [*(row.attempt_errors or []), error]
+            row.updated_at = utc_now()
+
+    def training_jobs(self, job_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Return training jobs (all, or those of ``job_ids``) as dicts, oldest first."""
+        query = select(TrainingJobRow).order_by(TrainingJobRow.created_at, TrainingJobRow.job_id)
+        if job_ids is not None:
+            query = query.where(TrainingJobRow.job_id.in_(list(job_ids)))
+        columns = [column.key for column in TrainingJobRow.__table__.columns]
+        with self._transaction() as session:
+            return [
+                {column: getattr(row, column) for column in columns}
+                for row in session.scalars(query)
+            ]
+
     def record_artifact(self, job_id: str, kind: str, path: str) -> None:
         """Record a file a training job produced (recording the same one twice is a no-op)."""
         with self._transaction() as session:

@@ -1,0 +1,161 @@
+"""The training stage of a sweep: its KD and head-training jobs, run on Ray before the trials.
+
+Each job runs as one Ray task (``training.jobs.run_job``) writing into its own directory
+``<jobs root>/<job id>``, so a retried or re-submitted job resumes from its last checkpoint and a
+finished one is never trained twice. The store records every job's status, attempts, error,
+metrics and seconds, and its artifact's path. The jobs root is ``$SPECSWEEP_JOBS_DIR`` or
+``<SpecSweep cache>/jobs``; on a multi-node cluster it must be a directory every node mounts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from tqdm import tqdm
+
+from orchestrator.errors import describe_failure
+from orchestrator.planner import TrainingJob
+from orchestrator.preflight import ModelPaths, PreparedInputs
+from orchestrator.spec import SweepSpec
+from orchestrator.store import Store
+from training.jobs import JobConfig, JobResult, jobs_root
+
+WORKER_PID_FILE = "worker.pid"
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How one training job ended: its artifact's path, or the error that stopped it."""
+
+    job: TrainingJob
+    artifact_path: str | None
+    error: str | None = None
+    reused: bool = False
+    attempts: int = 0
+
+
+def job_config(job: TrainingJob) -> JobConfig:
+    """Return the training package's config of a planned job (what ``run_job`` takes)."""
+    return JobConfig(
+        kind=job.kind,
+        name=job.name,
+        base=job.base,
+        teacher=job.teacher,
+        dataset=job.dataset,
+        split=job.split or "train",
+        samples=job.samples,
+        local_path=job.local_path,
+        epochs=job.epochs,
+        settings=job.config,
+    )
+
+
+def _run_job(config: JobConfig, output_dir: str) -> dict[str, Any]:
+    """Run one job in a Ray worker process; return its result as plain values.
+
+    The worker's process id goes to ``<output_dir>/worker.pid`` so an operator (or a fault
+    test) can find the process that trains a job.
+    """
+    import torch
+
+    from training.jobs import run_job
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    directory = Path(output_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / WORKER_PID_FILE).write_text(str(os.getpid()))
+    return run_job(config, directory, progress=False).to_json()
+
+
+def run_training_jobs(
+    jobs: tuple[TrainingJob, ...],
+    store: Store,
+    retries: int,
+    progress: bool = True,
+    root: Path | None = None,
+) -> dict[str, JobOutcome]:
+    """Run every job not yet done (in parallel as resources allow); return outcomes by job name.
+
+    A job the store has as done, whose artifact still exists, is reused. A failed attempt is
+    recorded with its error and retried (resuming from its checkpoint) up to ``retries`` times.
+    """
+    root = root or jobs_root()
+    done = store.completed_job_ids(job.job_id for job in jobs)
+    outcomes: dict[str, JobOutcome] = {}
+    pending: list[TrainingJob] = []
+    for job in jobs:
+        artifact = _recorded_artifact(store, job) if job.job_id in done else None
+        if artifact is not None:
+            outcomes[job.name] = JobOutcome(job, artifact, reused=True)
+        else:
+            pending.append(job)
+    if not pending:
+        return outcomes
+    task = ray.remote(num_cpus=1, max_retries=0)(_run_job)
+    attempts = dict.fromkeys((job.name for job in pending), 0)
+    in_flight: dict[Any, TrainingJob] = {}
+
+    def submit(job: TrainingJob) -> None:
+        attempts[job.name] += 1
+        store.record_training_job(job, "running", attempts=attempts[job.name])
+        output_dir = str(root / job.job_id)
+        in_flight[task.remote(job_config(job), output_dir)] = job
+
+    for job in pending:
+        submit(job)
+    bar = tqdm(total=len(pending), desc="training jobs", unit="job", disable=not progress)
+    while in_flight:
+        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        job = in_flight.pop(ready[0])
+        try:
+            result = JobResult(**ray.get(ready[0]))
+        except Exception as exc:
+            error = describe_failure(exc)
+            store.record_job_attempt_error(job, error)
+            if attempts[job.name] <= retries:
+                submit(job)
+                continue
+            store.record_training_job(job, "failed", error=error)
+            outcomes[job.name] = JobOutcome(job, None, error=error, attempts=attempts[job.name])
+        else:
+            store.record_training_job(job, "done", metrics=result.metrics, seconds=result.seconds)
+            store.record_artifact(job.job_id, result.artifact_kind, result.artifact_path)
+            outcomes[job.name] = JobOutcome(job, result.artifact_path, attempts=attempts[job.name])
+        bar.set_postfix_str(job.name)
+        bar.update()
+    bar.close()
+    return outcomes
+
+
+def _recorded_artifact(store: Store, job: TrainingJob) -> str | None:
+    """Return the newest recorded artifact path of ``job`` if it still exists on disk."""
+    artifacts = store.artifacts(job.job_id)
+    if artifacts and Path(artifacts[-1]["path"]).exists():
+        return str(artifacts[-1]["path"])
+    return None
+
+
+def attach_job_drafts(
+    spec: SweepSpec, inputs: PreparedInputs, outcomes: dict[str, JobOutcome]
+) -> dict[str, str]:
+    """Point each pair whose draft a job trains at that job's artifact; return paths by job name.
+
+    Pairs whose draft job failed keep no draft path (their trials are recorded as failed by the
+    runner instead of running).
+    """
+    artifacts = {
+        name: outcome.artifact_path
+        for name, outcome in outcomes.items()
+        if outcome.artifact_path is not None
+    }
+    for pair in spec.pairs:
+        if pair.draft.job is None or pair.name not in inputs.model_paths:
+            continue
+        path = artifacts.get(pair.draft.job)
+        target = inputs.model_paths[pair.name].target
+        inputs.model_paths[pair.name] = ModelPaths(target, Path(path) if path else None)
+    return artifacts

@@ -1,0 +1,143 @@
+"""A sweep's training jobs on real Ray and SQLite: run before the trials, recorded, reused, and
+resumed from their checkpoint after the worker training them is SIGKILLed mid-epoch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from orchestrator.planner import plan_sweep
+from orchestrator.runner import RunOptions, preflight, run_sweep
+from orchestrator.spec import parse_sweep
+from orchestrator.store import open_store
+from orchestrator.training_stage import WORKER_PID_FILE, run_training_jobs
+from training.jobs.base import CHECKPOINT_DIR, JOBS_DIR_ENV, finished_result
+
+SWEEP = """
+name: kd-stage
+pairs:
+  - name: distilled
+    target: {model: "zoo:micro/target"}
+    draft: {job: kd}
+datasets:
+  - {name: "builtin:code", samples: 2, max_new_tokens: 12}
+temperatures: [0.0]
+policies:
+  - name: static
+  - name: specdecpp
+    job: head
+max_draft_lens: [4]
+seeds: [0]
+execution: {retries: 1, warmup_samples: 0}
+training_jobs:
+  - name: kd
+    kind: distillspec
+    base: "zoo:micro/draft-xs"
+    teacher: "zoo:micro/target"
+    dataset: {name: "builtin:code", samples: KD_SAMPLES}
+    epochs: 1
+    config: {lr: 1.0e-3, batch_size: 4, block_len: 32, prompt_tokens: 16}
+  - name: head
+    kind: specdecpp_head
+    base: "zoo:micro/draft-xs"
+    teacher: "zoo:micro/target"
+    dataset: {name: "builtin:code", samples: 16}
+    epochs: 1
+    config: {lr: 1.0e-3}
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray instance with two CPUs (two jobs can train at once)."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def job_env(micro_zoo, monkeypatch, tmp_path):
+    """Zoo refs resolve to the session's micro zoo; jobs write under this test's directory."""
+    monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
+    monkeypatch.setenv(JOBS_DIR_ENV, str(tmp_path / "jobs"))
+    return tmp_path / "jobs"
+
+
+def _sweep(samples: int) -> tuple:
+    spec = parse_sweep(SWEEP.replace("KD_SAMPLES", str(samples)), "kd-stage.yaml")
+    return spec, plan_sweep(spec)
+
+
+def test_jobs_run_before_trials_are_recorded_and_reused(job_env, ray_local, tmp_path):
+    spec, plan = _sweep(samples=32)
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.register_sweep(spec, plan)
+    inputs = preflight(spec, plan)
+    assert inputs.model_paths["distilled"].draft is None  # known only once the job has run
+    summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    assert (summary.jobs_trained, summary.jobs_reused, summary.failed) == (2, 0, 0), summary
+    assert summary.ran == len(plan.trials)
+    by_name = {job.name: job for job in plan.jobs}
+    for name, kind in (("kd", "draft"), ("head", "specdecpp_head")):
+        artifacts = store.artifacts(by_name[name].job_id)
+        assert [a["kind"] for a in artifacts] == [kind]
+        assert Path(artifacts[0]["path"]).is_relative_to(job_env / by_name[name].job_id)
+        assert Path(artifacts[0]["path"]).exists()
+    kd_artifact = Path(store.artifacts(by_name["kd"].job_id)[0]["path"])
+    assert inputs.model_paths["distilled"].draft == kd_artifact
+    rows = store.trials_frame("kd-stage")
+    assert {row["status"] for row in rows} == {"done"}
+    outputs = {row["policy"]: store.sample_outputs(row["trial_id"]) for row in rows}
+    # Greedy decoding is lossless: the distilled draft and the trained head change speed only.
+    assert [s["output_ids"] for s in outputs["static"]] == [s["output_ids"] for s in outputs["ar"]]
+    assert [s["output_ids"] for s in outputs["specdecpp"]] == [
+        s["output_ids"] for s in outputs["ar"]
+    ]
+
+    again = run_training_jobs(plan.jobs, store, retries=0, progress=False)
+    assert all(outcome.reused for outcome in again.values())
+    assert {name: o.artifact_path for name, o in again.items()} == {
+        name: store.artifacts(job.job_id)[0]["path"] for name, job in by_name.items()
+    }
+
+
+def _kill_after_first_checkpoint(job_dir: Path, killed: list[int], timeout_s: float = 120) -> None:
+    """SIGKILL the process training the job in ``job_dir`` once it has written a checkpoint."""
+    deadline = time.monotonic() + timeout_s
+    pid_file = job_dir / WORKER_PID_FILE
+    while time.monotonic() < deadline:
+        if pid_file.exists() and any((job_dir / CHECKPOINT_DIR).rglob("step-*.pt")):
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
+        time.sleep(0.01)
+
+
+def test_job_killed_mid_epoch_resumes_from_its_checkpoint(job_env, ray_local, tmp_path):
+    spec, plan = _sweep(samples=400)
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.register_sweep(spec, plan)
+    kd = next(job for job in plan.jobs if job.name == "kd")
+    killed: list[int] = []
+    killer = threading.Thread(
+        target=_kill_after_first_checkpoint, args=(job_env / kd.job_id, killed)
+    )
+    killer.start()
+    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    killer.join()
+    assert len(killed) == 1, "the job finished before a checkpoint could be caught"
+    result = finished_result(job_env / kd.job_id)
+    assert result is not None and result.resumed_from_step > 0
+    assert (summary.failed, summary.ran) == (0, len(plan.trials))
+    assert {row["status"] for row in store.trials_frame("kd-stage")} == {"done"}
+    jobs = {row["name"]: row for row in store.training_jobs()}
+    assert jobs["kd"]["status"] == "done" and jobs["kd"]["attempts"] == 2
+    assert jobs["kd"]["error"] is None
+    assert any("died" in e or "crash" in e.lower() for e in jobs["kd"]["attempt_errors"])
