@@ -3,10 +3,11 @@ assisted generation, on one pair and prompt set, greedy, side by side in one run
 
 Reports tokens/s and acceptance per method, the speed ratio of our static K to transformers'
 assisted generation at the same K, and the engine overhead: wall time minus
-(N_draft·t_draft + Σ t_target(block)), with t_draft (one cached draft step) and t_target(n)
-(one cached target forward of n tokens, then rollback) measured standalone in the same run.
+(Σ prefill + N_draft·t_draft + Σ t_target(block)), with each prompt's prefill (target and
+draft), t_draft (one cached draft step) and t_target(n) (one cached target forward of n tokens,
+then rollback, at a mid-generation context length) measured standalone in the same run.
 
-    python bench/engine.py --target zoo:demo/target --draft zoo:demo/draft-s \
+    python bench/engine.py --target zoo:demo/target --draft zoo:demo/draft-m \
         --dataset builtin:code --samples 16 --max-new-tokens 64 --out bench-engine.json
 """
 
@@ -61,10 +62,29 @@ def _median_seconds(step, repeats: int) -> float:
     return statistics.median(times)
 
 
+@dataclass(frozen=True)
+class StandaloneCosts:
+    """Model costs measured alone: one draft step, one target block of n tokens, prefills.
+
+    ``t_target[n]`` and ``t_draft`` are measured at a context as long as the middle of a
+    generation (prompt + half the new tokens), ``prefill[i]`` is prompt i's target plus draft
+    prefill, so the modelled time covers every forward a generation runs.
+    """
+
+    t_draft: float
+    t_target: dict[int, float]
+    prefill: list[float]
+
+
 def standalone_costs(
-    draft: CachedLM, target: CachedLM, context: torch.Tensor, max_block: int
-) -> tuple[float, dict[int, float]]:
-    """Return t_draft and {n: t_target(n)} measured on a cached context, with rollback."""
+    draft: CachedLM,
+    target: CachedLM,
+    prompts: list[torch.Tensor],
+    max_block: int,
+    max_new_tokens: int,
+) -> StandaloneCosts:
+    """Return the standalone costs of ``draft`` and ``target`` on these prompts (see above)."""
+    context = torch.cat([prompts[0], prompts[0][-1:].repeat(max_new_tokens // 2)])
     draft.reset()
     draft.forward(context, last_only=True)
     target.reset()
@@ -86,13 +106,22 @@ def standalone_costs(
             target.crop(base)
 
         t_target[n] = _median_seconds(target_step, 20)
-    return t_draft, t_target
+    prefill = []
+    for prompt in prompts:
+
+        def prefill_both(prompt: torch.Tensor = prompt) -> None:
+            for lm in (target, draft):
+                lm.reset()
+                lm.forward(prompt[:-1], last_only=True)
+
+        prefill.append(_median_seconds(prefill_both, 3))
+    return StandaloneCosts(t_draft, t_target, prefill)
 
 
 def _summarise(
     method: str,
     results: list[GenerationResult],
-    costs: tuple[float, dict[int, float]] | None = None,
+    costs: StandaloneCosts | None = None,
     reference: list[list[int]] | None = None,
 ) -> MethodResult:
     """Aggregate per-sample results of one method, with overhead when costs are given."""
@@ -105,8 +134,10 @@ def _summarise(
         summary.acceptance_rate = sum(r.n_accepted for r in results) / drafted
         summary.mean_accepted = sum(r.accepted for r in rounds) / len(rounds)
     if costs is not None:
-        t_draft, t_target = costs
-        modelled = sum(r.draft_forwards * t_draft + t_target[r.drafted + 1] for r in rounds)
+        modelled = sum(costs.prefill[: len(results)])
+        modelled += sum(
+            r.draft_forwards * costs.t_draft + costs.t_target[r.drafted + 1] for r in rounds
+        )
         summary.overhead_fraction = (seconds - modelled) / seconds
     if reference is not None:
         summary.matches_ar = [r.output_ids for r in results] == reference
@@ -145,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--target", default="zoo:demo/target")
-    parser.add_argument("--draft", default="zoo:demo/draft-s")
+    parser.add_argument("--draft", default="zoo:demo/draft-m")
     parser.add_argument("--dataset", default="builtin:code")
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -165,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     target = LocalTarget(target_lm)
     # Outputs are forced to full length (no EOS) so every method generates the same tokens.
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens))
-    costs = standalone_costs(draft, target_lm, torch.tensor(prompts[0]), max(STATIC_KS) + 1)
     ids = [torch.tensor(p) for p in prompts]
+    costs = standalone_costs(draft, target_lm, ids, max(STATIC_KS) + 1, args.max_new_tokens)
     autoregressive_generate(target, ids[0], settings)
 
     results: list[MethodResult] = []
@@ -203,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         "samples": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "torch_threads": torch.get_num_threads(),
-        "t_draft_s": costs[0],
-        "t_target_s": costs[1],
-        "cost_ratio": costs[0] / costs[1][1],
+        "t_draft_s": costs.t_draft,
+        "t_target_s": costs.t_target,
+        "prefill_s": costs.prefill,
+        "cost_ratio": costs.t_draft / costs.t_target[1],
         "methods": [asdict(r) for r in results],
         "ratios": ratios,
         "best_static_speedup_vs_ar": best_static / by_name["target-only AR"].tokens_per_s,
