@@ -31,6 +31,7 @@ from orchestrator.spec import (
     SweepSpec,
     TemperatureSpec,
     TrainingJobSpec,
+    job_base_reference,
 )
 from policies import POLICIES
 
@@ -214,8 +215,12 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     Order: by pair (each pair's models load once), then dataset, temperature and seed, with the
     AR baseline first in each group. Greedy-only policies are skipped at temperature > 0.
     """
-    jobs = tuple(_training_job(job) for job in spec.training_jobs)
-    job_ids = {job.name: job.job_id for job in jobs}
+    job_ids: dict[str, str] = {}
+    planned: dict[str, TrainingJob] = {}
+    for job in _upstream_first(spec.training_jobs):
+        planned[job.name] = _training_job(job, job_ids)
+        job_ids[job.name] = planned[job.name].job_id
+    jobs = tuple(planned[job.name] for job in _upstream_first(spec.training_jobs))
     trials: dict[str, Trial] = {}
     skipped: list[SkippedGroup] = []
     for pair in spec.pairs:
@@ -226,6 +231,8 @@ def plan_sweep(spec: SweepSpec) -> Plan:
             baseline = group.baseline()
             trials.setdefault(baseline.trial_id, baseline)
             for policy in spec.policies:
+                if policy.pairs is not None and pair.name not in policy.pairs:
+                    continue
                 if POLICIES[policy.name].greedy_only and group.temperature > 0:
                     n_trials = policy.grid_size() * len(set(spec.max_draft_lens))
                     skipped.append(group.skip(policy.name, n_trials, "greedy-only policy"))
@@ -248,11 +255,32 @@ def _normalised_sampling(sampling: TemperatureSpec) -> tuple[float, int, float]:
     return float(sampling.temperature), sampling.top_k, float(sampling.top_p)
 
 
-def _training_job(job: TrainingJobSpec) -> TrainingJob:
-    """Return the planned job, its id hashed from everything but its name."""
+def _upstream_first(jobs: tuple[TrainingJobSpec, ...]) -> list[TrainingJobSpec]:
+    """Return ``jobs`` ordered so that a job whose base is ``job:NAME`` comes after NAME."""
+    by_name = {job.name: job for job in jobs}
+    ordered: dict[str, TrainingJobSpec] = {}
+
+    def visit(job: TrainingJobSpec) -> None:
+        upstream = job_base_reference(job.base)
+        if upstream is not None and upstream not in ordered:
+            visit(by_name[upstream])
+        ordered.setdefault(job.name, job)
+
+    for job in jobs:
+        visit(job)
+    return list(ordered.values())
+
+
+def _training_job(job: TrainingJobSpec, job_ids: dict[str, str]) -> TrainingJob:
+    """Return the planned job, its id hashed from everything but its name.
+
+    A ``job:NAME`` base enters the identity as NAME's job id, so retraining the upstream job
+    with other settings gives this job a new id too.
+    """
+    upstream = job_base_reference(job.base)
     identity = {
         "kind": job.kind,
-        "base": job.base,
+        "base": job.base if upstream is None else f"job-id:{job_ids[upstream]}",
         "teacher": job.teacher,
         "dataset": job.dataset.model_dump(),
         "epochs": job.epochs,

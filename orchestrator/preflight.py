@@ -14,7 +14,7 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer
 
 from orchestrator.planner import Plan
-from orchestrator.spec import SweepSpec
+from orchestrator.spec import SweepSpec, job_base_reference
 from training.zoo import is_model_ref, resolve_model_ref
 from workers.datasets import DatasetSpec, DatasetUnavailable, Prompt, UnknownDataset, load_prompts
 
@@ -119,9 +119,11 @@ def _check_training_jobs(
     checked against the target's tokenizer through it.
     """
     bases: dict[str, tuple[str, Path | None]] = {}
+    jobs = {job.name: job for job in spec.training_jobs}
     for index, job in enumerate(spec.training_jobs):
         where = f"training_jobs[{index}]"
-        bases[job.name] = (job.base, _resolve(job.base, f"{where}.base", problems))
+        if job_base_reference(job.base) is None:
+            bases[job.name] = (job.base, _resolve(job.base, f"{where}.base", problems))
         if job.teacher is not None:
             _resolve(job.teacher, f"{where}.teacher", problems)
         data = job.dataset
@@ -131,6 +133,11 @@ def _check_training_jobs(
             )
         except (DatasetUnavailable, UnknownDataset, OSError, ValueError) as exc:
             problems.append(f"{where}.dataset {data.name}: {exc}")
+    for job in spec.training_jobs:
+        root = job
+        while (upstream := job_base_reference(root.base)) is not None:
+            root = jobs[upstream]
+        bases[job.name] = bases[root.name]
     return bases
 
 

@@ -45,6 +45,8 @@ MAX_TP_SIZE = 64
 MAX_GPUS = 64.0
 MAX_GRID_TRIALS = 100_000
 ZOO_PREFIX = "zoo:"
+#: A training job's ``base`` of the form ``job:NAME`` starts from another job's draft artifact.
+JOB_REF_PREFIX = "job:"
 
 #: Training-job kinds that produce a draft model (usable as a pair's ``draft: {job: ...}``).
 DRAFT_JOB_KINDS = frozenset({"distillspec", "adaspec", "eesd_exit"})
@@ -195,13 +197,15 @@ class PolicySpec(_Frozen):
     """A draft-length policy with fixed parameters and a grid over others.
 
     ``job`` names the training job whose artifact a trained-head policy loads (SpecDec++ head,
-    Cali-TS predictor).
+    Cali-TS predictor). ``pairs`` restricts the policy to the named pairs (a head trained for
+    one draft is meaningless on another); by default it runs on every pair.
     """
 
     name: str
     params: dict[str, ParamValue] = Field(default_factory=dict)
     grid: dict[str, tuple[ParamValue, ...]] = Field(default_factory=dict)
     job: Name | None = None
+    pairs: tuple[Name, ...] | None = None
 
     @model_validator(mode="after")
     def _check_parameters(self) -> PolicySpec:
@@ -414,6 +418,18 @@ class SweepSpec(_Frozen):
             elif policy.job is not None and needed is not None:
                 loc = ("policies", index, "job")
                 problems += _job_problems(jobs, policy.job, frozenset({needed}), loc)
+            pair_names = {pair.name for pair in self.pairs}
+            for position, name in enumerate(policy.pairs or ()):
+                if name not in pair_names:
+                    loc = ("policies", index, "pairs", position)
+                    defined = sorted(pair_names)
+                    problems.append((loc, f"no pair named {name!r} (defined: {defined})"))
+        for index, job in enumerate(self.training_jobs):
+            upstream = job_base_reference(job.base)
+            if upstream is not None:
+                loc = ("training_jobs", index, "base")
+                problems += _job_problems(jobs, upstream, DRAFT_JOB_KINDS, loc)
+        problems += _job_cycles(jobs)
         size = self.grid_size()
         if size > MAX_GRID_TRIALS:
             problems.append(((), f"the grid expands to {size} trials (limit {MAX_GRID_TRIALS})"))
@@ -432,6 +448,27 @@ class SweepSpec(_Frozen):
             * len(self.max_draft_lens)
             * len(self.seeds)
         )
+
+
+def job_base_reference(base: str) -> str | None:
+    """Return the job name of a ``job:NAME`` base, or None for a model reference."""
+    return base[len(JOB_REF_PREFIX) :] if base.startswith(JOB_REF_PREFIX) else None
+
+
+def _job_cycles(jobs: dict[str, TrainingJobSpec]) -> list[tuple[tuple[str | int, ...], str]]:
+    """Return a problem for each job whose ``job:`` base chain leads back to itself."""
+    order = list(jobs)
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for name in order:
+        seen = [name]
+        current = job_base_reference(jobs[name].base)
+        while current is not None and current in jobs and current not in seen:
+            seen.append(current)
+            current = job_base_reference(jobs[current].base)
+        if current == name:
+            chain = " -> ".join([*seen, name])
+            problems.append((("training_jobs", order.index(name), "base"), f"cycle: {chain}"))
+    return problems
 
 
 def _duplicate_names(field: str, names: list[str]) -> list[tuple[tuple[str | int, ...], str]]:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from orchestrator.errors import describe_failure
 from orchestrator.planner import TrainingJob
 from orchestrator.preflight import ModelPaths, PreparedInputs
-from orchestrator.spec import SweepSpec
+from orchestrator.spec import SweepSpec, job_base_reference
 from orchestrator.store import Store
 from training.jobs import JobConfig, JobResult, jobs_root
 
@@ -38,12 +38,16 @@ class JobOutcome:
     attempts: int = 0
 
 
-def job_config(job: TrainingJob) -> JobConfig:
-    """Return the training package's config of a planned job (what ``run_job`` takes)."""
+def job_config(job: TrainingJob, artifacts: dict[str, str] | None = None) -> JobConfig:
+    """Return the training package's config of a planned job (what ``run_job`` takes).
+
+    A ``job:NAME`` base becomes NAME's artifact directory, taken from ``artifacts``.
+    """
+    upstream = job_base_reference(job.base)
     return JobConfig(
         kind=job.kind,
         name=job.name,
-        base=job.base,
+        base=job.base if upstream is None else (artifacts or {})[upstream],
         teacher=job.teacher,
         dataset=job.dataset,
         split=job.split or "train",
@@ -82,6 +86,8 @@ def run_training_jobs(
 
     A job the store has as done, whose artifact still exists, is reused. A failed attempt is
     recorded with its error and retried (resuming from its checkpoint) up to ``retries`` times.
+    A job whose base is another job's draft (``job:NAME``) starts once NAME has its artifact,
+    and fails without running if NAME failed.
     """
     root = root or jobs_root()
     done = store.completed_job_ids(job.job_id for job in jobs)
@@ -99,15 +105,31 @@ def run_training_jobs(
     attempts = dict.fromkeys((job.name for job in pending), 0)
     in_flight: dict[Any, TrainingJob] = {}
 
+    waiting = list(pending)
+
     def submit(job: TrainingJob) -> None:
         attempts[job.name] += 1
         store.record_training_job(job, "running", attempts=attempts[job.name])
         output_dir = str(root / job.job_id)
-        in_flight[task.remote(job_config(job), output_dir)] = job
+        config = job_config(job, _artifacts(outcomes))
+        in_flight[task.remote(config, output_dir)] = job
 
-    for job in pending:
-        submit(job)
+    def submit_ready() -> None:
+        for job in list(waiting):
+            upstream = job_base_reference(job.base)
+            if upstream is not None and upstream not in outcomes:
+                continue
+            waiting.remove(job)
+            if upstream is not None and outcomes[upstream].artifact_path is None:
+                error = f"its base job {upstream!r} failed"
+                store.record_training_job(job, "failed", error=error)
+                outcomes[job.name] = JobOutcome(job, None, error=error)
+                bar.update()
+                continue
+            submit(job)
+
     bar = tqdm(total=len(pending), desc="training jobs", unit="job", disable=not progress)
+    submit_ready()
     while in_flight:
         ready, _ = ray.wait(list(in_flight), num_returns=1)
         job = in_flight.pop(ready[0])
@@ -127,8 +149,18 @@ def run_training_jobs(
             outcomes[job.name] = JobOutcome(job, result.artifact_path, attempts=attempts[job.name])
         bar.set_postfix_str(job.name)
         bar.update()
+        submit_ready()
     bar.close()
     return outcomes
+
+
+def _artifacts(outcomes: dict[str, JobOutcome]) -> dict[str, str]:
+    """Return the artifact path of every job that has one, by job name."""
+    return {
+        name: outcome.artifact_path
+        for name, outcome in outcomes.items()
+        if outcome.artifact_path is not None
+    }
 
 
 def _recorded_artifact(store: Store, job: TrainingJob) -> str | None:
@@ -147,11 +179,7 @@ def attach_job_drafts(
     Pairs whose draft job failed keep no draft path (their trials are recorded as failed by the
     runner instead of running).
     """
-    artifacts = {
-        name: outcome.artifact_path
-        for name, outcome in outcomes.items()
-        if outcome.artifact_path is not None
-    }
+    artifacts = _artifacts(outcomes)
     for pair in spec.pairs:
         if pair.draft.job is None or pair.name not in inputs.model_paths:
             continue

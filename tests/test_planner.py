@@ -258,3 +258,46 @@ def test_demo_sweep_plan() -> None:
     assert counts["baselines"] == 2 * 2
     assert 60 <= counts["trials"] <= 100
     assert all(t.code_version == CODE_VERSION for t in plan.trials)
+
+
+CHAINED = JOBS.replace(
+    "  - {name: head, kind: specdecpp_head, base: zoo:demo/draft-s,",
+    "  - {name: head, kind: specdecpp_head, base: 'job:kd_draft',",
+)
+
+
+def test_a_job_on_another_jobs_draft_comes_after_it_and_inherits_its_identity() -> None:
+    # Listed head-first, planned upstream-first.
+    reordered = CHAINED.replace("training_jobs:\n", "training_jobs:\n  - HEAD\n")
+    lines = reordered.splitlines()
+    head_start = next(i for i, line in enumerate(lines) if "name: head," in line)
+    head = lines[head_start : head_start + 2]
+    del lines[head_start : head_start + 2]
+    marker = lines.index("  - HEAD")
+    lines[marker : marker + 1] = head
+    plan = _plan("\n".join(lines) + "\n")
+    assert [job.name for job in plan.jobs] == ["kd_draft", "head"]
+    assert plan.jobs[1].base == "job:kd_draft"
+    changed = _plan(CHAINED.replace("divergence: forward_kl", "divergence: tvd"))
+    assert changed.jobs[1].job_id != plan.jobs[1].job_id  # the upstream draft changed
+    assert _plan(CHAINED).jobs[1].job_id == plan.jobs[1].job_id  # listing order is not identity
+
+
+def test_policy_pairs_restrict_a_policy_to_its_pairs() -> None:
+    text = JOBS.replace(
+        "  - {name: specdecpp, job: head, grid: {threshold: [0.5, 0.7]}}",
+        "  - {name: specdecpp, job: head, grid: {threshold: [0.5, 0.7]}, pairs: [zoo]}",
+    ).replace(
+        "    draft: {job: kd_draft}\n",
+        "    draft: {job: kd_draft}\n"
+        "  - {name: zoo, target: zoo:demo/target, draft: zoo:demo/draft-s}\n",
+    )
+    plan = _plan(text)
+    by_pair = {
+        pair: sorted(t.policy for t in plan.trials if t.pair == pair)
+        for pair in ("distilled", "zoo")
+    }
+    assert by_pair == {
+        "distilled": ["ar", "static"],
+        "zoo": ["ar", "specdecpp", "specdecpp", "static"],
+    }

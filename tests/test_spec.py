@@ -385,3 +385,41 @@ def test_model_validate_without_file_still_validates() -> None:
                 "max_draft_lens": [1],
             }
         )
+
+
+JOB_CHAIN = (
+    MINIMAL
+    + """\
+training_jobs:
+  - {name: a, kind: distillspec, base: "job:b", teacher: zoo:demo/target, dataset: "builtin:code"}
+  - {name: b, kind: distillspec, base: "job:a", teacher: zoo:demo/target, dataset: "builtin:code"}
+  - {name: c, kind: specdecpp_head, base: "job:nope", teacher: zoo:demo/target,
+     dataset: "builtin:code"}
+  - {name: d, kind: cali_ts_predictor, base: "job:c", teacher: zoo:demo/target,
+     dataset: "builtin:code"}
+"""
+)
+
+
+def test_job_bases_must_name_a_draft_job_without_cycles(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, JOB_CHAIN)
+    assert _has_prefix(problems, "13: training_jobs[0].base: cycle: a -> b -> a")
+    assert _has_prefix(problems, "14: training_jobs[1].base: cycle: b -> a -> b")
+    assert _has_prefix(problems, "15: training_jobs[2].base: no training job named 'nope'")
+    assert _has_prefix(problems, "17: training_jobs[3].base: job 'c' is a specdecpp_head job")
+
+
+def test_policy_pairs_must_name_pairs(tmp_path: Path) -> None:
+    text = MINIMAL.replace("  - name: static\n", "  - {name: static, pairs: [demo, other]}\n")
+    problems = _problems(tmp_path, text)
+    assert _has_prefix(problems, "10: policies[0].pairs[1]: no pair named 'other'")
+
+
+def test_job_settings_are_checked_by_the_jobs_own_parser(tmp_path: Path) -> None:
+    text = MINIMAL + (
+        "training_jobs:\n"
+        "  - {name: a, kind: adaspec, base: zoo:demo/draft-xs, teacher: zoo:demo/target,\n"
+        '     dataset: "builtin:code", config: {k: 0.4}}\n'
+    )
+    problems = _problems(tmp_path, text)
+    assert _has_prefix(problems, "14: training_jobs[0].config: adaspec: unknown settings ['k']")

@@ -80,22 +80,26 @@ def raw_model(entry: Any) -> dict[str, Any]:
 def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     """Return baselines, policy trials and skipped trials by the grid formula, from raw YAML.
 
-    policy trials = pairs x datasets x seeds x max draft lens x Σ over temperatures of the
-    policy settings run there (greedy-only policies only at temperature 0); one AR baseline per
-    (pair, dataset, temperature, seed).
+    policy trials = Σ over pairs of datasets x seeds x max draft lens x Σ over temperatures of
+    the settings of the policies run on that pair (a policy's ``pairs`` list restricts it;
+    greedy-only policies only at temperature 0); one AR baseline per (pair, dataset,
+    temperature, seed).
     """
-    cells = len(raw["pairs"]) * len(raw["datasets"]) * len(raw.get("seeds", [0]))
+    cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
     lengths = len(raw["max_draft_lens"])
     run = skipped = 0
-    for entry in raw["temperatures"]:
-        for policy in raw["policies"]:
-            greedy_only = POLICIES[policy["name"]].greedy_only
-            if greedy_only and raw_temperature(entry) > 0:
-                skipped += raw_grid_size(policy)
-            else:
-                run += raw_grid_size(policy)
+    for pair in raw["pairs"]:
+        for entry in raw["temperatures"]:
+            for policy in raw["policies"]:
+                if pair["name"] not in policy.get("pairs", [pair["name"]]):
+                    continue
+                greedy_only = POLICIES[policy["name"]].greedy_only
+                if greedy_only and raw_temperature(entry) > 0:
+                    skipped += raw_grid_size(policy)
+                else:
+                    run += raw_grid_size(policy)
     return {
-        "baselines": cells * len(raw["temperatures"]),
+        "baselines": cells * len(raw["pairs"]) * len(raw["temperatures"]),
         "policy_trials": cells * lengths * run,
         "skipped": cells * lengths * skipped,
     }

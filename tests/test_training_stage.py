@@ -3,6 +3,7 @@ resumed from their checkpoint after the worker training them is SIGKILLed mid-ep
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -17,7 +18,7 @@ from orchestrator.runner import RunOptions, preflight, run_sweep
 from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
 from orchestrator.training_stage import WORKER_PID_FILE, run_training_jobs
-from training.jobs.base import CHECKPOINT_DIR, JOBS_DIR_ENV, finished_result
+from training.jobs.base import CHECKPOINT_DIR, JOBS_DIR_ENV, RESULT_FILE, finished_result
 
 SWEEP = """
 name: kd-stage
@@ -45,7 +46,7 @@ training_jobs:
     config: {lr: 1.0e-3, batch_size: 4, block_len: 32, prompt_tokens: 16}
   - name: head
     kind: specdecpp_head
-    base: "zoo:micro/draft-xs"
+    base: "job:kd"
     teacher: "zoo:micro/target"
     dataset: {name: "builtin:code", samples: 16}
     epochs: 1
@@ -91,6 +92,10 @@ def test_jobs_run_before_trials_are_recorded_and_reused(job_env, ray_local, tmp_
         assert Path(artifacts[0]["path"]).exists()
     kd_artifact = Path(store.artifacts(by_name["kd"].job_id)[0]["path"])
     assert inputs.model_paths["distilled"].draft == kd_artifact
+    # The head was trained on the KD draft it is used with (base job:kd), after the KD job.
+    head = finished_result(job_env / by_name["head"].job_id)
+    head_config = json.loads((job_env / by_name["head"].job_id / RESULT_FILE).read_text())
+    assert head is not None and head_config["config"]["base"] == str(kd_artifact)
     rows = store.trials_frame("kd-stage")
     assert {row["status"] for row in rows} == {"done"}
     outputs = {row["policy"]: store.sample_outputs(row["trial_id"]) for row in rows}
