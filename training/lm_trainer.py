@@ -162,7 +162,7 @@ def evaluate_lm_loss(model: PreTrainedModel, blocks: torch.Tensor, batch_size: i
     return total / count
 
 
-def _adamw(model: torch.nn.Module, config: TrainConfig, lr: float) -> torch.optim.AdamW:
+def adamw_optimizer(model: torch.nn.Module, config: TrainConfig, lr: float) -> torch.optim.AdamW:
     """Return AdamW over ``model`` with weight decay on matrices only (not norms or biases)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -173,7 +173,7 @@ def _adamw(model: torch.nn.Module, config: TrainConfig, lr: float) -> torch.opti
     return torch.optim.AdamW(groups, lr=lr, betas=config.betas)
 
 
-def _step(
+def optimizer_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     loss: torch.Tensor,
@@ -207,7 +207,7 @@ def train_language_model(
     """Train ``model`` in place on next-token prediction over ``blocks``; return the summary."""
     torch.manual_seed(config.seed)
     model.train()
-    optimizer = _adamw(model, config, config.lr)
+    optimizer = adamw_optimizer(model, config, config.lr)
     started = time.perf_counter()
     recent: list[float] = []
     bar = tqdm(
@@ -220,7 +220,7 @@ def train_language_model(
     for step, index in enumerate(bar):
         batch = blocks[index]
         loss = next_token_loss(model(input_ids=batch[:, :-1]).logits, batch[:, 1:])
-        _step(model, optimizer, loss, learning_rate(step, config), config.grad_clip)
+        optimizer_step(model, optimizer, loss, learning_rate(step, config), config.grad_clip)
         recent = [*recent[-(LOSS_WINDOW - 1) :], loss.item()]
         bar.set_postfix(loss=f"{recent[-1]:.3f}")
     seconds = time.perf_counter() - started
@@ -255,7 +255,9 @@ def distill_drafts(
     schedules = {
         name: replace(config, lr=(learning_rates or {}).get(name, config.lr)) for name in drafts
     }
-    optimizers = {name: _adamw(draft, config, schedules[name].lr) for name, draft in drafts.items()}
+    optimizers = {
+        name: adamw_optimizer(draft, config, schedules[name].lr) for name, draft in drafts.items()
+    }
     recent: dict[str, list[float]] = {name: [] for name in drafts}
     seconds = dict.fromkeys(drafts, 0.0)
     for draft in drafts.values():
@@ -275,7 +277,7 @@ def distill_drafts(
             started = time.perf_counter()
             loss = distillation_loss(divergence, teacher, draft(input_ids=inputs).logits)
             lr = learning_rate(step, schedules[name])
-            _step(draft, optimizers[name], loss, lr, config.grad_clip)
+            optimizer_step(draft, optimizers[name], loss, lr, config.grad_clip)
             seconds[name] += time.perf_counter() - started
             recent[name] = [*recent[name][-(LOSS_WINDOW - 1) :], loss.item()]
         bar.set_postfix({name: f"{values[-1]:.3f}" for name, values in recent.items()})

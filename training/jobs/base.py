@@ -158,11 +158,11 @@ def load_job_tokenizer(ref: str, progress: bool = False) -> Any:
     return AutoTokenizer.from_pretrained(resolve_ref(ref, progress))
 
 
-def training_texts(config: JobConfig) -> list[str]:
-    """Return the job's training documents: each prompt followed by its reference answer.
+def job_prompts(config: JobConfig) -> list[Any]:
+    """Return the prompts (``workers.datasets.Prompt``) of the job's dataset split, in order.
 
-    Uses the same loaders as the sweep's prompts (``workers.datasets.load_prompts``), on the
-    split the job names (``train`` by default, so the built-ins' held-out prompts stay unseen).
+    Uses the same loaders as the sweep's prompts, on the split the job names (``train`` by
+    default, so the built-ins' held-out prompts stay unseen).
     """
     from workers.datasets import DatasetSpec, load_prompts
 
@@ -173,7 +173,12 @@ def training_texts(config: JobConfig) -> list[str]:
         seed=config.seed,
         local_path=config.local_path,
     )
-    return [prompt.text + (prompt.reference or "") for prompt in load_prompts(spec)]
+    return load_prompts(spec)
+
+
+def training_texts(config: JobConfig) -> list[str]:
+    """Return the job's training documents: each prompt followed by its reference answer."""
+    return [prompt.text + (prompt.reference or "") for prompt in job_prompts(config)]
 
 
 def token_blocks(tokenizer: Any, texts: list[str], block_len: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ from training.jobs.base import (
     JobConfigError,
     StepLoop,
     check_settings,
+    job_prompts,
     token_blocks,
     training_texts,
     typed_setting,
@@ -43,10 +44,10 @@ from training.jobs.base import (
 from training.lm_trainer import (
     LOSS_WINDOW,
     TrainConfig,
-    _adamw,
-    _step,
+    adamw_optimizer,
     greedy_continuations,
     learning_rate,
+    optimizer_step,
 )
 from training.losses import TargetDistribution, forward_kl_per_token, target_distribution
 from training.realism import greedy_matches
@@ -173,16 +174,7 @@ def is_builtin_dataset(name: str) -> bool:
 
 def _dataset_prompts(config: JobConfig) -> list[str]:
     """Return the prompt texts of the documents ``training_texts(config)`` returns, in order."""
-    from workers.datasets import DatasetSpec, load_prompts
-
-    spec = DatasetSpec(
-        name=config.dataset,
-        split=config.split,
-        samples=config.samples,
-        seed=config.seed,
-        local_path=config.local_path,
-    )
-    return [prompt.text for prompt in load_prompts(spec)]
+    return [prompt.text for prompt in job_prompts(config)]
 
 
 def kd_texts(config: JobConfig, with_prompts: bool) -> KDTexts:
@@ -425,7 +417,7 @@ def train_student(
         grad_clip=GRAD_CLIP,
         seed=seed,
     )
-    optimizer = _adamw(student, schedule, phase.lr)
+    optimizer = adamw_optimizer(student, schedule, phase.lr)
     history = _History()
 
     def state() -> dict[str, Any]:
@@ -464,7 +456,7 @@ def train_student(
         with torch.no_grad():
             teacher_dist = target_distribution(teacher(input_ids=inputs, use_cache=False).logits)
         loss = loss_fn(inputs, teacher_dist, student(input_ids=inputs, use_cache=False).logits)
-        _step(student, optimizer, loss, learning_rate(step, schedule), GRAD_CLIP)
+        optimizer_step(student, optimizer, loss, learning_rate(step, schedule), GRAD_CLIP)
         history.record(loss.item(), inputs.shape[0])
         loop.report(epoch, history.losses[-1])
     if start < total < loop.total_steps:
