@@ -1,0 +1,401 @@
+"""Replay benchmark: the cost of evaluating a grid of draft-length configs by greedy trace replay
+versus running each live, the round agreement between the two, and projected vs live tokens/s.
+
+Records one greedy trace per prompt (``workers.trace.record_trace`` at the largest cap in the
+grid, about the cost of one live static-K run), builds the grid (static K = 1..cap, and each
+threshold policy at quantiles of the recorded feature it compares), replays every config over
+the traces (``policies.replay.replay``), and runs a few of the configs live through
+``workers.engine.speculative_generate`` (greedy, no EOS, so every config generates the same
+tokens). Replay's cost per config includes the recording,
+amortised over the grid. Projected seconds of a config are Σ over its replayed rounds of
+t_draft·N_draft + t_target (``orchestrator.cost_model`` fit on the live runs' rounds) plus each
+prompt's non-round time (prefill, bookkeeping: its median over the live runs); the held-out
+error repeats the comparison with the fit leaving the config's own live run out, and the
+block-aware error adds a per-drafted-token target cost to the fit (the target's forward grows
+with the block it verifies, which the two-cost model leaves out).
+
+    python bench/replay.py --target zoo:demo/target --draft zoo:demo/draft-m \
+        --dataset builtin:code --samples 4 --max-new-tokens 32 --out bench-replay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from orchestrator.cost_model import fit_cost_model, r_squared
+from orchestrator.preflight import resolve_model_path
+from policies import make_policy
+from policies.adaedl import entropy_acceptance_bound
+from policies.replay import GreedyTrace, ReplayedRound, replay
+from workers.datasets import DatasetSpec, load_prompts
+from workers.engine import RequestSettings, speculative_generate
+from workers.lm import CachedLM, load_causal_lm
+from workers.records import GenerationResult, SamplingConfig
+from workers.target import LocalTarget
+from workers.trace import record_trace
+
+#: AdaEDL's γ (its default); the grid's AdaEDL thresholds are quantiles of 1 − sqrt(γ·H).
+ADAEDL_GAMMA = 0.2
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the grid: policy, its parameters, max draft length."""
+
+    policy: str
+    params: dict[str, Any]
+    max_draft_len: int
+
+    @property
+    def label(self) -> str:
+        """Return a short printable name."""
+        params = ",".join(f"{k}={v:.3g}" for k, v in self.params.items())
+        return f"{self.policy}({params}) L={self.max_draft_len}"
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """One config run live: per-prompt results and their total wall time."""
+
+    results: list[GenerationResult]
+    seconds: float
+
+
+@dataclass
+class ConfigReport:
+    """Replay (and, for live configs, live) results of one config over all prompts.
+
+    ``projection_error`` is projected / live tokens/s − 1 with the cost model fit on every live
+    config's rounds; ``held_out_error`` the same with the fit leaving this config out;
+    ``block_aware_error`` with the block-aware fit of ``Projection``.
+    """
+
+    label: str
+    replay_seconds: float
+    replayed_rounds: int
+    mean_accepted: float
+    projected_tokens_per_s: float
+    live_seconds: float | None = None
+    live_tokens_per_s: float | None = None
+    same_requests: float | None = None
+    same_rounds: float | None = None
+    projection_error: float | None = None
+    held_out_error: float | None = None
+    block_aware_error: float | None = None
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Per-round cost coefficients fit on live rounds, and each prompt's non-round seconds.
+
+    A round's features are (draft forwards, 1) for the project's cost model, and (draft
+    forwards, 1, drafted tokens) for the block-aware variant, whose third coefficient is the
+    extra target time per verified token (the target's forward grows with the block on CPU).
+    """
+
+    coefficients: tuple[float, ...]
+    overheads: list[float]
+    r2: float
+
+    def seconds(self, replayed: list[list[ReplayedRound]]) -> float:
+        """Return the projected wall time of decoding every prompt with these rounds."""
+        block_aware = len(self.coefficients) == 3
+        rows = [_features(r, block_aware) for rounds in replayed for r in rounds]
+        return sum(self.overheads) + float(np.sum(np.asarray(rows) @ self.coefficients))
+
+
+def _features(round_: Any, block_aware: bool) -> tuple[float, ...]:
+    """Return a round's cost-model features (see ``Projection``)."""
+    if block_aware:
+        return (round_.draft_forwards, 1.0, round_.drafted)
+    return (round_.draft_forwards, 1.0)
+
+
+def fit_projection(live: list[list[GenerationResult]], block_aware: bool = False) -> Projection:
+    """Return the projection fit on these live runs (one list of per-prompt results each).
+
+    Each round is an observation (its features, T = its draft + verify seconds), fit by
+    ``orchestrator.cost_model.fit_cost_model``; block-aware, the draft seconds are fit on the
+    draft forwards and the verify seconds on (1, drafted) separately, since draft forwards and
+    drafted tokens are nearly collinear and one joint fit cannot split them. A prompt's
+    non-round time (prefill, bookkeeping) is its median over the runs.
+    """
+    rounds = [r for results in live for result in results for r in result.rounds]
+    seconds = np.array([r.draft_seconds + r.verify_seconds for r in rounds])
+    if block_aware:
+        forwards = np.array([[r.draft_forwards] for r in rounds], dtype=float)
+        blocks = np.array([[1.0, r.drafted] for r in rounds])
+        t_draft = np.linalg.lstsq(forwards, [r.draft_seconds for r in rounds], rcond=None)[0]
+        t_verify = np.linalg.lstsq(blocks, [r.verify_seconds for r in rounds], rcond=None)[0]
+        coefficients = np.concatenate([t_draft, t_verify])
+        design = np.array([_features(r, True) for r in rounds], dtype=float)
+        r2 = r_squared(seconds, seconds - design @ coefficients)
+    else:
+        fit = fit_cost_model([r.draft_forwards for r in rounds], [1] * len(rounds), seconds)
+        coefficients, r2 = np.array([fit.t_draft, fit.t_target]), fit.r2
+    overheads = [
+        statistics.median(_non_round_seconds(results[index]) for results in live)
+        for index in range(len(live[0]))
+    ]
+    return Projection(tuple(float(c) for c in coefficients), overheads, r2)
+
+
+def grid(traces: list[GreedyTrace], thresholds: int, max_draft_len: int, cap: int) -> list[Config]:
+    """Return the grid: static K = 1..cap and ``thresholds`` values of three threshold policies.
+
+    Thresholds are evenly spaced quantiles (2.5% to 97.5%) of the feature each policy compares,
+    over the traces' on-path draft predictions, so every value lands where it changes decisions.
+    """
+    steps = [p for trace in traces for p in trace.on_path]
+    quantiles = np.linspace(0.025, 0.975, thresholds)
+    features = {
+        "svip": [math.sqrt(max(p.entropy, 0.0)) for p in steps],
+        "adaedl": [entropy_acceptance_bound(p.entropy, ADAEDL_GAMMA) for p in steps],
+        "max_confidence": [p.max_prob for p in steps],
+    }
+    configs = [Config("static", {}, k) for k in range(1, cap + 1)]
+    for policy, values in features.items():
+        configs += [
+            Config(policy, {"threshold": round(float(v), 4)}, max_draft_len)
+            for v in np.quantile(values, quantiles)
+        ]
+    return configs
+
+
+def live_choice(configs: list[Config], static_ks: tuple[int, ...]) -> list[Config]:
+    """Return the configs also run live: the given static Ks and each threshold policy's median."""
+    chosen = [c for c in configs if c.policy == "static" and c.max_draft_len in static_ks]
+    for policy in ("svip", "adaedl", "max_confidence"):
+        sweep = [c for c in configs if c.policy == policy]
+        chosen.append(sweep[len(sweep) // 2])
+    return chosen
+
+
+def _key(rounds: list[Any]) -> list[tuple[int, int, int]]:
+    return [(r.drafted, r.accepted, r.draft_forwards) for r in rounds]
+
+
+def _non_round_seconds(result: GenerationResult) -> float:
+    """Return a live request's time outside its rounds (prefill, bookkeeping)."""
+    return result.seconds - sum(r.draft_seconds + r.verify_seconds for r in result.rounds)
+
+
+def run_live(
+    configs: list[Config],
+    draft: CachedLM,
+    target: LocalTarget,
+    ids: list[torch.Tensor],
+    max_new: int,
+) -> dict[str, LiveRun]:
+    """Run ``configs`` live on every prompt (sample i: seed i, as in a trial); key by label.
+
+    Prompt by prompt, every config in turn, so that load drifting on a shared machine falls on
+    all configs alike; a config's seconds are the sum of its requests' wall times.
+    """
+    results: dict[str, list[GenerationResult]] = {c.label: [] for c in configs}
+    for seed, prompt in enumerate(tqdm(ids, desc="live runs")):
+        settings = RequestSettings(SamplingConfig(max_new_tokens=max_new), seed=seed)
+        for config in configs:
+            policy = make_policy(config.policy, config.max_draft_len, **config.params)
+            results[config.label].append(
+                speculative_generate(draft, target, policy, prompt, settings, config.max_draft_len)
+            )
+    return {label: LiveRun(runs, sum(r.seconds for r in runs)) for label, runs in results.items()}
+
+
+def _replay_all(
+    config: Config, traces: list[GreedyTrace]
+) -> tuple[list[list[ReplayedRound]], float]:
+    """Replay ``config`` over every trace; return the rounds and the wall time."""
+    start = time.perf_counter()
+    rounds = [
+        replay(
+            make_policy(config.policy, config.max_draft_len, **config.params),
+            trace,
+            config.max_draft_len,
+            seed,
+        )
+        for seed, trace in enumerate(traces)
+    ]
+    return rounds, time.perf_counter() - start
+
+
+def _report(
+    config: Config,
+    replayed: list[list[ReplayedRound]],
+    seconds: float,
+    tokens: int,
+    live: dict[str, LiveRun],
+    fits: tuple[Projection, Projection],
+) -> ConfigReport:
+    """Summarise one config; compare with its live run when it has one.
+
+    ``fits`` are the cost-model and the block-aware projections fit on every live run.
+    """
+    flat = [r for rounds in replayed for r in rounds]
+    projection, block_aware = fits
+    report = ConfigReport(
+        label=config.label,
+        replay_seconds=seconds,
+        replayed_rounds=len(flat),
+        mean_accepted=sum(r.accepted for r in flat) / len(flat),
+        projected_tokens_per_s=tokens / projection.seconds(replayed),
+    )
+    run = live.get(config.label)
+    if run is None:
+        return report
+    report.live_seconds = run.seconds
+    report.live_tokens_per_s = sum(r.n_generated for r in run.results) / sum(
+        r.seconds for r in run.results
+    )
+    pairs = [
+        (_key(r.rounds), _key(rounds)) for r, rounds in zip(run.results, replayed, strict=True)
+    ]
+    report.same_requests = sum(a == b for a, b in pairs) / len(pairs)
+    matched = sum(x == y for a, b in pairs for x, y in zip(a, b, strict=False))
+    report.same_rounds = matched / sum(max(len(a), len(b)) for a, b in pairs)
+    report.projection_error = report.projected_tokens_per_s / report.live_tokens_per_s - 1
+    report.block_aware_error = tokens / block_aware.seconds(replayed) / report.live_tokens_per_s - 1
+    others = [other.results for label, other in live.items() if label != config.label]
+    if len(others) >= 2:
+        held_out = tokens / fit_projection(others).seconds(replayed)
+        report.held_out_error = held_out / report.live_tokens_per_s - 1
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print a table and write JSON; return the exit code."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--target", default="zoo:demo/target")
+    parser.add_argument("--draft", default="zoo:demo/draft-m")
+    parser.add_argument("--dataset", default="builtin:code")
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="keep the last N tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--thresholds", type=int, default=20, help="values per threshold policy")
+    parser.add_argument("--max-draft-len", type=int, default=8, help="for threshold policies")
+    parser.add_argument("--cap", type=int, default=16, help="largest static K = trace cap")
+    parser.add_argument(
+        "--live-static", type=int, nargs="+", default=[2, 6], help="static Ks also run live"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: no stalls on a shared machine)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-replay.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    ids = [
+        torch.tensor(tokenizer(p.text)["input_ids"][-args.prompt_tokens :])
+        for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
+    ]
+    draft = CachedLM(load_causal_lm(draft_path))
+    target_lm = CachedLM(load_causal_lm(target_path))
+    target = LocalTarget(target_lm)
+    run_live([Config("static", {}, 2)], draft, target, ids[:1], args.max_new_tokens)
+
+    start = time.perf_counter()
+    trace_cap = max(args.cap, args.max_draft_len)
+    traces = [record_trace(draft, target_lm, p, args.max_new_tokens, trace_cap) for p in ids]
+    record_seconds = time.perf_counter() - start
+    configs = grid(traces, args.thresholds, args.max_draft_len, args.cap)
+    live_configs = live_choice(configs, tuple(args.live_static))
+    live = run_live(live_configs, draft, target, ids, args.max_new_tokens)
+    tokens = sum(len(t.reference) for t in traces)
+    runs = [run.results for run in live.values()]
+    fits = (fit_projection(runs), fit_projection(runs, block_aware=True))
+    reports = []
+    for config in configs:
+        replayed, seconds = _replay_all(config, traces)
+        reports.append(_report(config, replayed, seconds, tokens, live, fits))
+    summary = _summary(args, reports, record_seconds, live, fits)
+    summary.update(target=str(target_path), draft=str(draft_path), samples=len(ids))
+    args.out.write_text(json.dumps({**summary, "reports": [asdict(r) for r in reports]}, indent=2))
+    _print(reports, summary, args.out)
+    return 0
+
+
+def _summary(
+    args: argparse.Namespace,
+    reports: list[ConfigReport],
+    record_seconds: float,
+    live: dict[str, LiveRun],
+    fits: tuple[Projection, Projection],
+) -> dict[str, Any]:
+    """Return the headline numbers: cost per config both ways, agreement, projection error."""
+    replay_per_config = (record_seconds + sum(r.replay_seconds for r in reports)) / len(reports)
+    live_per_config = statistics.mean(run.seconds for run in live.values())
+    compared = [r for r in reports if r.live_seconds is not None]
+    held_out = [abs(r.held_out_error) for r in compared if r.held_out_error is not None]
+    fit, block_aware = fits
+    return {
+        "dataset": args.dataset,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "cap": args.cap,
+        "torch_threads": torch.get_num_threads(),
+        "configs": len(reports),
+        "live_configs": len(compared),
+        "record_seconds": record_seconds,
+        "replay_seconds_per_config": replay_per_config,
+        "replay_only_seconds_per_config": statistics.mean(r.replay_seconds for r in reports),
+        "live_seconds_per_config": live_per_config,
+        "live_over_replay": live_per_config / replay_per_config,
+        "same_requests": statistics.mean(r.same_requests for r in compared),
+        "same_rounds": statistics.mean(r.same_rounds for r in compared),
+        "max_abs_projection_error": max(abs(r.projection_error) for r in compared),
+        "max_abs_held_out_error": max(held_out) if held_out else None,
+        "max_abs_block_aware_error": max(abs(r.block_aware_error) for r in compared),
+        "cost_fit": {"t_draft_t_target": fit.coefficients, "r2": fit.r2},
+        "block_aware_fit": {
+            "t_draft_t_target_t_per_drafted": block_aware.coefficients,
+            "r2": block_aware.r2,
+        },
+    }
+
+
+def _print(reports: list[ConfigReport], summary: dict[str, Any], out: Path) -> None:
+    """Print the live-vs-replay table, the best replayed configs and the headline numbers."""
+    header = f"{'config':40} {'live tok/s':>10} {'proj tok/s':>10} {'err':>7} {'held-out':>8}"
+    print(f"{header} {'block-aware':>11} {'same rounds':>11}")
+    for r in reports:
+        if r.live_seconds is None:
+            continue
+        held_out = f"{r.held_out_error:+.1%}" if r.held_out_error is not None else "-"
+        print(
+            f"{r.label:40} {r.live_tokens_per_s:10.2f} {r.projected_tokens_per_s:10.2f} "
+            f"{r.projection_error:+7.1%} {held_out:>8} {r.block_aware_error:+11.1%} "
+            f"{r.same_rounds:11.1%}"
+        )
+    best = sorted(reports, key=lambda r: -r.projected_tokens_per_s)[:5]
+    print("best by replay: " + "; ".join(f"{r.label} {r.projected_tokens_per_s:.2f}" for r in best))
+    t_draft, t_target = summary["cost_fit"]["t_draft_t_target"]
+    print(
+        f"{summary['configs']} configs; recording {summary['record_seconds']:.1f} s; per config: "
+        f"replay {summary['replay_seconds_per_config']:.3f} s with recording amortised "
+        f"({summary['replay_only_seconds_per_config'] * 1e3:.1f} ms without), live "
+        f"{summary['live_seconds_per_config']:.1f} s; live/replay "
+        f"{summary['live_over_replay']:.0f}x; same rounds {summary['same_rounds']:.2%}; "
+        f"t_draft {t_draft * 1e3:.2f} ms, t_target {t_target * 1e3:.2f} ms, "
+        f"R² {summary['cost_fit']['r2']:.3f}; JSON: {out}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
