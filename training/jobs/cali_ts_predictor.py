@@ -51,9 +51,6 @@ from training.jobs.base import (
     JobResult,
     Stopwatch,
     check_settings,
-    load_job_model,
-    load_job_tokenizer,
-    training_texts,
     typed_setting,
 )
 from training.jobs.head_data import (
@@ -66,16 +63,15 @@ from training.jobs.head_data import (
     binary_kl,
     binary_report,
     cached_tensors,
-    continue_sequences,
     fit,
     fit_settings,
     forward_states,
     heldout_split,
     job_device,
-    prompt_batch,
     response_mask,
     sample_rows,
     seeded_module,
+    target_text,
     write_module_artifact,
 )
 from workers.heads import PREDICTOR_FILE, PREDICTOR_KIND, CaliPredictor
@@ -202,27 +198,18 @@ def build_states(
 ) -> dict[str, torch.Tensor]:
     """Generate the target's text and return ``cali_states`` of all of it."""
     data = settings.data
-    device = job_device()
-    tokenizer = load_job_tokenizer(config.base, progress)
-    target = load_job_model(config.teacher or "", progress).to(device)
-    draft = load_job_model(config.base, progress).to(device)
-    prompts = prompt_batch(tokenizer, training_texts(config), data.prompt_tokens)
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    sequences = continue_sequences(
-        target, prompts, data.response_tokens, data.sampling, generator, data.generation_batch
-    )
+    text = target_text(config, data, progress)
     parts: dict[str, list[torch.Tensor]] = {}
-    starts = range(0, sequences.shape[0], data.generation_batch)
-    for start in tqdm(starts, desc="states", disable=not progress, leave=False):
-        chunk = sequences[start : start + data.generation_batch]
+    chunks = text.chunks(data.generation_batch)
+    for _, chunk in tqdm(chunks, desc="states", disable=not progress, leave=False):
         states = cali_states(
-            target,
-            draft,
+            text.target,
+            text.draft,
             chunk,
             data.prompt_tokens,
             data.sampling,
-            generator,
-            tokenizer.eos_token_id,
+            text.generator,
+            text.tokenizer.eos_token_id,
         )
         for name, value in states.items():
             parts.setdefault(name, []).append(value)

@@ -34,6 +34,9 @@ from training.jobs.base import (
     JobConfigError,
     StepLoop,
     Stopwatch,
+    load_job_model,
+    load_job_tokenizer,
+    training_texts,
     typed_setting,
 )
 from training.lm_trainer import TrainConfig, learning_rate
@@ -144,6 +147,46 @@ def continue_sequences(
             logits = logits.logits[:, -1]
         rows.append(ids.cpu())
     return torch.cat(rows)
+
+
+@dataclass(frozen=True)
+class TargetText:
+    """The models of a head-training job and the text its target generated from the prompts.
+
+    ``generator`` is the job's seeded generator after generation, so that the labelling that
+    follows draws from the same stream in every run.
+    """
+
+    tokenizer: Any
+    target: PreTrainedModel
+    draft: PreTrainedModel
+    sequences: torch.Tensor
+    generator: torch.Generator
+
+    def chunks(self, batch_size: int) -> list[tuple[int, torch.Tensor]]:
+        """Return (first row, rows) of ``sequences`` in batches of ``batch_size``."""
+        return [
+            (start, self.sequences[start : start + batch_size])
+            for start in range(0, self.sequences.shape[0], batch_size)
+        ]
+
+
+def target_text(config: JobConfig, data: DataSettings, progress: bool) -> TargetText:
+    """Load the job's draft (``base``) and target (``teacher``) and continue its prompts.
+
+    The one data preparation both head jobs share: prompts from the job's dataset, cut to
+    ``data.prompt_tokens``, continued by the target for ``data.response_tokens``.
+    """
+    device = job_device()
+    tokenizer = load_job_tokenizer(config.base, progress)
+    target = load_job_model(config.teacher or "", progress).to(device)
+    draft = load_job_model(config.base, progress).to(device)
+    prompts = prompt_batch(tokenizer, training_texts(config), data.prompt_tokens)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    sequences = continue_sequences(
+        target, prompts, data.response_tokens, data.sampling, generator, data.generation_batch
+    )
+    return TargetText(tokenizer, target, draft, sequences, generator)
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

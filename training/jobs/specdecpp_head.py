@@ -39,9 +39,6 @@ from training.jobs.base import (
     JobResult,
     Stopwatch,
     check_settings,
-    load_job_model,
-    load_job_tokenizer,
-    training_texts,
     typed_setting,
 )
 from training.jobs.head_data import (
@@ -53,17 +50,16 @@ from training.jobs.head_data import (
     binary_kl,
     binary_report,
     cached_tensors,
-    continue_sequences,
     fit,
     fit_settings,
     forward_states,
     heldout_split,
     job_device,
-    prompt_batch,
     rate_logit,
     response_mask,
     sample_rows,
     seeded_module,
+    target_text,
     weighted_bce,
     weighted_optimal_rate,
     write_module_artifact,
@@ -194,34 +190,25 @@ def build_examples(
 ) -> dict[str, torch.Tensor]:
     """Generate the target's text and return every example with its sequence number."""
     data = settings.data
-    device = job_device()
-    tokenizer = load_job_tokenizer(config.base, progress)
-    target = load_job_model(config.teacher or "", progress).to(device)
-    draft = load_job_model(config.base, progress).to(device)
-    prompts = prompt_batch(tokenizer, training_texts(config), data.prompt_tokens)
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    sequences = continue_sequences(
-        target, prompts, data.response_tokens, data.sampling, generator, data.generation_batch
-    )
+    text = target_text(config, data, progress)
     parts: dict[str, list[torch.Tensor]] = {"features": [], "labels": [], "sequence": []}
-    starts = range(0, sequences.shape[0], data.generation_batch)
-    for start in tqdm(starts, desc="label", disable=not progress, leave=False):
-        chunk = sequences[start : start + data.generation_batch]
+    chunks = text.chunks(data.generation_batch)
+    for start, chunk in tqdm(chunks, desc="label", disable=not progress, leave=False):
         examples = specdecpp_examples(
-            target,
-            draft,
+            text.target,
+            text.draft,
             chunk,
             data.prompt_tokens,
             data.sampling,
             settings.mix_ratio,
-            generator,
-            tokenizer.eos_token_id,
+            text.generator,
+            text.tokenizer.eos_token_id,
         )
         parts["features"].append(examples["features"])
         parts["labels"].append(examples["labels"])
         parts["sequence"].append(examples["row"] + start)
     tensors = {name: torch.cat(values) for name, values in parts.items()}
-    tensors["n_sequences"] = torch.tensor([sequences.shape[0]])
+    tensors["n_sequences"] = torch.tensor([text.sequences.shape[0]])
     return tensors
 
 
