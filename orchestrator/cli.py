@@ -480,9 +480,8 @@ def _report_run(
         f"{jobs} (store: {shown_url})",
         markup=False,
     )
-    for failure in summary.failures:
-        if failure.startswith("training job "):
-            console.print(failure, markup=False)
+    for failure in summary.job_failures:
+        console.print(failure, markup=False)
     if not summary.failed:
         return EXIT_OK
     _print_failures(console, rows, summary.sweep)

@@ -52,7 +52,10 @@ class RunOptions:
 
 @dataclass
 class SweepSummary:
-    """What a run did: trials planned, already done before it, run now, failed."""
+    """What a run did: trials planned, already done before it, run now, failed.
+
+    ``failures`` has a line per failed trial, ``job_failures`` one per failed training job.
+    """
 
     sweep: str
     planned: int
@@ -63,6 +66,7 @@ class SweepSummary:
     jobs_reused: int = 0
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    job_failures: list[str] = field(default_factory=list)
 
 
 def preflight(spec: SweepSpec, plan: Plan) -> PreparedInputs:
@@ -95,7 +99,7 @@ def run_sweep(
     summary.jobs_trained = sum(not outcome.reused for outcome in jobs.values())
     for outcome in jobs.values():
         if outcome.error is not None:
-            summary.failures.append(f"training job {outcome.job.name}: {outcome.error}")
+            summary.job_failures.append(f"training job {outcome.job.name}: {outcome.error}")
     artifacts = attach_job_drafts(spec, inputs, jobs)
     pairs = {pair.name: pair for pair in spec.pairs}
     by_pair: dict[str, list[Trial]] = {}

@@ -35,7 +35,6 @@ class JobOutcome:
     artifact_path: str | None
     error: str | None = None
     reused: bool = False
-    attempts: int = 0
 
 
 def job_config(job: TrainingJob, artifacts: dict[str, str] | None = None) -> JobConfig:
@@ -142,11 +141,11 @@ def run_training_jobs(
                 submit(job)
                 continue
             store.record_training_job(job, "failed", error=error)
-            outcomes[job.name] = JobOutcome(job, None, error=error, attempts=attempts[job.name])
+            outcomes[job.name] = JobOutcome(job, None, error=error)
         else:
             store.record_training_job(job, "done", metrics=result.metrics, seconds=result.seconds)
             store.record_artifact(job.job_id, result.artifact_kind, result.artifact_path)
-            outcomes[job.name] = JobOutcome(job, result.artifact_path, attempts=attempts[job.name])
+            outcomes[job.name] = JobOutcome(job, result.artifact_path)
         bar.set_postfix_str(job.name)
         bar.update()
         submit_ready()

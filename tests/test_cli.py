@@ -455,6 +455,7 @@ class FakeSweepSummary:
     jobs_trained: int = 0
     jobs_reused: int = 0
     failures: list[str] = field(default_factory=list)
+    job_failures: list[str] = field(default_factory=list)
 
 
 class FakePreflightError(Exception):
