@@ -6,6 +6,9 @@ assisted generation at the same K, and the engine overhead: wall time minus
 (Σ prefill + N_draft·t_draft + Σ t_target(block)), with each prompt's prefill (target and
 draft), t_draft (one cached draft step) and t_target(n) (one cached target forward of n tokens,
 then rollback, at a mid-generation context length) measured standalone in the same run.
+Our rows run twice: on the plain-torch Llama path (``workers.llama_fast``, the default) and,
+suffixed "(transformers modules)", on the transformers forward (``CachedLM(fast=False)``), so
+the report separates what the engine loop gains from what the model path gains.
 
     python bench/engine.py --target zoo:demo/target --draft zoo:demo/draft-m \
         --dataset builtin:code --samples 16 --max-new-tokens 64 --out bench-engine.json
@@ -34,6 +37,8 @@ from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 
 STATIC_KS = (2, 4, 8)
+#: Name suffix of the rows run with ``CachedLM(fast=False)``: the transformers module forward.
+TRANSFORMERS_MODULES = " (transformers modules)"
 
 
 @dataclass
@@ -144,6 +149,32 @@ def _summarise(
     return summary
 
 
+def _run_ours(
+    draft: CachedLM,
+    target: LocalTarget,
+    ids: list[torch.Tensor],
+    settings: RequestSettings,
+    costs: StandaloneCosts,
+    suffix: str = "",
+    reference: list[list[int]] | None = None,
+) -> tuple[list[MethodResult], list[list[int]]]:
+    """Run target-only AR and our static K on one model path; return the results (names
+    ending in ``suffix``) and the AR outputs. Outputs are compared with ``reference`` (another
+    path's AR outputs) when given, else with this path's AR."""
+    autoregressive_generate(target, ids[0], settings)
+    ar = [autoregressive_generate(target, p, settings) for p in tqdm(ids, desc="target-only AR")]
+    outputs = [r.output_ids for r in ar]
+    reference = reference or outputs
+    results = [_summarise(f"target-only AR{suffix}", ar, costs, reference)]
+    for k in STATIC_KS:
+        runs = [
+            speculative_generate(draft, target, make_policy("static", k), p, settings, k)
+            for p in tqdm(ids, desc=f"ours static K={k}{suffix}")
+        ]
+        results.append(_summarise(f"ours static K={k}{suffix}", runs, costs, reference))
+    return results, outputs
+
+
 def _hf_assisted(target_model, draft_model, prompts, k: int, schedule: str, max_new: int):
     """Run transformers' assisted generation; return (tokens, seconds, outputs)."""
     config = draft_model.generation_config
@@ -192,24 +223,21 @@ def main(argv: list[str] | None = None) -> int:
         for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
     ]
     target_model, draft_model = load_causal_lm(target_path), load_causal_lm(draft_path)
-    draft, target_lm = CachedLM(draft_model), CachedLM(target_model)
-    target = LocalTarget(target_lm)
     # Outputs are forced to full length (no EOS) so every method generates the same tokens.
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens))
     ids = [torch.tensor(p) for p in prompts]
-    costs = standalone_costs(draft, target_lm, ids, max(STATIC_KS) + 1, args.max_new_tokens)
-    autoregressive_generate(target, ids[0], settings)
-
     results: list[MethodResult] = []
-    ar = [autoregressive_generate(target, p, settings) for p in tqdm(ids, desc="target-only AR")]
-    reference = [r.output_ids for r in ar]
-    results.append(_summarise("target-only AR", ar, costs))
-    for k in STATIC_KS:
-        runs = [
-            speculative_generate(draft, target, make_policy("static", k), p, settings, k)
-            for p in tqdm(ids, desc=f"ours static K={k}")
-        ]
-        results.append(_summarise(f"ours static K={k}", runs, costs, reference))
+    paths: dict[str, StandaloneCosts] = {}
+    reference: list[list[int]] | None = None
+    for suffix, fast in (("", True), (TRANSFORMERS_MODULES, False)):
+        draft, target_lm = CachedLM(draft_model, fast=fast), CachedLM(target_model, fast=fast)
+        costs = standalone_costs(draft, target_lm, ids, max(STATIC_KS) + 1, args.max_new_tokens)
+        paths["plain_torch" if fast else "transformers_modules"] = costs
+        path_results, outputs = _run_ours(
+            draft, LocalTarget(target_lm), ids, settings, costs, suffix, reference
+        )
+        reference = reference or outputs
+        results += path_results
     for k, schedule in [(k, "constant") for k in STATIC_KS] + [(5, "heuristic_transient")]:
         name = (
             f"transformers assisted K={k}" if schedule == "constant" else "transformers heuristic"
@@ -222,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     by_name = {r.method: r for r in results}
     ratios = {
-        f"ours_vs_transformers_K{k}": by_name[f"ours static K={k}"].tokens_per_s
+        f"ours{label}_vs_transformers_K{k}": by_name[f"ours static K={k}{suffix}"].tokens_per_s
         / by_name[f"transformers assisted K={k}"].tokens_per_s
+        for label, suffix in (("", ""), ("_transformers_modules", TRANSFORMERS_MODULES))
         for k in STATIC_KS
     }
     best_static = max(by_name[f"ours static K={k}"].tokens_per_s for k in STATIC_KS)
@@ -234,21 +263,19 @@ def main(argv: list[str] | None = None) -> int:
         "samples": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "torch_threads": torch.get_num_threads(),
-        "t_draft_s": costs.t_draft,
-        "t_target_s": costs.t_target,
-        "prefill_s": costs.prefill,
-        "cost_ratio": costs.t_draft / costs.t_target[1],
+        "standalone_costs": {name: asdict(costs) for name, costs in paths.items()},
+        "cost_ratio": paths["plain_torch"].t_draft / paths["plain_torch"].t_target[1],
         "methods": [asdict(r) for r in results],
         "ratios": ratios,
         "best_static_speedup_vs_ar": best_static / by_name["target-only AR"].tokens_per_s,
     }
     args.out.write_text(json.dumps(report, indent=2))
-    print(f"{'method':32} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'=AR':>4}")
+    print(f"{'method':52} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'=AR':>4}")
     for r in results:
         accept = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
         overhead = f"{r.overhead_fraction:.1%}" if r.overhead_fraction is not None else "-"
         match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
-        print(f"{r.method:32} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {match:>4}")
+        print(f"{r.method:52} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {match:>4}")
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x")
     print(

@@ -3,7 +3,10 @@
 Works with Hugging Face decoder-only models that expose ``get_decoder()`` and
 ``get_output_embeddings()`` (Llama, Mistral, Qwen, GPT-NeoX/Pythia, ...). The decoder and the
 LM head are called separately so that only the rows that are needed go through the head and the
-last-layer hidden states come for free (trained acceptance heads read them).
+last-layer hidden states come for free (trained acceptance heads read them). Plain Llama models
+run their decoder through ``workers.llama_fast`` (same computation, without transformers'
+per-call bookkeeping); every other model, and any model with ``fast=False``, through the
+transformers forward with a ``DynamicCache``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from workers.llama_fast import LlamaFastDecoder, unsupported_reason
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -45,23 +50,39 @@ def load_causal_lm(
 
 
 class CachedLM:
-    """One model plus one KV cache for batch-1 decoding."""
+    """One model plus one KV cache for batch-1 decoding.
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    ``fast`` (default) takes the plain-torch Llama path when the model qualifies;
+    ``fast_path`` says whether it did.
+    """
+
+    def __init__(self, model: PreTrainedModel, fast: bool = True) -> None:
         self.model = model
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        use_fast = fast and unsupported_reason(model) is None
+        self.fast_decoder = LlamaFastDecoder(model) if use_fast else None
+        self.cache = None if use_fast else DynamicCache(config=model.config)
+
+    @property
+    def fast_path(self) -> bool:
+        """True when the decoder runs through ``workers.llama_fast``."""
+        return self.fast_decoder is not None
 
     @property
     def cached_len(self) -> int:
         """Number of tokens whose keys and values are in the cache."""
+        if self.fast_decoder is not None:
+            return self.fast_decoder.length
         return self.cache.get_seq_length()
 
     def reset(self) -> None:
         """Drop the cache (start of a new request)."""
-        self.cache = DynamicCache(config=self.model.config)
+        if self.fast_decoder is not None:
+            self.fast_decoder.reset()
+        else:
+            self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, last_only: bool = False) -> StepOutput:
@@ -69,16 +90,21 @@ class CachedLM:
 
         With ``last_only`` only the last position goes through the LM head.
         """
-        out = self.decoder(
-            input_ids=ids.view(1, -1).to(self.device), past_key_values=self.cache, use_cache=True
-        )
-        hidden = out.last_hidden_state[0]
+        ids = ids.view(-1).to(self.device)
+        if self.fast_decoder is not None:
+            hidden = self.fast_decoder.forward(ids)
+        else:
+            out = self.decoder(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
+            hidden = out.last_hidden_state[0]
         if last_only:
             hidden = hidden[-1:]
         return StepOutput(logits=self.head(hidden).float(), hidden=hidden)
 
     def crop(self, length: int) -> None:
         """Roll the cache back so that it holds only the first ``length`` tokens."""
+        if self.fast_decoder is not None:
+            self.fast_decoder.crop(length)
+            return
         excess = self.cached_len - length
         if excess > 0:
             self.cache.crop(-excess)

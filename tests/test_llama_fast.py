@@ -1,0 +1,136 @@
+"""The plain-torch Llama path computes what the transformers forward computes.
+
+Checked against the transformers decoder on the same weights: prefill, single steps, blocks,
+rollback, buffer growth, grouped-query attention; models that do not qualify keep the
+transformers path and still decode; the fused weights share the modules' memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import build_tiny_pair, prompts, tiny_config
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import workers.llama_fast as llama_fast
+from policies import make_policy
+from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
+from workers.lm import CachedLM
+from workers.records import SamplingConfig
+from workers.target import LocalTarget
+
+torch.set_num_threads(1)
+
+
+def _reference_hidden(model: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
+    """Return the transformers decoder's last hidden states of ``ids`` from scratch."""
+    with torch.inference_mode():
+        out = model.get_decoder()(input_ids=torch.tensor([ids]), use_cache=False)
+    return out.last_hidden_state[0]
+
+
+def test_steps_blocks_and_rollback_match_the_transformers_forward(monkeypatch) -> None:
+    monkeypatch.setattr(llama_fast, "INITIAL_CAPACITY", 8)
+    _, target = build_tiny_pair(seed=3)
+    fast = llama_fast.LlamaFastDecoder(target)
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(2, 90, (5,), generator=generator).tolist()
+    with torch.inference_mode():
+        fast.forward(torch.tensor(sequence))
+        for step in range(12):
+            block = torch.randint(2, 90, (1 + step % 4,), generator=generator).tolist()
+            hidden = fast.forward(torch.tensor(block))
+            sequence += block
+            expected = _reference_hidden(target, sequence)[-len(block) :]
+            torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=0)
+            if step % 3 == 2:
+                sequence = sequence[:-2]
+                fast.crop(len(sequence))
+    assert fast.capacity >= 16 > 8, "the buffers grew past their initial size"
+    assert fast.length == len(sequence)
+    reference = _reference_hidden(target, sequence)
+    fast.reset()
+    with torch.inference_mode():
+        replayed = fast.forward(torch.tensor(sequence))
+    torch.testing.assert_close(replayed, reference, atol=1e-5, rtol=0)
+    for n in (1, 2, 4):
+        fast.crop(len(sequence) - n)
+        with torch.inference_mode():
+            tail = fast.forward(torch.tensor(sequence[-n:]))
+        torch.testing.assert_close(tail, reference[-n:], atol=1e-5, rtol=0)
+
+
+def test_cached_lm_fast_and_transformers_paths_give_the_same_logits() -> None:
+    _, target = build_tiny_pair(seed=1)
+    fast, slow = CachedLM(target), CachedLM(target, fast=False)
+    assert fast.fast_path and not slow.fast_path
+    prompt = prompts(1, seed=4)[0]
+    for lm in (fast, slow):
+        lm.forward(prompt)
+    for block in ([5, 6, 7], [8], [9, 10]):
+        a = fast.forward(torch.tensor(block)).logits
+        b = slow.forward(torch.tensor(block)).logits
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        fast.crop(fast.cached_len - 1)
+        slow.crop(slow.cached_len - 1)
+        assert fast.cached_len == slow.cached_len
+
+
+def test_speculative_rounds_are_identical_on_both_paths() -> None:
+    draft, target = build_tiny_pair(seed=2)
+    settings = RequestSettings(sampling=SamplingConfig(max_new_tokens=24))
+    for prompt in prompts(6, seed=5):
+        results = []
+        for fast in (True, False):
+            draft_lm = CachedLM(draft, fast=fast)
+            target_side = LocalTarget(CachedLM(target, fast=fast))
+            results.append(
+                speculative_generate(
+                    draft_lm, target_side, make_policy("svip", {}), prompt, settings, 4
+                )
+            )
+        fast_result, slow_result = results
+        assert fast_result.output_ids == slow_result.output_ids
+        assert [(r.drafted, r.accepted) for r in fast_result.rounds] == [
+            (r.drafted, r.accepted) for r in slow_result.rounds
+        ]
+
+
+def test_fused_weights_share_the_modules_memory_and_keep_their_forward() -> None:
+    _, target = build_tiny_pair(seed=0)
+    ids = [3, 4, 5, 6, 7]
+    before = _reference_hidden(target, ids)
+    parameters = sum(p.numel() for p in target.parameters())
+    fast = llama_fast.LlamaFastDecoder(target)
+    attention = target.model.layers[0].self_attn
+    fused = fast.layers[0].qkv
+    assert attention.q_proj.weight.data_ptr() == fused.data_ptr()
+    shared = fused.untyped_storage().data_ptr()
+    assert attention.k_proj.weight.untyped_storage().data_ptr() == shared
+    assert sum(p.numel() for p in target.parameters()) == parameters
+    torch.testing.assert_close(_reference_hidden(target, ids), before, atol=0, rtol=0)
+
+
+def test_models_outside_the_fast_path_keep_the_transformers_forward() -> None:
+    biased = LlamaForCausalLM(LlamaConfig(**{**tiny_config(1).to_dict(), "attention_bias": True}))
+    assert "bias" in llama_fast.unsupported_reason(biased)
+    qwen = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).eval()
+    assert "qwen2" in llama_fast.unsupported_reason(qwen)
+    with pytest.raises(ValueError, match="does not apply"):
+        llama_fast.LlamaFastDecoder(qwen)
+    lm = CachedLM(qwen)
+    assert not lm.fast_path
+    prompt = prompts(1, seed=1)[0]
+    result = autoregressive_generate(
+        LocalTarget(lm), prompt, RequestSettings(sampling=SamplingConfig(max_new_tokens=6))
+    )
+    assert len(result.output_ids) == 6

@@ -1,0 +1,180 @@
+"""A plain-torch forward of a Llama decoder over a preallocated KV cache (gpt-fast style).
+
+Batch-1 decoding of a small model is dominated by per-call bookkeeping, not arithmetic: the
+transformers forward builds a causal mask, position ids and cache objects and goes through
+seven ``nn.Module`` calls per layer, and its ``DynamicCache`` grows by concatenation. On the
+demo zoo's 48-layer target on a 2-core CPU that bookkeeping is most of a decode step. This
+module runs the same computation on the model's own weights with nothing else: q/k/v and
+gate/up as one matmul each (the module weights become views of the fused tensors, so no memory
+is duplicated), the rotary table computed once by the model's own rotary module, one
+preallocated key/value buffer per layer that grows by doubling, and rollback by moving a
+length. The operations and their order are those of transformers' Llama with SDPA attention,
+so the hidden states equal its output (tests compare them).
+
+Only plain ``LlamaForCausalLM`` models qualify (``unsupported_reason`` says why another does
+not): no attention or MLP biases, SiLU MLP, ``nn.Linear`` projections (a DeepSpeed-sharded model
+has its own layer types and keeps the transformers path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+#: Positions the key/value buffers hold at first; they double when a request needs more.
+INITIAL_CAPACITY = 256
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Return why ``model`` cannot take the plain-torch path, or None when it can."""
+    config = model.config
+    if config.model_type != "llama":
+        return f"model_type {config.model_type!r} is not 'llama'"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "the model has attention or MLP biases"
+    if config.hidden_act != "silu":
+        return f"hidden_act {config.hidden_act!r} is not 'silu'"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1"
+    if config._attn_implementation != "sdpa":
+        return f"attention implementation {config._attn_implementation!r} is not 'sdpa'"
+    for layer in model.get_decoder().layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        projections = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj)
+        projections += (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(p) is not nn.Linear for p in projections):
+            return "a projection is not a plain nn.Linear (e.g. a tensor-parallel shard)"
+    return None
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's weights: norms, fused q/k/v, output, fused gate/up, down."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    out: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
+    """Return the row-concatenation of the linears' weights and make each weight a view of it."""
+    fused = torch.cat([linear.weight.detach() for linear in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        trainable = linear.weight.requires_grad
+        linear.weight = nn.Parameter(fused[start : start + rows], requires_grad=trainable)
+        start += rows
+    return fused
+
+
+class LlamaFastDecoder:
+    """A Llama decoder's weights plus a batch-1 KV cache; ``forward`` returns the hidden states
+    after the final norm (what ``model.get_decoder()(...).last_hidden_state[0]`` returns)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the plain-torch Llama path does not apply: {reason}")
+        decoder = model.get_decoder()
+        config = model.config
+        self._decoder = decoder
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.eps = config.rms_norm_eps
+        self.embed = decoder.embed_tokens.weight
+        self.final_norm = decoder.norm.weight
+        self.layers = [
+            _Layer(
+                input_norm=layer.input_layernorm.weight,
+                qkv=_fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+                out=layer.self_attn.o_proj.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                down=layer.mlp.down_proj.weight,
+            )
+            for layer in decoder.layers
+        ]
+        self.length = 0
+        self._keys = self._values = self._cos = self._sin = torch.empty(0)
+        self._allocate(INITIAL_CAPACITY)
+
+    @property
+    def capacity(self) -> int:
+        """Number of positions the key/value buffers hold before they must grow."""
+        return self._keys.shape[-2]
+
+    def _allocate(self, capacity: int) -> None:
+        """(Re)allocate buffers for ``capacity`` positions, keeping the cached prefix."""
+        shape = (len(self.layers), 1, self.n_kv_heads, capacity, self.head_dim)
+        keys = self.embed.new_zeros(shape)
+        values = self.embed.new_zeros(shape)
+        if self.length:
+            keys[..., : self.length, :] = self._keys[..., : self.length, :]
+            values[..., : self.length, :] = self._values[..., : self.length, :]
+        self._keys, self._values = keys, values
+        positions = torch.arange(capacity, device=self.embed.device)[None]
+        cos, sin = self._decoder.rotary_emb(self.embed[:1], positions)
+        self._cos, self._sin = cos[0], sin[0]
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions (rollback after a rejection)."""
+        self.length = min(self.length, length)
+
+    def reset(self) -> None:
+        """Forget the cached prefix (start of a new request); the buffers are kept."""
+        self.length = 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Return the final hidden states [n, d] of ``ids`` [n] after the cached prefix.
+
+        The new positions' keys and values are appended to the cache.
+        """
+        n = ids.numel()
+        start, end = self.length, self.length + n
+        if end > self.capacity:
+            self._allocate(max(end, 2 * self.capacity))
+        cos, sin = self._cos[start:end], self._sin[start:end]
+        mask = None
+        if n > 1:
+            mask = torch.ones(n, end, dtype=torch.bool, device=ids.device).tril(start)
+        n_q = self.n_heads * self.head_dim
+        n_kv = self.n_kv_heads * self.head_dim
+        gqa = self.n_heads != self.n_kv_heads
+        hidden = F.embedding(ids, self.embed)
+        for index, layer in enumerate(self.layers):
+            normed = self._rms_norm(hidden, layer.input_norm)
+            q, k, v = F.linear(normed, layer.qkv).split([n_q, n_kv, n_kv], dim=-1)
+            q = _rotate(q.view(n, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
+            k = _rotate(k.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
+            keys, values = self._keys[index], self._values[index]
+            keys[0, :, start:end] = k
+            values[0, :, start:end] = v.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1)
+            attended = F.scaled_dot_product_attention(
+                q[None], keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa
+            )
+            hidden = hidden + F.linear(attended[0].transpose(0, 1).reshape(n, n_q), layer.out)
+            gate, up = F.linear(self._rms_norm(hidden, layer.post_norm), layer.gate_up).chunk(2, -1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+        self.length = end
+        return self._rms_norm(hidden, self.final_norm)
+
+    def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Return Llama's RMSNorm of ``hidden`` (computed in float32, as transformers does)."""
+        as_float = hidden.to(torch.float32)
+        variance = as_float.pow(2).mean(-1, keepdim=True)
+        return weight * (as_float * torch.rsqrt(variance + self.eps)).to(hidden.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Return the rotary embedding of ``x`` [heads, n, head_dim] (transformers' formula)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
