@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from orchestrator.cost_model import fit_cost_model, r_squared
+from orchestrator.cost_model import fit_cost_model, fit_round_costs
 from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from policies.adaedl import entropy_acceptance_bound
@@ -128,21 +128,22 @@ def fit_projection(live: list[list[GenerationResult]], block_aware: bool = False
     """Return the projection fit on these live runs (one list of per-prompt results each).
 
     Each round is an observation (its features, T = its draft + verify seconds), fit by
-    ``orchestrator.cost_model.fit_cost_model``; block-aware, the draft seconds are fit on the
-    draft forwards and the verify seconds on (1, drafted) separately, since draft forwards and
-    drafted tokens are nearly collinear and one joint fit cannot split them. A prompt's
-    non-round time (prefill, bookkeeping) is its median over the runs.
+    ``orchestrator.cost_model.fit_cost_model``; block-aware, by
+    ``orchestrator.cost_model.fit_round_costs`` (draft seconds on draft forwards, verify
+    seconds on (1, drafted), fit separately). A prompt's non-round time (prefill,
+    bookkeeping) is its median over the runs.
     """
     rounds = [r for results in live for result in results for r in result.rounds]
     seconds = np.array([r.draft_seconds + r.verify_seconds for r in rounds])
     if block_aware:
-        forwards = np.array([[r.draft_forwards] for r in rounds], dtype=float)
-        blocks = np.array([[1.0, r.drafted] for r in rounds])
-        t_draft = np.linalg.lstsq(forwards, [r.draft_seconds for r in rounds], rcond=None)[0]
-        t_verify = np.linalg.lstsq(blocks, [r.verify_seconds for r in rounds], rcond=None)[0]
-        coefficients = np.concatenate([t_draft, t_verify])
-        design = np.array([_features(r, True) for r in rounds], dtype=float)
-        r2 = r_squared(seconds, seconds - design @ coefficients)
+        round_fit = fit_round_costs(
+            [r.draft_forwards for r in rounds],
+            [r.drafted for r in rounds],
+            [r.draft_seconds for r in rounds],
+            [r.verify_seconds for r in rounds],
+        )
+        coefficients = np.array([round_fit.t_draft, round_fit.t_target, round_fit.t_per_verified])
+        r2 = round_fit.r2_round
     else:
         fit = fit_cost_model([r.draft_forwards for r in rounds], [1] * len(rounds), seconds)
         coefficients, r2 = np.array([fit.t_draft, fit.t_target]), fit.r2

@@ -96,6 +96,7 @@ TRIAL_COLUMNS = (
     "max_draft_len",
     "seed",
     "is_baseline",
+    "mode",
     "baseline_id",
     "status",
     "n_samples",
@@ -205,6 +206,7 @@ def load_trials(url: str, sweep: str | None = None) -> pd.DataFrame:
     for column in _NUMERIC_COLUMNS:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
     frame["is_baseline"] = frame["is_baseline"].astype(bool)
+    frame["mode"] = frame["mode"].fillna("live")
     return frame
 
 
@@ -394,7 +396,8 @@ def cost_model_fits(
     """Fit T = t_draft·N_draft + t_target·N_target over the rounds of each trial group.
 
     The model describes speculative rounds, so the AR baseline's rounds (one target step each,
-    a different code path) are left out unless ``include_baseline``.
+    a different code path) are left out unless ``include_baseline``. Replayed trials (mode
+    ``replay``) are always left out: their round times are the cost model's own projections.
 
     Returns (fits, totals). ``fits``: one row per group with t_draft, t_target, r2, the mean
     absolute relative error of its trials' totals, n_rounds and ``problem`` (why a group could
@@ -404,6 +407,7 @@ def cost_model_fits(
     """
     keys = list(group_by)
     included = trials if include_baseline else trials[~trials["is_baseline"]]
+    included = included[included["mode"] != "replay"]
     info = included[["trial_id", "policy", *[k for k in keys if k != "policy"]]]
     rounds = round_timings.merge(info, on="trial_id")
     fit_rows, total_rows = [], []

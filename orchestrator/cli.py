@@ -1,4 +1,4 @@
-"""The command line: ``python -m orchestrator {submit,plan,status,query,export,zoo} ...``.
+"""The command line: ``python -m orchestrator {submit,plan,status,query,fits,export,zoo} ...``.
 
 Each command is one small handler that reads its arguments, calls the library (spec, planner,
 runner, store, zoo) and prints tables built by :mod:`orchestrator.report`. Problems the user can
@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(commands, db)
     _add_status(commands, db)
     _add_query(commands, db)
+    _add_fits(commands, db)
     _add_export(commands, db)
     _add_zoo(commands)
     return parser
@@ -249,7 +250,8 @@ def _add_query(commands: Any, db: list[Any]) -> None:
         "query",
         _query,
         "run one SQL statement on a read-only connection to the store and print the rows",
-        "Tables: sweeps, sweep_trials, trials, sample_results, rounds, training_jobs, artifacts.\n"
+        "Tables: sweeps, sweep_trials, trials, sample_results, rounds, training_jobs, artifacts,\n"
+        "cost_fits, traces.\n"
         "The connection is read-only: statements that write fail (exit code 2).\n\n"
         "examples:\n"
         f'  {PROG} query "SELECT policy, threshold, max_draft_len, speedup FROM trials '
@@ -260,6 +262,32 @@ def _add_query(commands: Any, db: list[Any]) -> None:
     command.add_argument("sql", metavar="SQL", help="one SQL statement (quote it)")
     command.add_argument(
         "--format", choices=("table", "csv"), default="table", help="output format"
+    )
+
+
+def _add_fits(commands: Any, db: list[Any]) -> None:
+    """Add ``fits``."""
+    from orchestrator.cost_model import HARDWARE_PROFILES
+
+    command = _add_command(
+        commands,
+        "fits",
+        _fits,
+        "show a sweep's cost-model fits and each trial's tokens/s projected on hardware profiles",
+        "A fit per trial group (pair, dataset, temperature, output length) over its live rounds:\n"
+        "draft seconds = t_draft x draft forwards, verify seconds = t_target + t/token x drafted.\n"
+        "Projections use a trial's counts: tokens / (t_draft x N_draft + t_target x N_target).\n\n"
+        "examples:\n"
+        f"  {PROG} fits replay_demo\n"
+        f"  {PROG} fits demo --profile specdecpp-70b-7b-2xa100",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP", help="the sweep name")
+    command.add_argument(
+        "--profile",
+        action="append",
+        choices=sorted(HARDWARE_PROFILES),
+        help="hardware profile to project onto (repeatable; default: all)",
     )
 
 
@@ -391,6 +419,13 @@ def _print_plan(console: Console, plan: Plan, all_trials: bool) -> None:
         f"{counts['skipped']} trials skipped",
         markup=False,
     )
+    replayed = sum(trial.mode == "replay" for trial in plan.trials)
+    if replayed:
+        console.print(
+            f"mode replay: {replayed} trials replayed from greedy traces, "
+            f"{len(plan.trials) - replayed} run live (AR baselines and live checks)",
+            markup=False,
+        )
     if all_trials:
         _print_table(console, report.plan_trial_rows(plan), report.PLAN_TRIAL_COLUMNS, "trials")
     else:
@@ -482,6 +517,8 @@ def _report_run(
     )
     for failure in summary.job_failures:
         console.print(failure, markup=False)
+    for line in _fit_lines(summary):
+        console.print(line, markup=False)
     if not summary.failed:
         return EXIT_OK
     _print_failures(console, rows, summary.sweep)
@@ -491,6 +528,17 @@ def _report_run(
         markup=False,
     )
     return EXIT_TRIALS_FAILED
+
+
+def _fit_lines(summary: SweepSummary) -> list[str]:
+    """Return the run's lines about traces, cost fits and replay cross-checks.
+
+    Read with defaults, so a summary from an older runner (or a test's stand-in) prints none.
+    """
+    recorded = getattr(summary, "traces_recorded", 0)
+    reused = getattr(summary, "traces_reused", 0)
+    lines = [f"traces: {recorded} groups recorded, {reused} reused"] if recorded or reused else []
+    return [*lines, *getattr(summary, "fit_notes", []), *getattr(summary, "cross_checks", [])]
 
 
 def _nothing_to_run(n_trials: int, sweep: str, shown_url: str) -> str:
@@ -566,6 +614,38 @@ def _query(args: argparse.Namespace, console: Console) -> int:
     rows = [dict(zip(columns, row, strict=True)) for row in values]
     console.print(report.render_table(rows, columns, headers={}))
     console.print(f"{len(rows)} row{'s' * (len(rows) != 1)}")
+    return EXIT_OK
+
+
+def _fits(args: argparse.Namespace, console: Console) -> int:
+    """``fits``: the sweep's stored cost fits and its trials' projections on hardware profiles."""
+    from orchestrator.cost_model import HARDWARE_PROFILES
+
+    with _opened_store(args.db, read_only=True) as store:
+        _require_sweep(store, args.sweep)
+        fits = store.cost_fits(args.sweep)
+        rows = store.trials_frame(args.sweep)
+    if fits:
+        _print_table(
+            console, report.cost_fit_rows(fits), report.FIT_COLUMNS, f"cost fits of {args.sweep}"
+        )
+    else:
+        console.print(
+            f"no cost fits stored for sweep {args.sweep}: it ran with record_rounds: false, its "
+            "rounds could not identify the costs, or it ran before fits were stored",
+            markup=False,
+        )
+    profiles = [HARDWARE_PROFILES[name] for name in args.profile or sorted(HARDWARE_PROFILES)]
+    projected = report.profile_projection_rows(rows, profiles)
+    columns = [
+        *report.PROJECTION_LEADING_COLUMNS,
+        *(report.profile_column(p, what) for p in profiles for what in ("tokens_per_s", "speedup")),
+    ]
+    title = (
+        f"trials of {args.sweep}: tokens/s here (mode replay: projected by the group's fit) and "
+        "projected on hardware profiles"
+    )
+    _print_table(console, projected, columns, title)
     return EXIT_OK
 
 

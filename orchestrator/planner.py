@@ -40,6 +40,8 @@ from policies import POLICIES
 CODE_VERSION = "1"
 BASELINE_POLICY = "ar"
 ID_LENGTH = 16
+LIVE_MODE = "live"
+REPLAY_MODE = "replay"
 
 #: The parameter reported in the store's ``threshold`` column: every threshold policy
 #: (max_confidence λ, adaedl λ, svip h, specdecpp h) names its main threshold so.
@@ -124,6 +126,7 @@ class Trial:
     job_ids: tuple[str, ...]
     threshold: float | None
     code_version: str = CODE_VERSION
+    mode: str = LIVE_MODE
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -213,7 +216,9 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     """Expand ``spec`` into an ordered, de-duplicated :class:`Plan`.
 
     Order: by pair (each pair's models load once), then dataset, temperature and seed, with the
-    AR baseline first in each group. Greedy-only policies are skipped at temperature > 0.
+    AR baseline first in each group. Greedy-only policies are skipped at temperature > 0. In
+    ``mode: replay`` each group has the live baseline, then the live check trial
+    (``execution.live_check``), then every policy trial in mode ``replay``.
     """
     job_ids: dict[str, str] = {}
     planned: dict[str, TrainingJob] = {}
@@ -223,6 +228,7 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     jobs = tuple(planned[job.name] for job in _upstream_first(spec.training_jobs))
     trials: dict[str, Trial] = {}
     skipped: list[SkippedGroup] = []
+    replaying = spec.execution.mode == REPLAY_MODE
     for pair in spec.pairs:
         for dataset, sampling, seed in itertools.product(
             spec.datasets, spec.temperatures, sorted(set(spec.seeds))
@@ -230,6 +236,9 @@ def plan_sweep(spec: SweepSpec) -> Plan:
             group = _TrialGroup(spec, pair, dataset, _normalised_sampling(sampling), seed, job_ids)
             baseline = group.baseline()
             trials.setdefault(baseline.trial_id, baseline)
+            if replaying:
+                check = group.live_check(baseline.trial_id)
+                trials.setdefault(check.trial_id, check)
             for policy in spec.policies:
                 if policy.pairs is not None and pair.name not in policy.pairs:
                     continue
@@ -354,8 +363,13 @@ class _TrialGroup:
         max_draft_len: int,
         baseline_id: str | None,
         policy_job: str | None,
+        mode: str = LIVE_MODE,
     ) -> Trial:
-        """Return one trial of this group with its id computed from the identity fields."""
+        """Return one trial of this group with its id computed from the identity fields.
+
+        The mode enters the identity only when it is not ``live``, so live trial ids are the
+        same as before replay mode existed.
+        """
         requires = tuple(name for name in (self.pair.draft.job, policy_job) if name is not None)
         job_ids = tuple(self.job_ids[name] for name in requires)
         identity = {
@@ -365,6 +379,8 @@ class _TrialGroup:
             "policy_job_id": self.job_ids[policy_job] if policy_job else None,
             "max_draft_len": max_draft_len,
         }
+        if mode != LIVE_MODE:
+            identity["mode"] = mode
         threshold = dict(params).get(THRESHOLD_PARAMETER)
         return Trial(
             trial_id=config_id(identity),
@@ -396,16 +412,25 @@ class _TrialGroup:
             requires_jobs=requires,
             job_ids=job_ids,
             threshold=float(threshold) if threshold is not None else None,
+            mode=mode,
         )
 
     def baseline(self) -> Trial:
         """Return the target-only AR baseline of this group."""
         return self._trial(BASELINE_POLICY, (), 0, None, None)
 
+    def live_check(self, baseline_id: str) -> Trial:
+        """Return the group's one live speculative trial of a replay sweep."""
+        check = self.spec.execution.live_check
+        params = _sorted_items([check.settings()])[0]
+        max_draft_len = self.spec.live_check_max_draft_len()
+        return self._trial(check.policy, params, max_draft_len, baseline_id, None)
+
     def policy_trials(self, policy: PolicySpec, baseline_id: str) -> list[Trial]:
         """Return the trials of one policy entry: parameter settings × max draft lengths."""
+        mode = self.spec.execution.mode
         return [
-            self._trial(policy.name, params, max_draft_len, baseline_id, policy.job)
+            self._trial(policy.name, params, max_draft_len, baseline_id, policy.job, mode)
             for params in _sorted_items(policy.settings())
             for max_draft_len in sorted(set(self.spec.max_draft_lens))
         ]
@@ -421,3 +446,98 @@ class _TrialGroup:
             n_trials=n_trials,
             reason=f"{reason} at temperature {self.temperature:g}",
         )
+
+
+@dataclass(frozen=True)
+class ReplayGroup:
+    """The trials of a replay sweep that share one prompt set and so one set of traces.
+
+    ``trials`` are the group's trials in plan order (live baselines and checks included);
+    ``cap`` is the trace cap (the largest max draft length among them), ``trace_key`` the
+    identity of the traces (models, prompts, output length, cap: no seed, since a greedy
+    trace does not depend on it), ``fit_key`` the identity of the group's cost fit.
+    """
+
+    fit_key: str
+    trace_key: str
+    cap: int
+    trials: tuple[Trial, ...]
+
+    @property
+    def live(self) -> tuple[Trial, ...]:
+        """The trials run on the models (baselines and live checks)."""
+        return tuple(trial for trial in self.trials if trial.mode == LIVE_MODE)
+
+    @property
+    def replayed(self) -> tuple[Trial, ...]:
+        """The trials replayed over the traces."""
+        return tuple(trial for trial in self.trials if trial.mode == REPLAY_MODE)
+
+    @property
+    def checks(self) -> tuple[Trial, ...]:
+        """The live speculative trials (the cross-check of replay against live rounds)."""
+        return tuple(trial for trial in self.live if not trial.is_baseline)
+
+
+def fit_group_key(trial: Trial) -> str:
+    """Return the id of the trial's cost-fit group: pair, prompt set, output length, sampling.
+
+    Seeds and policies share a group: the cost of a forward depends on neither.
+    """
+    return config_id(
+        {
+            "pair": trial.pair,
+            "dataset": trial.dataset,
+            "split": trial.split,
+            "samples": trial.samples,
+            "local_path": trial.local_path,
+            "max_new_tokens": trial.max_new_tokens,
+            "temperature": trial.temperature,
+            "top_k": trial.top_k,
+            "top_p": trial.top_p,
+        }
+    )
+
+
+def trace_key(trial: Trial, cap: int) -> str:
+    """Return the id of the greedy traces ``trial``'s prompts have at ``cap``.
+
+    Hashes what a trace depends on: both models and how the target is served, the prompt set,
+    the output length, the cap and ``CODE_VERSION``.
+    """
+    draft_job_id = None
+    if trial.draft_job is not None:
+        draft_job_id = trial.job_ids[trial.requires_jobs.index(trial.draft_job)]
+    return config_id(
+        {
+            "kind": "greedy-trace",
+            "target": trial.target,
+            "backend": trial.backend,
+            "tp_size": trial.tp_size,
+            "dtype": trial.dtype,
+            "trust_remote_code": trial.trust_remote_code,
+            "draft": trial.draft,
+            "draft_job_id": draft_job_id,
+            "dataset": trial.dataset,
+            "split": trial.split,
+            "samples": trial.samples,
+            "local_path": trial.local_path,
+            "max_new_tokens": trial.max_new_tokens,
+            "cap": cap,
+            "code_version": trial.code_version,
+        }
+    )
+
+
+def replay_groups(plan: Plan) -> list[ReplayGroup]:
+    """Return the plan's groups that hold replayed trials, in plan order (empty when live)."""
+    grouped: dict[str, list[Trial]] = {}
+    for trial in plan.trials:
+        grouped.setdefault(fit_group_key(trial), []).append(trial)
+    groups = []
+    for key, members in grouped.items():
+        if not any(trial.mode == REPLAY_MODE for trial in members):
+            continue
+        cap = max(trial.max_draft_len for trial in members)
+        groups.append(ReplayGroup(key, trace_key(members[0], cap), cap, tuple(members)))
+    return groups

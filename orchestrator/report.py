@@ -15,6 +15,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cost_model import CostModelError, HardwareProfile, project_onto_profile
 from orchestrator.planner import Plan
 
 Row = Mapping[str, Any]
@@ -74,6 +75,32 @@ RESOURCE_COLUMNS = (
     "cpus",
     "gpus",
 )
+FIT_COLUMNS = (
+    "pair",
+    "dataset",
+    "temperature",
+    "max_new_tokens",
+    "t_draft_ms",
+    "t_target_ms",
+    "t_per_verified_ms",
+    "r2_draft",
+    "r2_verify",
+    "r2_round",
+    "n_rounds",
+    "n_trials",
+    "check_same_rounds",
+    "check_error",
+)
+PROJECTION_LEADING_COLUMNS = (
+    "trial_id",
+    "mode",
+    "dataset",
+    "policy",
+    "threshold",
+    "max_draft_len",
+    "tokens_per_s",
+    "speedup",
+)
 ZOO_LEADING_COLUMNS = ("model", "role", "parameters")
 ZOO_TRAILING_COLUMNS = ("greedy_agreement", "entropy_std_nats", "cost_ratio")
 VAL_LOSS_PREFIX = "val_loss_"
@@ -95,6 +122,14 @@ HEADERS = {
     "greedy_agreement": "agreement",
     "entropy_std_nats": "entropy std",
     "cost_ratio": "cost ratio",
+    "t_draft_ms": "t_draft ms",
+    "t_target_ms": "t_target ms",
+    "t_per_verified_ms": "ms/verified token",
+    "r2_draft": "R² draft",
+    "r2_verify": "R² verify",
+    "r2_round": "R² round",
+    "check_same_rounds": "check: same rounds",
+    "check_error": "check: tok/s error",
 }
 MISSING = "-"
 MAX_ERROR_CHARS = 160
@@ -367,3 +402,59 @@ def render_table(
     for row in rows:
         table.add_row(*(Text(formatter(row.get(column))) for column in columns))
     return table
+
+
+def cost_fit_rows(fits: Iterable[Row]) -> list[dict[str, Any]]:
+    """Return one row per stored cost fit (``Store.cost_fits``), costs in milliseconds.
+
+    Exists for the ``fits`` command: each group's per-forward costs, the fits' R² and, for a
+    replay sweep, its live check (share of live rounds replay reproduces, tokens/s error).
+    """
+    return [
+        {
+            **{key: fit[key] for key in FIT_COLUMNS if key in fit},
+            "t_draft_ms": fit["t_draft"] * 1e3,
+            "t_target_ms": fit["t_target"] * 1e3,
+            "t_per_verified_ms": fit["t_per_verified"] * 1e3,
+        }
+        for fit in fits
+    ]
+
+
+def profile_column(profile: HardwareProfile, what: str) -> str:
+    """Return the column name of a profile's projected ``what`` (tokens_per_s or speedup)."""
+    return f"{profile.name} {what}"
+
+
+def profile_projection_rows(
+    rows: Iterable[Row], profiles: Sequence[HardwareProfile]
+) -> list[dict[str, Any]]:
+    """Return one row per done trial with its tokens/s and speedup projected on ``profiles``.
+
+    The projection uses the trial's hardware-independent counts (draft forwards, target calls
+    = rounds, generated tokens), so live and replayed trials project alike; a trial without
+    rounds (none recorded) has no projection.
+    """
+    result = []
+    for row in rows:
+        if row["status"] != "done":
+            continue
+        projected: dict[str, Any] = {key: row.get(key) for key in PROJECTION_LEADING_COLUMNS}
+        for profile in profiles:
+            try:
+                projection = project_onto_profile(
+                    profile,
+                    row["n_draft_forwards"] or 0,
+                    row["n_rounds"] or 0,
+                    row["generated_tokens"] or 0,
+                )
+            except CostModelError:
+                projection = None
+            projected[profile_column(profile, "tokens_per_s")] = (
+                projection.tokens_per_s if projection else None
+            )
+            projected[profile_column(profile, "speedup")] = (
+                projection.speedup if projection else None
+            )
+        result.append(projected)
+    return result

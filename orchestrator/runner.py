@@ -3,20 +3,27 @@
 ``run_sweep`` skips trials the store already has, runs the rest pair by pair (each pair's
 models load once; several pairs at once when ``execution.max_concurrent_pairs`` allows), retries
 a failed trial on fresh actors, and writes each trial in one transaction as it ends, so a crash
-loses only the trials in flight.
+loses only the trials in flight. After a pair's live trials, each trial group's block-aware
+cost model is fit over its stored live rounds and stored (``cost_fits``). In ``mode: replay``
+the pair's replayed trials then follow group by group (``orchestrator.replay_stage``): traces
+recorded once per group by the draft actor (or read back from the store), the fit, the
+cross-check of the live check trial, and each replayed trial stored like a live one.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from threading import Event, Lock
+from typing import Any
 
 import ray
 from tqdm import tqdm
 
+from orchestrator.cost_model import CostModelError
 from orchestrator.errors import describe_failure
 from orchestrator.metrics import trial_metrics
 from orchestrator.placement import (
@@ -25,11 +32,29 @@ from orchestrator.placement import (
     draft_actor_options,
     remove_worker_group,
 )
-from orchestrator.planner import Plan, Trial
+from orchestrator.planner import (
+    LIVE_MODE,
+    Plan,
+    ReplayGroup,
+    Trial,
+    fit_group_key,
+    replay_groups,
+)
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
+from orchestrator.replay_stage import (
+    CrossCheck,
+    GroupFit,
+    cross_check,
+    fit_group,
+    replay_rounds,
+    replayed_results,
+    trace_from_json,
+    trace_to_json,
+)
 from orchestrator.spec import PairSpec, SweepSpec
 from orchestrator.store import Store
 from orchestrator.training_stage import attach_job_drafts, run_training_jobs
+from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, ModelSpec, RankSpec, TargetWorker
 from workers.records import SamplingConfig
 from workers.trial import BASELINE_POLICY, TrialRequest
@@ -54,7 +79,9 @@ class RunOptions:
 class SweepSummary:
     """What a run did: trials planned, already done before it, run now, failed.
 
-    ``failures`` has a line per failed trial, ``job_failures`` one per failed training job.
+    ``failures`` has a line per failed trial, ``job_failures`` one per failed training job;
+    ``fit_notes`` a line per group's cost fit (stored, or why none), ``cross_checks`` a line
+    per replay group's live check; ``traces_recorded``/``traces_reused`` count trace groups.
     """
 
     sweep: str
@@ -67,6 +94,10 @@ class SweepSummary:
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
     job_failures: list[str] = field(default_factory=list)
+    fit_notes: list[str] = field(default_factory=list)
+    cross_checks: list[str] = field(default_factory=list)
+    traces_recorded: int = 0
+    traces_reused: int = 0
 
 
 def preflight(spec: SweepSpec, plan: Plan) -> PreparedInputs:
@@ -122,6 +153,17 @@ def run_sweep(
     lock = Lock()
     stop = Event()
 
+    groups = replay_groups(plan)
+
+    def finish(trial: Trial, error: str | None) -> None:
+        with lock:
+            summary.ran += 1
+            if error is not None:
+                summary.failed += 1
+                summary.failures.append(f"{trial.trial_id} ({trial.policy}): {error}")
+            progress.set_postfix_str(f"{trial.policy} {trial.dataset}")
+            progress.update()
+
     def run_pair(pair_name: str) -> None:
         runner = _PairRunner(
             pairs[pair_name], inputs, spec.execution.record_rounds, store, artifacts
@@ -130,14 +172,20 @@ def run_sweep(
             for trial in by_pair[pair_name]:
                 if stop.is_set():
                     return
-                error = runner.run_with_retries(trial, retries)
-                with lock:
-                    summary.ran += 1
-                    if error is not None:
-                        summary.failed += 1
-                        summary.failures.append(f"{trial.trial_id} ({trial.policy}): {error}")
-                    progress.set_postfix_str(f"{trial.policy} {trial.dataset}")
-                    progress.update()
+                if trial.mode == LIVE_MODE:
+                    finish(trial, runner.run_with_retries(trial, retries))
+            pending_ids = {trial.trial_id for trial in by_pair[pair_name]}
+            for group in groups:
+                if stop.is_set():
+                    return
+                todo = [t for t in group.replayed if t.trial_id in pending_ids]
+                if group.trials[0].pair == pair_name and todo:
+                    notes = runner.replay_group(plan.sweep, group, todo, finish)
+                    with lock:
+                        summary.fit_notes.append(notes.fit)
+                        summary.cross_checks += notes.checks
+                        summary.traces_recorded += notes.recorded
+                        summary.traces_reused += not notes.recorded
         finally:
             runner.close()
 
@@ -154,8 +202,93 @@ def run_sweep(
         raise
     pool.shutdown()
     progress.close()
+    replayed = {group.fit_key for group in groups}
+    summary.fit_notes += _store_live_fits(spec, plan, store, replayed)
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+def _store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:
+    """Fit and store the cost model of every group not in ``skip``; return a note per group."""
+    if not spec.execution.record_rounds:
+        return ["no cost fit: the sweep ran with record_rounds: false, so no rounds are stored"]
+    grouped: dict[str, list[Trial]] = {}
+    for trial in plan.trials:
+        if trial.mode == LIVE_MODE:
+            grouped.setdefault(fit_group_key(trial), []).append(trial)
+    notes = []
+    for key, trials in grouped.items():
+        if key in skip:
+            continue
+        try:
+            fit = _fit_from_store(store, trials)
+        except CostModelError as error:
+            notes.append(f"no cost fit for {_group_label(trials[0])}: {error}")
+            continue
+        store.record_cost_fit(_fit_values(plan.sweep, key, trials[0], fit))
+        notes.append(_fit_note(trials[0], fit))
+    return notes
+
+
+def _fit_from_store(store: Store, trials: Sequence[Trial]) -> GroupFit:
+    """Return the cost fit over the stored rounds of the done live ``trials``."""
+    rows = [
+        row
+        for row in store.trial_rows(t.trial_id for t in trials if t.mode == LIVE_MODE)
+        if row["status"] == "done"
+    ]
+    return fit_group(store.rounds(row["trial_id"] for row in rows), rows)
+
+
+def _group_label(trial: Trial) -> str:
+    """Return a short name of a trial's group for messages."""
+    return (
+        f"{trial.pair} {trial.dataset} (temperature {trial.temperature:g}, "
+        f"{trial.max_new_tokens} new tokens)"
+    )
+
+
+def _fit_note(trial: Trial, group: GroupFit) -> str:
+    """Return the one-line summary of a stored group fit."""
+    fit = group.fit
+    return (
+        f"cost fit {_group_label(trial)}: t_draft {fit.t_draft * 1e3:.3f} ms, t_target "
+        f"{fit.t_target * 1e3:.3f} ms + {fit.t_per_verified * 1e3:.3f} ms/token, R² round "
+        f"{fit.r2_round:.3f} over {fit.n_rounds} rounds of {group.n_trials} trials"
+    )
+
+
+def _fit_values(sweep: str, key: str, trial: Trial, group: GroupFit) -> dict[str, Any]:
+    """Return the ``cost_fits`` row of a group's fit (no cross-check)."""
+    fit = group.fit
+    return {
+        "sweep": sweep,
+        "group_key": key,
+        "pair": trial.pair,
+        "dataset": trial.dataset,
+        "split": trial.split,
+        "samples": trial.samples,
+        "max_new_tokens": trial.max_new_tokens,
+        "temperature": trial.temperature,
+        "t_draft": fit.t_draft,
+        "t_target": fit.t_target,
+        "t_per_verified": fit.t_per_verified,
+        "r2_draft": fit.r2_draft,
+        "r2_verify": fit.r2_verify,
+        "r2_round": fit.r2_round,
+        "n_rounds": fit.n_rounds,
+        "n_trials": group.n_trials,
+        "overhead_seconds": group.overhead_seconds,
+    }
+
+
+@dataclass(frozen=True)
+class _ReplayNotes:
+    """What replaying one group did: its fit line, its cross-check lines, traces recorded."""
+
+    fit: str
+    checks: list[str]
+    recorded: bool
 
 
 def _ensure_ray(address: str | None) -> None:
@@ -219,6 +352,107 @@ class _PairRunner:
             return None
         self.store.record_failure(trial, error or "unknown error", attempts=None)
         return error
+
+    def replay_group(
+        self,
+        sweep: str,
+        group: ReplayGroup,
+        trials: Sequence[Trial],
+        finish: Callable[[Trial, str | None], None],
+    ) -> _ReplayNotes:
+        """Replay ``trials`` of ``group`` and store them; return what was fit and checked.
+
+        Each trial is reported to ``finish`` with its error or None. Without a cost fit
+        (the live trials failed, or their rounds cannot identify the costs) every trial fails
+        with the reason.
+        """
+        label = _group_label(group.trials[0])
+        try:
+            traces, recorded = self._traces(group)
+            fit = _fit_from_store(self.store, group.live)
+        except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
+            reason = f"no cost fit or traces for replay: {describe_failure(exc)}"
+            for trial in trials:
+                self.store.record_failure(trial, reason, attempts=0)
+                finish(trial, reason)
+            return _ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
+        values = _fit_values(sweep, group.fit_key, group.trials[0], fit)
+        checks = []
+        for check in group.checks:
+            result = self._cross_check(check, traces, fit)
+            if result is None:
+                continue
+            checks.append(
+                f"cross-check {label} {check.policy} L={check.max_draft_len}: replay "
+                f"reproduces {result.same_rounds:.1%} of the live rounds; projected "
+                f"{result.projected_tokens_per_s:.2f} vs measured {result.tokens_per_s:.2f} "
+                f"tokens/s ({result.error:+.1%})"
+            )
+            values.update(
+                check_trial_id=result.trial_id,
+                check_same_rounds=result.same_rounds,
+                check_tokens_per_s=result.tokens_per_s,
+                check_projected_tokens_per_s=result.projected_tokens_per_s,
+                check_error=result.error,
+            )
+        self.store.record_cost_fit(values)
+        for trial in trials:
+            finish(trial, self._replay_trial(trial, traces, fit))
+        return _ReplayNotes(_fit_note(group.trials[0], fit), checks, recorded)
+
+    def _traces(self, group: ReplayGroup) -> tuple[list[GreedyTrace], bool]:
+        """Return the group's traces and whether they were recorded now (else read back)."""
+        stored = self.store.traces(group.trace_key)
+        if stored is not None:
+            return [trace_from_json(t) for t in stored["traces"]], False
+        trial = group.trials[0]
+        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
+        prompts = self.inputs.token_ids(self.pair.name, key, trial.max_new_tokens)
+        eos = self.inputs.tokenizer(self.pair.name).eos_token_id
+        self._start()
+        start = time.perf_counter()
+        traces = ray.get(
+            self.draft.record_traces.remote(prompts, trial.max_new_tokens, group.cap, eos)
+        )
+        seconds = time.perf_counter() - start
+        self.store.record_traces(
+            group.trace_key, group.cap, [trace_to_json(t) for t in traces], seconds
+        )
+        return traces, True
+
+    def _cross_check(
+        self, check: Trial, traces: list[GreedyTrace], fit: GroupFit
+    ) -> CrossCheck | None:
+        """Return the cross-check of a done live check trial, or None when it is not done."""
+        rows = self.store.trial_rows([check.trial_id])
+        if not rows or rows[0]["status"] != "done" or not rows[0]["tokens_per_s"]:
+            return None
+        live_rounds = self.store.rounds([check.trial_id])
+        return cross_check(check, live_rounds, rows[0]["tokens_per_s"], traces, fit)
+
+    def _replay_trial(self, trial: Trial, traces: list[GreedyTrace], fit: GroupFit) -> str | None:
+        """Replay one trial and store it like a live one; return its error or None."""
+        if not self.store.mark_running(trial):
+            return None
+        try:
+            results = replayed_results(replay_rounds(trial, traces), traces, fit)
+        except ValueError as exc:
+            error = describe_failure(exc)
+            self.store.record_failure(trial, error, attempts=1)
+            return error
+        prepared = self.inputs.prompts[
+            (trial.dataset, trial.split, trial.samples, trial.local_path)
+        ]
+        tokenizer = self.inputs.tokenizer(self.pair.name)
+        self.store.record_trial(
+            trial,
+            results,
+            trial_metrics(results),
+            record_rounds=True,
+            prompt_ids=[p.id for p in prepared],
+            output_texts=[tokenizer.decode(r.output_ids) for r in results],
+        )
+        return None
 
     def _request(self, trial: Trial) -> TrialRequest:
         """Build the worker's request for ``trial`` from the prepared prompts."""

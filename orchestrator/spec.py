@@ -35,6 +35,7 @@ from pydantic import (
 
 from orchestrator.yaml_lines import LocatedYaml, YamlSyntaxError, load_yaml_with_lines
 from policies import POLICIES, make_policy, policy_parameters
+from policies.replay import UNREPLAYABLE_FEATURES
 from workers.datasets import validate_dataset_name
 
 T = TypeVar("T")
@@ -377,13 +378,77 @@ class TrainingJobSpec(_Frozen):
         return self
 
 
+class LiveCheckSpec(_Frozen):
+    """The one live speculative trial per group of a replay sweep (cost fit and cross-check).
+
+    ``max_draft_len`` None means half the sweep's largest max draft length (at least 1).
+    """
+
+    policy: str = "static"
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    max_draft_len: int | None = Field(None, ge=1, le=MAX_DRAFT_LEN_LIMIT)
+
+    @model_validator(mode="after")
+    def _check_policy(self) -> LiveCheckSpec:
+        if self.policy not in POLICIES:
+            known = ", ".join(sorted(POLICIES))
+            message = f"unknown policy {self.policy!r}; known: {known}"
+            raise LocatedProblems([(("policy",), message)])
+        defaults = policy_parameters(self.policy)
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for key, value in self.params.items():
+            problems += _param_problems(defaults, key, value, ("params", key))
+        if not problems:
+            problems += [(("params",), m) for m in _replay_problems(self.policy, [self.settings()])]
+        if problems:
+            raise LocatedProblems(problems)
+        return self
+
+    def settings(self) -> dict[str, Any]:
+        """Return the full parameter setting: defaults, then ``params`` (coerced)."""
+        defaults = policy_parameters(self.policy)
+        merged = {**defaults, **self.params}
+        return {key: coerce_param_value(defaults[key], v) for key, v in merged.items()}
+
+
+def _replay_problems(name: str, settings: Sequence[dict[str, Any]]) -> list[str]:
+    """Return why policy ``name`` with these settings cannot be replayed (empty if it can)."""
+    messages: dict[str, None] = {}
+    for setting in settings:
+        try:
+            features = make_policy(name, MAX_DRAFT_LEN_LIMIT, **setting).features
+        except (TypeError, ValueError) as error:
+            messages[str(error)] = None
+            continue
+        hidden = sorted(features & UNREPLAYABLE_FEATURES)
+        if hidden:
+            messages[_hidden_state_message(name, hidden)] = None
+    return list(messages)
+
+
+def _hidden_state_message(name: str, features: Sequence[str]) -> str:
+    """Return the refusal of a policy that reads hidden states in a replay sweep."""
+    return (
+        f"policy {name!r} reads {', '.join(features)}, which a greedy trace does not store, so "
+        "mode: replay cannot reproduce it; run it in a sweep with mode: live, or give it a "
+        "constant instead of a trained artifact"
+    )
+
+
 class ExecutionSpec(_Frozen):
-    """How the runner executes trials."""
+    """How the runner executes trials.
+
+    ``mode: replay`` runs, per group, the AR baseline and the ``live_check`` trial live,
+    records one greedy trace per prompt, and replays every other trial over the traces
+    (``policies.replay``), timing them by the group's cost fit (greedy only).
+    """
 
     retries: int = Field(2, ge=0, le=100)
     warmup_samples: int = Field(1, ge=0, le=1000)
     record_rounds: bool = True
     max_concurrent_pairs: int = Field(1, ge=1, le=1024)
+    mode: Literal["live", "replay"] = "live"
+    live_check: LiveCheckSpec = Field(default_factory=LiveCheckSpec)
 
 
 class SweepSpec(_Frozen):
@@ -430,12 +495,52 @@ class SweepSpec(_Frozen):
                 loc = ("training_jobs", index, "base")
                 problems += _job_problems(jobs, upstream, DRAFT_JOB_KINDS, loc)
         problems += _job_cycles(jobs)
+        if self.execution.mode == "replay":
+            problems += self._replay_problems()
         size = self.grid_size()
         if size > MAX_GRID_TRIALS:
             problems.append(((), f"the grid expands to {size} trials (limit {MAX_GRID_TRIALS})"))
         if problems:
             raise LocatedProblems(problems)
         return self
+
+    def _replay_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return what a ``mode: replay`` sweep cannot replay exactly (policies.replay)."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for index, sampling in enumerate(self.temperatures):
+            if sampling.temperature > 0:
+                problems.append(
+                    (
+                        ("temperatures", index, "temperature"),
+                        f"mode: replay is exact only for greedy decoding (temperature 0), got "
+                        f"{sampling.temperature:g}: under sampling the draft's tokens and the "
+                        "target's acceptance draws depend on earlier rounds, so one recorded "
+                        "run determines no other policy's rounds; use temperature 0 or a "
+                        "sweep with mode: live",
+                    )
+                )
+        for index, policy in enumerate(self.policies):
+            if policy.job is not None:
+                features = ["hidden"] if policy.name == "specdecpp" else ["hidden", "target_hidden"]
+                message = _hidden_state_message(policy.name, features)
+                problems.append((("policies", index, "job"), message))
+                continue
+            for message in _replay_problems(policy.name, policy.settings()):
+                problems.append((("policies", index), message))
+        if not self.execution.record_rounds:
+            problems.append(
+                (
+                    ("execution", "record_rounds"),
+                    "mode: replay fits its cost model on the stored rounds of the live trials; "
+                    "set record_rounds: true",
+                )
+            )
+        return problems
+
+    def live_check_max_draft_len(self) -> int:
+        """Return the live check trial's max draft length (default: half the largest, ≥ 1)."""
+        chosen = self.execution.live_check.max_draft_len
+        return chosen if chosen is not None else max(1, max(self.max_draft_lens) // 2)
 
     def grid_size(self) -> int:
         """Return an upper bound on the number of policy trials (before de-duplication)."""

@@ -320,6 +320,20 @@ def test_cost_model_fits_per_group() -> None:
     assert "b1" in set(totals["trial_id"])
 
 
+def test_cost_model_fits_leave_replayed_trials_out() -> None:
+    trials = make_trials()
+    trials["mode"] = ["replay" if t == "a1" else "live" for t in trials["trial_id"]]
+    timings = pd.DataFrame(
+        [("s1", 4, 0.09), ("s1", 2, 0.07), ("a1", 3, 0.5)],  # a1's round is a projection
+        columns=["trial_id", "draft_forwards", "seconds"],
+    )
+    fits, totals = data.cost_model_fits(timings, trials, ["pair"])
+    fitted = row(fits, pair="p")
+    assert (fitted["t_draft"], fitted["t_target"]) == pytest.approx((0.01, 0.05))
+    assert fitted["n_rounds"] == 2
+    assert set(totals["trial_id"]) == {"s1"}
+
+
 # --- tables ----------------------------------------------------------------------------------
 
 

@@ -141,6 +141,73 @@ def test_migration_downgrades_to_empty_and_back(db_url: str) -> None:
         }
 
 
+def test_replay_migration_keeps_every_row_both_ways(db_url: str) -> None:
+    """0004 must not recreate ``trials``: on SQLite that cascade-deletes samples and links."""
+    spec, plan = _spec_and_plan()
+    counts = {}
+    with open_store(db_url) as store:
+        store.register_sweep(spec, plan)
+        results = _results(tokens_per_sample=6, seconds=1.5)
+        store.record_trial(plan.trials[1], results, trial_metrics(results))
+        store.record_cost_fit(_fit_values())
+        tables = (TrialRow, SweepTrialRow, SampleResultRow, RoundRow)
+        counts = {model: _count(store, model) for model in tables}
+        assert all(counts.values())
+        config = alembic_config()
+        for target in ("0003", "head"):
+            with store.engine.connect() as connection:
+                config.attributes["connection"] = connection
+                if target == "head":
+                    command.upgrade(config, target)
+                else:
+                    command.downgrade(config, target)
+                connection.commit()
+            assert {model: _count(store, model) for model in tables} == counts
+        assert {row["mode"] for row in store.trials_frame("store")} == {"live"}
+        assert store.cost_fits() == []
+
+
+def _fit_values() -> dict[str, object]:
+    """Return a cost_fits row of made-up numbers."""
+    return {
+        "sweep": "store",
+        "group_key": "g",
+        "pair": "demo",
+        "dataset": "builtin:code",
+        "split": None,
+        "samples": 2,
+        "max_new_tokens": 8,
+        "temperature": 0.0,
+        "t_draft": 0.001,
+        "t_target": 0.01,
+        "t_per_verified": 0.0005,
+        "r2_draft": 0.9,
+        "r2_verify": 0.8,
+        "r2_round": 0.95,
+        "n_rounds": 10,
+        "n_trials": 2,
+        "overhead_seconds": 0.002,
+    }
+
+
+def test_cost_fits_replace_per_group_and_traces_store_once(store: Store) -> None:
+    store.record_cost_fit(_fit_values())
+    store.record_cost_fit({**_fit_values(), "t_draft": 0.002})
+    store.record_cost_fit({**_fit_values(), "group_key": "h"})
+    fits = store.cost_fits("store")
+    assert [(f["group_key"], f["t_draft"]) for f in fits] == [("g", 0.002), ("h", 0.001)]
+    assert store.cost_fits("other") == []
+    assert store.traces("k") is None
+    assert store.record_traces("k", 4, [{"a": 1}, {"b": 2}], 1.5)
+    assert not store.record_traces("k", 8, [], 0.0)
+    assert store.traces("k") == {
+        "cap": 4,
+        "n_samples": 2,
+        "traces": [{"a": 1}, {"b": 2}],
+        "seconds": 1.5,
+    }
+
+
 def test_default_url_comes_from_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 import ray
 import torch
 
-from workers.lm import CachedLM, load_causal_lm
+from workers.lm import CachedLM, StepOutput, load_causal_lm
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
+from workers.trace import GreedyTrace, record_trace
 from workers.trial import TrialRequest, run_trial
 
 
@@ -72,6 +73,20 @@ class TargetWorker:
         """Score one drafted block on this rank."""
         return self.target.verify(request)
 
+    def lm_forward(self, ids: torch.Tensor, last_only: bool) -> tuple[torch.Tensor, int]:
+        """Forward ``ids`` through the target's cached LM; return CPU logits and cached length."""
+        out = self.target.lm.forward(ids, last_only=last_only)
+        return out.logits.cpu(), self.target.lm.cached_len
+
+    def lm_crop(self, length: int) -> int:
+        """Crop the target's cache to ``length`` tokens; return the cached length."""
+        self.target.lm.crop(length)
+        return self.target.lm.cached_len
+
+    def lm_reset(self) -> None:
+        """Drop the target's cache."""
+        self.target.lm.reset()
+
     def node_id(self) -> str:
         """Return the Ray node this actor runs on (placement checks)."""
         return ray.get_runtime_context().get_node_id()
@@ -92,6 +107,39 @@ class RemoteTargetGroup:
         return ray.get([rank.verify.remote(request) for rank in self.ranks])[0]
 
 
+class RemoteLM:
+    """The target group's cached LM as ``workers.trace.record_trace`` sees it (forward, crop,
+    reset, cached_len): every call goes to all ranks, rank 0 answers; logits only, no hidden
+    states. Returns full logit rows, so it serves trace recording, not the round protocol.
+    """
+
+    device = torch.device("cpu")
+
+    def __init__(self, ranks: list) -> None:
+        self.ranks = ranks
+        self._cached_len = 0
+
+    @property
+    def cached_len(self) -> int:
+        """Number of tokens in the target's cache."""
+        return self._cached_len
+
+    def reset(self) -> None:
+        """Drop the cache on every rank."""
+        ray.get([rank.lm_reset.remote() for rank in self.ranks])
+        self._cached_len = 0
+
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> StepOutput:
+        """Forward ``ids`` on every rank; return rank 0's logits (hidden states left empty)."""
+        answers = ray.get([rank.lm_forward.remote(ids.cpu(), last_only) for rank in self.ranks])
+        logits, self._cached_len = answers[0]
+        return StepOutput(logits=logits, hidden=torch.empty(0))
+
+    def crop(self, length: int) -> None:
+        """Roll every rank's cache back to ``length`` tokens."""
+        self._cached_len = ray.get([rank.lm_crop.remote(length) for rank in self.ranks])[0]
+
+
 @ray.remote
 class DraftWorker:
     """The draft model plus the round driver; holds handles to the target group's ranks."""
@@ -107,6 +155,25 @@ class DraftWorker:
     def run_trial(self, request: TrialRequest) -> list[GenerationResult]:
         """Run one trial (all its prompts) and return one result per prompt."""
         return run_trial(self.draft, self.target, request)
+
+    def record_traces(
+        self, prompts: list[list[int]], max_new_tokens: int, cap: int, eos_token_id: int | None
+    ) -> list[GreedyTrace]:
+        """Record the greedy trace of each prompt at ``cap`` (``workers.trace.record_trace``)."""
+        if self.draft is None:
+            raise ValueError("recording a trace needs a draft model")
+        target = RemoteLM(self.target.ranks)
+        return [
+            record_trace(
+                self.draft,
+                target,  # type: ignore[arg-type]
+                torch.tensor(prompt, dtype=torch.long),
+                max_new_tokens,
+                cap,
+                eos_token_id,
+            )
+            for prompt in prompts
+        ]
 
     def node_id(self) -> str:
         """Return the Ray node this actor runs on (placement checks)."""

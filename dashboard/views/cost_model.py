@@ -16,7 +16,8 @@ st.header("Cost model")
 st.caption(
     "Least squares over rounds: a round costs t_draft per draft forward plus t_target for its "
     "verify call; T is its draft plus verify seconds. R² is 1 − SS_res/SS_tot over rounds; the "
-    "chart compares each trial's measured time (sum over its rounds) with the fit."
+    "chart compares each trial's measured time (sum over its rounds) with the fit. Replayed "
+    "trials (mode replay) are left out: their round times are projections of a fit."
 )
 group_by = st.multiselect(
     "Fit one model per", GROUP_CHOICES, default=["pair"], help="Empty: one fit for everything."

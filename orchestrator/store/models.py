@@ -28,6 +28,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 TRIAL_STATUSES = ("pending", "running", "done", "failed")
+#: How a trial was measured: run on the models, or replayed from a greedy trace (timing
+#: projected by the group's cost fit).
+TRIAL_MODES = ("live", "replay")
 JOB_STATUSES = ("pending", "running", "done", "failed")
 #: 64-bit ids on PostgreSQL; on SQLite only INTEGER PRIMARY KEY auto-increments.
 BigId = BigInteger().with_variant(Integer, "sqlite")
@@ -110,6 +113,7 @@ class TrialRow(Base):
     max_draft_len: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(BigInteger)
     is_baseline: Mapped[bool]
+    mode: Mapped[str] = mapped_column(String(16), default="live", server_default="live")
     baseline_id: Mapped[str | None] = mapped_column(String(32), index=True)
     code_version: Mapped[str] = mapped_column(String(32))
     params: Mapped[dict[str, Any]]
@@ -239,3 +243,61 @@ class ArtifactRow(Base):
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
     __table_args__ = (UniqueConstraint("job_id", "kind", "path", name="uq_artifacts"),)
+
+
+class CostFitRow(Base):
+    """The block-aware cost model fit over one trial group's live rounds, per sweep.
+
+    A group is (pair, dataset slice, sampling, max_new_tokens); the fit is
+    ``orchestrator.cost_model.fit_round_costs`` over the rounds of the group's live trials
+    (the AR baseline included). ``overhead_seconds`` is the mean time per sample outside the
+    rounds (prefill, bookkeeping) of its live speculative trials. The ``check_*`` columns hold
+    a replay sweep's cross-check: its live speculative trial replayed over the traces, the
+    share of its rounds replay reproduces, and its projected vs measured tokens/s.
+    """
+
+    __tablename__ = "cost_fits"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    sweep: Mapped[str] = mapped_column(String(128))
+    group_key: Mapped[str] = mapped_column(String(32))
+    pair: Mapped[str] = mapped_column(String(128))
+    dataset: Mapped[str] = mapped_column(String(256))
+    split: Mapped[str | None] = mapped_column(String(64))
+    samples: Mapped[int] = mapped_column(Integer)
+    max_new_tokens: Mapped[int] = mapped_column(Integer)
+    temperature: Mapped[float] = mapped_column(Float)
+    t_draft: Mapped[float] = mapped_column(Float)
+    t_target: Mapped[float] = mapped_column(Float)
+    t_per_verified: Mapped[float] = mapped_column(Float)
+    r2_draft: Mapped[float] = mapped_column(Float)
+    r2_verify: Mapped[float] = mapped_column(Float)
+    r2_round: Mapped[float] = mapped_column(Float)
+    n_rounds: Mapped[int] = mapped_column(Integer)
+    n_trials: Mapped[int] = mapped_column(Integer)
+    overhead_seconds: Mapped[float] = mapped_column(Float)
+    check_trial_id: Mapped[str | None] = mapped_column(String(32))
+    check_same_rounds: Mapped[float | None] = mapped_column(Float)
+    check_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    check_projected_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    check_error: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+    __table_args__ = (UniqueConstraint("sweep", "group_key", name="uq_cost_fits"),)
+
+
+class TraceRow(Base):
+    """The greedy traces of one (pair, prompt set, max_new_tokens) at one cap, one per prompt.
+
+    ``trace_key`` hashes everything the traces depend on (models, prompts, output length,
+    cap), so a resubmitted sweep, or another sweep on the same group, reuses them.
+    """
+
+    __tablename__ = "traces"
+
+    trace_key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    cap: Mapped[int] = mapped_column(Integer)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    traces: Mapped[list[Any]]
+    seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)

@@ -25,10 +25,12 @@ from orchestrator.store.db import check_readable, default_url, make_engine, upgr
 from orchestrator.store.models import (
     ArtifactRow,
     Base,
+    CostFitRow,
     RoundRow,
     SampleResultRow,
     SweepRow,
     SweepTrialRow,
+    TraceRow,
     TrainingJobRow,
     TrialRow,
     utc_now,
@@ -288,6 +290,20 @@ class Store:
         with self._transaction() as session:
             return [{key: getattr(row, key) for key in columns} for row in session.scalars(query)]
 
+    def trial_rows(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Return the trials rows (every column) of these ids, in the order given."""
+        wanted = list(dict.fromkeys(trial_ids))
+        columns = [column.key for column in TrialRow.__table__.columns]
+        found: dict[str, dict[str, Any]] = {}
+        with self._transaction() as session:
+            for start in range(0, len(wanted), _ID_CHUNK):
+                query = select(TrialRow).where(
+                    TrialRow.trial_id.in_(wanted[start : start + _ID_CHUNK])
+                )
+                for row in session.scalars(query):
+                    found[row.trial_id] = {key: getattr(row, key) for key in columns}
+        return [found[trial_id] for trial_id in wanted if trial_id in found]
+
     def sample_outputs(self, trial_id: str) -> list[dict[str, Any]]:
         """Return the stored samples of one trial in sample order (one dict per sample row)."""
         query = (
@@ -321,6 +337,75 @@ class Store:
                 )
                 entry["n_trials"] += trial_id is not None
         return list(summary.values())
+
+    def rounds(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Return the stored rounds of these trials, ordered by trial, sample and round.
+
+        Exists for the cost-model fit and the replay cross-check, which read the measured
+        rounds (a trial stored without rounds contributes none).
+        """
+        wanted = list(dict.fromkeys(trial_ids))
+        columns = [column.key for column in RoundRow.__table__.columns if column.key != "id"]
+        found: list[dict[str, Any]] = []
+        with self._transaction() as session:
+            for start in range(0, len(wanted), _ID_CHUNK):
+                query = (
+                    select(RoundRow)
+                    .where(RoundRow.trial_id.in_(wanted[start : start + _ID_CHUNK]))
+                    .order_by(RoundRow.trial_id, RoundRow.sample_index, RoundRow.round_index)
+                )
+                found += [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
+        return found
+
+    def record_cost_fit(self, values: dict[str, Any]) -> None:
+        """Store a sweep's cost fit of one group (``CostFitRow`` columns), replacing an old one."""
+        with self._transaction() as session:
+            session.execute(
+                delete(CostFitRow).where(
+                    CostFitRow.sweep == values["sweep"],
+                    CostFitRow.group_key == values["group_key"],
+                )
+            )
+            session.execute(insert(CostFitRow), [values])
+
+    def cost_fits(self, sweep: str | None = None) -> list[dict[str, Any]]:
+        """Return the stored cost fits (of one sweep, or all) as dicts, oldest first."""
+        query = select(CostFitRow).order_by(CostFitRow.id)
+        if sweep is not None:
+            query = query.where(CostFitRow.sweep == sweep)
+        columns = [column.key for column in CostFitRow.__table__.columns]
+        with self._transaction() as session:
+            return [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
+
+    def traces(self, trace_key: str) -> dict[str, Any] | None:
+        """Return the stored traces under ``trace_key`` (cap, n_samples, traces, seconds)."""
+        with self._transaction() as session:
+            row = session.get(TraceRow, trace_key)
+            if row is None:
+                return None
+            return {
+                "cap": row.cap,
+                "n_samples": row.n_samples,
+                "traces": row.traces,
+                "seconds": row.seconds,
+            }
+
+    def record_traces(
+        self, trace_key: str, cap: int, traces: Sequence[dict[str, Any]], seconds: float
+    ) -> bool:
+        """Store one group's traces (JSON-ready dicts); False when the key is already stored."""
+        with self._transaction() as session:
+            if session.get(TraceRow, trace_key) is not None:
+                return False
+            values = {
+                "trace_key": trace_key,
+                "cap": cap,
+                "n_samples": len(traces),
+                "traces": list(traces),
+                "seconds": seconds,
+            }
+            session.execute(insert(TraceRow), [values])
+            return True
 
     def record_training_job(
         self,
@@ -463,6 +548,7 @@ def _trial_values(trial: Trial) -> dict[str, Any]:
         "max_draft_len": trial.max_draft_len,
         "seed": trial.seed,
         "is_baseline": trial.is_baseline,
+        "mode": trial.mode,
         "baseline_id": trial.baseline_id,
         "code_version": trial.code_version,
         "params": trial.params_dict,
