@@ -1,15 +1,17 @@
 """The training stage of a sweep: its KD and head-training jobs, run on Ray before the trials.
 
-Each job runs as one Ray task (``training.jobs.run_job``) writing into its own directory
-``<jobs root>/<job id>``, so a retried or re-submitted job resumes from its last checkpoint and a
-finished one is never trained twice. The store records every job's status, attempts, error,
-metrics and seconds, and its artifact's path. The jobs root is ``$SPECSWEEP_JOBS_DIR`` or
-``<SpecSweep cache>/jobs``; on a multi-node cluster it must be a directory every node mounts.
+Each job runs through Ray Train (``training.ray_job.train_with_ray``, launched from a
+zero-CPU Ray task so several jobs run at once as the cluster's CPUs allow) on its ``workers``
+ranks, writing into its own directory ``<jobs root>/<job id>``, so a retried or re-submitted job
+resumes from its last checkpoint and a finished one is never trained twice. The store records
+every job's status (``queued`` when submitted, ``running`` once its ranks have started,
+then ``done`` or ``failed``), attempts, error, metrics and seconds, and its artifact's path. The
+jobs root is ``$SPECSWEEP_JOBS_DIR`` or ``<SpecSweep cache>/jobs``; on a multi-node cluster it
+must be a directory every node mounts.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,23 @@ from orchestrator.preflight import ModelPaths, PreparedInputs
 from orchestrator.spec import SweepSpec, job_base_reference
 from orchestrator.store import Store
 from training.jobs import JobConfig, JobResult, jobs_root
+from training.ray_job import WORKER_PID_FILE, clear_started, started, train_with_ray
 
-WORKER_PID_FILE = "worker.pid"
+#: The store's status of a submitted job whose ranks Ray has not started yet (queued for
+#: resources); it becomes "running" when rank 0 starts.
+QUEUED = "pending"
+#: Seconds between checks for queued jobs whose ranks have started.
+POLL_SECONDS = 0.5
+
+__all__ = [
+    "POLL_SECONDS",
+    "QUEUED",
+    "WORKER_PID_FILE",
+    "JobOutcome",
+    "attach_job_drafts",
+    "job_config",
+    "run_training_jobs",
+]
 
 
 @dataclass(frozen=True)
@@ -58,20 +75,8 @@ def job_config(job: TrainingJob, artifacts: dict[str, str] | None = None) -> Job
 
 
 def _run_job(config: JobConfig, output_dir: str) -> dict[str, Any]:
-    """Run one job in a Ray worker process; return its result as plain values.
-
-    The worker's process id goes to ``<output_dir>/worker.pid`` so an operator (or a fault
-    test) can find the process that trains a job.
-    """
-    import torch
-
-    from training.jobs import run_job
-
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    directory = Path(output_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / WORKER_PID_FILE).write_text(str(os.getpid()))
-    return run_job(config, directory, progress=False).to_json()
+    """Run one job through Ray Train (from a Ray task); return its result as plain values."""
+    return train_with_ray(config, Path(output_dir)).to_json()
 
 
 def run_training_jobs(
@@ -86,7 +91,8 @@ def run_training_jobs(
     A job the store has as done, whose artifact still exists, is reused. A failed attempt is
     recorded with its error and retried (resuming from its checkpoint) up to ``retries`` times.
     A job whose base is another job's draft (``job:NAME``) starts once NAME has its artifact,
-    and fails without running if NAME failed.
+    and fails without running if NAME failed. A job is recorded ``queued`` when submitted and
+    ``running`` once its ranks have started (its rank 0 marks the start in its directory).
     """
     root = root or jobs_root()
     done = store.completed_job_ids(job.job_id for job in jobs)
@@ -100,18 +106,27 @@ def run_training_jobs(
             pending.append(job)
     if not pending:
         return outcomes
-    task = ray.remote(num_cpus=1, max_retries=0)(_run_job)
+    task = ray.remote(num_cpus=0, max_retries=0)(_run_job)
     attempts = dict.fromkeys((job.name for job in pending), 0)
     in_flight: dict[Any, TrainingJob] = {}
+    queued: list[TrainingJob] = []
 
     waiting = list(pending)
 
     def submit(job: TrainingJob) -> None:
         attempts[job.name] += 1
-        store.record_training_job(job, "running", attempts=attempts[job.name])
-        output_dir = str(root / job.job_id)
+        output_dir = root / job.job_id
+        clear_started(output_dir)
+        store.record_training_job(job, QUEUED, attempts=attempts[job.name])
+        queued.append(job)
         config = job_config(job, _artifacts(outcomes))
-        in_flight[task.remote(config, output_dir)] = job
+        in_flight[task.remote(config, str(output_dir))] = job
+
+    def mark_started() -> None:
+        for job in list(queued):
+            if started(root / job.job_id):
+                queued.remove(job)
+                store.record_training_job(job, "running", attempts=attempts[job.name])
 
     def submit_ready() -> None:
         for job in list(waiting):
@@ -130,8 +145,13 @@ def run_training_jobs(
     bar = tqdm(total=len(pending), desc="training jobs", unit="job", disable=not progress)
     submit_ready()
     while in_flight:
-        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=POLL_SECONDS)
+        mark_started()
+        if not ready:
+            continue
         job = in_flight.pop(ready[0])
+        if job in queued:
+            queued.remove(job)
         try:
             result = JobResult(**ray.get(ready[0]))
         except Exception as exc:

@@ -115,6 +115,30 @@ def test_distillspec_target_data_is_the_teachers_greedy_output(
     assert result.metrics["heldout_kl"] < result.metrics["initial_heldout_kl"]
 
 
+def test_sampled_target_data_is_seeded_and_not_the_greedy_output(
+    micro_zoo: ZooManifest, tmp_path: Path
+) -> None:
+    sampled = {"data": "target", "sample_temperature": 1.0, "max_steps": 1}
+    blocks = {}
+    for name, settings, seed in (
+        ("greedy", {"data": "target", "max_steps": 1}, 0),
+        ("sampled", sampled, 0),
+        ("again", sampled, 0),
+        ("other_seed", sampled, 1),
+    ):
+        run_job(job(micro_zoo, "distillspec", settings, seed=seed), tmp_path / name, False)
+        blocks[name] = torch.load(tmp_path / name / DATA_DIR / "train_blocks.pt")
+    teacher = AutoModelForCausalLM.from_pretrained(str(micro_zoo.model_path("target")))
+    start = FAST["prompt_tokens"]
+    assert blocks["sampled"].shape == blocks["greedy"].shape == (12, 33)
+    assert torch.equal(blocks["sampled"], blocks["again"])
+    assert not torch.equal(blocks["sampled"], blocks["other_seed"])
+    # Prompts are the same rows of the dataset; only the continuations differ.
+    assert torch.equal(blocks["sampled"][:, :start], blocks["greedy"][:, :start])
+    assert greedy_fraction(teacher, blocks["greedy"], start) > 0.99
+    assert greedy_fraction(teacher, blocks["sampled"], start) < 0.95
+
+
 def test_divergence_setting_reaches_the_loss(micro_zoo: ZooManifest, tmp_path: Path) -> None:
     teacher = AutoModelForCausalLM.from_pretrained(str(micro_zoo.model_path("target")))
     draft = AutoModelForCausalLM.from_pretrained(str(micro_zoo.model_path("draft-xs")))
@@ -349,6 +373,10 @@ def test_mix_counts() -> None:
         ("distillspec", {"lr": "fast"}, "lr"),
         ("distillspec", {"divergence": "js"}, "divergence"),
         ("distillspec", {"max_steps": 2.5}, "max_steps"),
+        ("distillspec", {"data": "target", "sample_temperature": -0.5}, "sample_temperature"),
+        ("distillspec", {"data": "target", "sample_temperature": "hot"}, "sample_temperature"),
+        ("distillspec", {"sample_temperature": 1.0}, "sample_temperature"),
+        ("distillspec", {"workers": 0}, "workers"),
         ("adaspec", {"keep_fraction": "most"}, "keep_fraction"),
         ("adaspec", {"keep_fraction": 1.5}, "keep_fraction"),
         ("adaspec", {"exit_layers": 1}, "exit_layers"),

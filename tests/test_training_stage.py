@@ -1,5 +1,6 @@
-"""A sweep's training jobs on real Ray and SQLite: run before the trials, recorded, reused, and
-resumed from their checkpoint after the worker training them is SIGKILLed mid-epoch."""
+"""A sweep's training jobs on real Ray (Ray Train) and SQLite: run before the trials, recorded,
+reused, and resumed from their checkpoint after the rank-0 process training them is SIGKILLed
+mid-epoch."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def _sweep(samples: int) -> tuple:
     return spec, plan_sweep(spec)
 
 
+@pytest.mark.slow
 def test_jobs_run_before_trials_are_recorded_and_reused(job_env, ray_local, tmp_path):
     spec, plan = _sweep(samples=32)
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
@@ -125,6 +127,7 @@ def _kill_after_first_checkpoint(job_dir: Path, killed: list[int], timeout_s: fl
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_job_killed_mid_epoch_resumes_from_its_checkpoint(job_env, ray_local, tmp_path):
     spec, plan = _sweep(samples=400)
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")

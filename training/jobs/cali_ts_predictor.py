@@ -251,15 +251,15 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
         lambda: CaliPredictor(target_size, draft_size, projection_dim, settings.max_offset),
     ).to(device)
 
-    def pair_logits(pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def pair_logits(
+        pairs: torch.Tensor, model: torch.nn.Module = predictor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         sequence, row, offset = pairs.to(device).unbind(-1)
-        logits = predictor(
-            target_states[sequence, row], draft_states[sequence, row + offset], offset
-        )
+        logits = model(target_states[sequence, row], draft_states[sequence, row + offset], offset)
         return logits, labels[sequence, row + offset]
 
-    def batch_loss(indices: torch.Tensor) -> torch.Tensor:
-        logits, batch_labels = pair_logits(train_pairs[indices])
+    def batch_loss(model: torch.nn.Module, indices: torch.Tensor) -> torch.Tensor:
+        logits, batch_labels = pair_logits(train_pairs[indices], model)
         return bce_per_item(batch_labels, logits).mean()
 
     report = fit(

@@ -3,12 +3,14 @@
 The draft (``config.base``) minimises a divergence (``forward_kl`` by default, ``reverse_kl`` or
 ``tvd``) between the target's (``config.teacher``) and its own next-token distributions at every
 position of its training blocks. The blocks are the dataset's documents (``data: dataset``) or
-the dataset's prompts continued by the target's greedy output (``data: target``, DistillSpec's
-on-policy data). ``prepare_drafting`` and ``train_draft`` are reused by AdaSPEC.
+the dataset's prompts continued by the target's greedy or, at ``sample_temperature`` > 0, sampled
+output (``data: target``, DistillSpec's on-policy data). ``prepare_drafting`` and
+``train_draft`` are reused by AdaSPEC.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +41,7 @@ from training.jobs.draft_common import (
     kd_texts,
     parse_settings,
     phase_metrics,
+    require,
     save_draft,
     train_student,
     training_blocks,
@@ -49,16 +52,36 @@ DataSource = Literal["dataset", "target"]
 DATA_NOTES: dict[str, str] = {
     "dataset": "packed dataset documents (prompt + reference), teacher-forced",
     "target": "dataset prompts (first prompt_tokens tokens) continued by the teacher's greedy "
-    "output to block_len + 1 tokens (DistillSpec's on-policy data)",
+    "(sample_temperature 0) or sampled output to block_len + 1 tokens (DistillSpec's on-policy "
+    "data)",
 }
 
 
 @dataclass(frozen=True)
 class DistillSpecSettings(TrainSettings):
-    """DistillSpec's settings: the divergence to minimise and the text to distil on."""
+    """DistillSpec's settings: the divergence to minimise and the text to distil on.
+
+    ``sample_temperature`` (``data: target`` only): 0 continues the prompts with the teacher's
+    greedy tokens; above 0 samples them at that temperature, seeded by the job's seed, as
+    DistillSpec's on-policy data is drawn.
+    """
 
     divergence: DivergenceKind = "forward_kl"
     data: DataSource = "dataset"
+    sample_temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            math.isfinite(self.sample_temperature) and self.sample_temperature >= 0.0,
+            "sample_temperature",
+            f"must be a finite number >= 0, got {self.sample_temperature}",
+        )
+        require(
+            self.sample_temperature == 0.0 or self.data == "target",
+            "sample_temperature",
+            "applies only to data: target (the teacher's continuations)",
+        )
 
 
 @dataclass
@@ -90,7 +113,9 @@ def prepare_drafting(
     fraction = 1.0 if settings.data == "target" else 0.0
     train = cached_tensor(
         output_dir / DATA_DIR / "train_blocks.pt",
-        lambda: training_blocks(texts, tokenizer, teacher, settings, fraction, config.seed),
+        lambda: training_blocks(
+            texts, tokenizer, teacher, settings, fraction, config.seed, settings.sample_temperature
+        ),
     )
     return DraftingSetup(
         teacher, student, tokenizer, train, heldout_blocks(texts, tokenizer, settings)

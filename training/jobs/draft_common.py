@@ -6,9 +6,9 @@ key, wrong type (``Literal`` fields: value outside the choices) or out-of-range 
 
 Data: ``kd_texts`` splits the dataset into training and held-out documents (the built-ins'
 ``heldout`` split, else a tail slice of the training documents); ``training_blocks`` packs the
-training documents and/or continues their prompts with the teacher's greedy output (DistillSpec's
-on-policy data), mixed in a given fraction and cached in the job directory so a resumed run
-trains on exactly the same blocks.
+training documents and/or continues their prompts with the teacher's greedy or sampled output
+(DistillSpec's on-policy data), mixed in a given fraction and cached in the job directory so a
+resumed run trains on exactly the same blocks.
 
 Training: ``train_student`` is the one distillation loop: teacher forward, the job's per-batch
 loss, AdamW, in a resumable ``StepLoop`` whose checkpoints hold model, optimiser and loss
@@ -29,9 +29,9 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 import torch
 from transformers import PreTrainedModel
 
+from training.distributed import RankCheckpoints, is_writer, stepper, writer_first
 from training.jobs.base import (
     CHECKPOINT_DIR,
-    Checkpoints,
     JobConfig,
     JobConfigError,
     StepLoop,
@@ -47,7 +47,6 @@ from training.lm_trainer import (
     adamw_optimizer,
     greedy_continuations,
     learning_rate,
-    optimizer_step,
 )
 from training.losses import TargetDistribution, forward_kl_per_token, target_distribution
 from training.realism import greedy_matches
@@ -206,19 +205,36 @@ def prompt_ids(tokenizer: Any, prompts: Sequence[str], prompt_tokens: int) -> li
 
 
 def generated_blocks(
-    teacher: PreTrainedModel, prompts: Sequence[Sequence[int]], block_len: int
+    teacher: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    block_len: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Return [len(prompts), block_len + 1] rows: each prompt continued by the teacher's greedy
-    tokens (``greedy_continuations``, batched over prompts of equal length, so no padding)."""
+    """Return [len(prompts), block_len + 1] rows: each prompt continued by the teacher.
+
+    Greedy tokens at ``temperature`` 0 (``greedy_continuations``), else tokens sampled at that
+    temperature from ``generator`` (``head_data.continue_sequences``), so the same seed draws
+    the same data. Prompts of equal length are continued in batches, so no padding.
+    """
+    from training.jobs.head_data import continue_sequences
+    from workers.records import SamplingConfig
+
     device = next(teacher.parameters()).device
     by_length: dict[int, list[int]] = {}
     for index, row in enumerate(prompts):
         by_length.setdefault(len(row), []).append(index)
     rows: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
+    sampling = SamplingConfig(temperature=temperature)
+    generator = generator or torch.Generator().manual_seed(0)
     for length, indices in sorted(by_length.items()):
         batch = torch.tensor([list(prompts[i]) for i in indices], device=device)
-        continued = greedy_continuations(teacher, batch, block_len + 1 - length).cpu()
-        for index, row in zip(indices, continued, strict=True):
+        new_tokens = block_len + 1 - length
+        if temperature > 0.0:
+            continued = continue_sequences(teacher, batch, new_tokens, sampling, generator, 64)
+        else:
+            continued = greedy_continuations(teacher, batch, new_tokens)
+        for index, row in zip(indices, continued.cpu(), strict=True):
             rows[index] = row
     return torch.stack(rows)
 
@@ -244,11 +260,13 @@ def training_blocks(
     settings: TrainSettings,
     generated_fraction: float,
     seed: int,
+    temperature: float = 0.0,
 ) -> torch.Tensor:
     """Return the [n, block_len + 1] blocks to distil on.
 
     A fraction ``generated_fraction`` of them are dataset prompts continued by the teacher
-    (one block per prompt), the rest packed training documents; both drawn in a seeded order.
+    (one block per prompt; greedy, or sampled at ``temperature``), the rest packed training
+    documents; both drawn in a seeded order, samples from the same seeded generator.
     """
     corpus = (
         token_blocks(tokenizer, texts.train, settings.block_len) if generated_fraction < 1 else None
@@ -264,24 +282,30 @@ def training_blocks(
         parts.append(corpus[torch.randperm(n_corpus, generator=generator)[:c]])  # type: ignore[index]
     if g:
         chosen = torch.randperm(len(prompts), generator=generator)[:g].tolist()
-        parts.append(generated_blocks(teacher, [prompts[i] for i in chosen], settings.block_len))
+        chosen_prompts = [prompts[i] for i in chosen]
+        parts.append(
+            generated_blocks(teacher, chosen_prompts, settings.block_len, temperature, generator)
+        )
     return torch.cat(parts)
 
 
 def cached_tensor(path: Path, build: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """Return the tensor saved at ``path``, or build it, save it atomically and return it.
+    """Return the tensor saved at ``path``, built and saved atomically first if it is absent.
 
     Target-generated data costs many teacher forwards; caching it also makes a resumed run
-    train on exactly the blocks the crashed one did.
+    train on exactly the blocks the crashed one did. Under several ranks, rank 0 builds it and
+    every rank reads it.
     """
-    if path.is_file():
-        return torch.load(path, map_location="cpu", weights_only=True)
-    value = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    torch.save(value, temporary)
-    os.replace(temporary, path)
-    return value
+
+    def write() -> None:
+        value = build()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        torch.save(value, temporary)
+        os.replace(temporary, path)
+
+    writer_first(path, write)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def heldout_blocks(texts: KDTexts, tokenizer: Any, settings: TrainSettings) -> torch.Tensor:
@@ -418,21 +442,22 @@ def train_student(
         seed=seed,
     )
     optimizer = adamw_optimizer(student, schedule, phase.lr)
+    steps = stepper(student, optimizer, GRAD_CLIP, settings.batch_size)
     history = _History()
 
     def state() -> dict[str, Any]:
         return {
             "model": student.state_dict(),
-            "optimizer": optimizer.state_dict(),
+            "optimizer": steps.optimizer_state(),
             **history.state(),
         }
 
     def restore(saved: dict[str, Any]) -> None:
         student.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        steps.load_optimizer_state(saved["optimizer"])
         history.restore(saved)
 
-    checkpoints = Checkpoints(output_dir / CHECKPOINT_DIR / phase.name)
+    checkpoints = RankCheckpoints(output_dir / CHECKPOINT_DIR / phase.name)
     loop = StepLoop(
         n_items=blocks.shape[0],
         batch_size=settings.batch_size,
@@ -452,12 +477,12 @@ def train_student(
     for step, epoch, index in loop.batches():
         if step >= total:
             break
-        inputs = blocks[index, :-1].to(device)
+        shard = steps.shard(index)
+        inputs = blocks[shard.rows, :-1].to(device)
         with torch.no_grad():
             teacher_dist = target_distribution(teacher(input_ids=inputs, use_cache=False).logits)
-        loss = loss_fn(inputs, teacher_dist, student(input_ids=inputs, use_cache=False).logits)
-        optimizer_step(student, optimizer, loss, learning_rate(step, schedule), GRAD_CLIP)
-        history.record(loss.item(), inputs.shape[0])
+        loss = loss_fn(inputs, teacher_dist, steps.model(input_ids=inputs, use_cache=False).logits)
+        history.record(steps.step(loss, shard, learning_rate(step, schedule)), index.numel())
         loop.report(epoch, history.losses[-1])
     if start < total < loop.total_steps:
         checkpoints.save(total, state())
@@ -524,8 +549,10 @@ def save_draft(
 ) -> None:
     """Save ``model`` (safetensors), its tokenizer and ``card`` so ``from_pretrained`` loads it.
 
-    The card is written last: its presence marks a complete save.
+    The card is written last: its presence marks a complete save. Only rank 0 writes.
     """
+    if not is_writer():
+        return
     directory.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -27,9 +27,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from training.distributed import RankCheckpoints, is_writer, stepper, writer_first
 from training.jobs.base import (
     CHECKPOINT_DIR,
-    Checkpoints,
     JobConfig,
     JobConfigError,
     StepLoop,
@@ -309,15 +309,18 @@ def cached_tensors(
     """Return the job's data from ``output_dir / DATA_FILE``, built and written first if absent.
 
     Written to a temporary file and renamed, so a crash while writing leaves no partial data.
+    Under several ranks, rank 0 builds it and every rank reads it.
     """
     path = output_dir / DATA_FILE
-    if path.is_file():
-        return load_file(str(path))
-    tensors = {name: value.contiguous().cpu() for name, value in build().items()}
-    temporary = path.with_suffix(".tmp")
-    save_file(tensors, str(temporary))
-    os.replace(temporary, path)
-    return tensors
+
+    def write() -> None:
+        tensors = {name: value.contiguous().cpu() for name, value in build().items()}
+        temporary = path.with_suffix(".tmp")
+        save_file(tensors, str(temporary))
+        os.replace(temporary, path)
+
+    writer_first(path, write)
+    return load_file(str(path))
 
 
 def seeded_module(seed: int, make: Callable[[], nn.Module]) -> nn.Module:
@@ -370,32 +373,35 @@ def fit_settings(config: JobConfig, default_lr: float, default_batch: int) -> Fi
 def fit(
     module: nn.Module,
     n_items: int,
-    batch_loss: Callable[[torch.Tensor], torch.Tensor],
+    batch_loss: Callable[[nn.Module, torch.Tensor], torch.Tensor],
     settings: FitSettings,
     output_dir: Path,
     stopwatch: Stopwatch,
     progress: bool,
     desc: str,
 ) -> FitReport:
-    """Train ``module`` on ``batch_loss(item indices)`` with Adam and cosine decay, resumably.
+    """Train ``module`` on ``batch_loss(model, item indices)`` with Adam and cosine decay,
+    resumably; ``model`` is what to run the forward through (``module``, or its DDP/ZeRO
+    wrapper when several ranks share each batch).
 
     Checkpoints (module, optimiser, losses so far, seconds) go to ``output_dir /
     CHECKPOINT_DIR``; a rerun after a crash continues from the newest one with the same batches.
     """
     optimizer = torch.optim.Adam(module.parameters(), lr=settings.lr)
+    steps = stepper(module, optimizer, None, settings.batch_size)
     losses: list[float] = []
 
     def state() -> dict[str, Any]:
         return {
             "module": module.state_dict(),
-            "optimizer": optimizer.state_dict(),
+            "optimizer": steps.optimizer_state(),
             "losses": torch.tensor(losses, dtype=torch.float64),
             "seconds": stopwatch.seconds(),
         }
 
     def restore(saved: dict[str, Any]) -> None:
         module.load_state_dict(saved["module"])
-        optimizer.load_state_dict(saved["optimizer"])
+        steps.load_optimizer_state(saved["optimizer"])
         losses[:] = saved["losses"].tolist()
         stopwatch.already = float(saved["seconds"])
 
@@ -404,7 +410,7 @@ def fit(
         batch_size=settings.batch_size,
         epochs=settings.epochs,
         seed=settings.seed,
-        checkpoints=Checkpoints(output_dir / CHECKPOINT_DIR),
+        checkpoints=RankCheckpoints(output_dir / CHECKPOINT_DIR),
         state_fn=state,
         restore_fn=restore,
         desc=desc,
@@ -420,13 +426,9 @@ def fit(
     )
     module.train()
     for step, epoch, indices in loop.batches():
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, schedule)
-        loss = batch_loss(indices)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
+        shard = steps.shard(indices)
+        loss = batch_loss(steps.model, shard.rows)
+        losses.append(steps.step(loss, shard, learning_rate(step, schedule)))
         loop.report(epoch, losses[-1])
     module.eval()
     return FitReport(losses=list(losses), resumed_from_step=start)
@@ -447,7 +449,12 @@ def batched_logits(
 def write_module_artifact(
     directory: Path, filename: str, module: nn.Module, config: dict[str, Any]
 ) -> Path:
-    """Write ``module``'s weights (safetensors) and ``config.json`` to ``directory``; return it."""
+    """Write ``module``'s weights (safetensors) and ``config.json`` to ``directory``; return it.
+
+    Only rank 0 writes.
+    """
+    if not is_writer():
+        return directory
     directory.mkdir(parents=True, exist_ok=True)
     weights = {
         name: value.detach().contiguous().cpu() for name, value in module.state_dict().items()

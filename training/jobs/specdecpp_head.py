@@ -245,9 +245,9 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
         device
     )
 
-    def batch_loss(indices: torch.Tensor) -> torch.Tensor:
+    def batch_loss(model: torch.nn.Module, indices: torch.Tensor) -> torch.Tensor:
         index = indices.to(device)
-        return weighted_bce(train_y[index], head(train_x[index]), settings.w_acc, settings.w_rej)
+        return weighted_bce(train_y[index], model(train_x[index]), settings.w_acc, settings.w_rej)
 
     report = fit(
         head, train_x.shape[0], batch_loss, settings.fit, output_dir, stopwatch, progress, HEAD_KIND
