@@ -570,7 +570,8 @@ def _print_failures(console: Console, rows: Sequence[Any], sweep: str) -> None:
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    """``status``: trial counts by status per sweep, and the failed trials' errors."""
+    """``status``: trial counts by status per sweep, the failed trials' errors, and the
+    training jobs (pending while Ray queues them, running once a rank starts, done, failed)."""
     with _opened_store(args.db, read_only=True) as store:
         if args.sweep is not None:
             _require_sweep(store, args.sweep)
@@ -578,6 +579,7 @@ def _status(args: argparse.Namespace, console: Console) -> int:
         else:
             names = [sweep["name"] for sweep in store.sweeps()]
         frames = {name: store.trials_frame(name) for name in names}
+        jobs = store.training_jobs()
     if not frames:
         console.print(f"no sweeps in {display_url(args.db)} yet", markup=False)
         return EXIT_OK
@@ -585,6 +587,9 @@ def _status(args: argparse.Namespace, console: Console) -> int:
     _print_table(console, counts, report.STATUS_COLUMNS, f"sweeps in {display_url(args.db)}")
     for name, rows in frames.items():
         _print_failures(console, rows, name)
+    if jobs:
+        rows = report.training_job_rows(jobs)
+        _print_table(console, rows, report.TRAINING_JOB_STATUS_COLUMNS, "training jobs")
     return EXIT_OK
 
 

@@ -44,6 +44,7 @@ FAILED_COLUMNS = (
     "attempts",
     "error",
 )
+TRAINING_JOB_STATUS_COLUMNS = ("name", "kind", "status", "attempts", "seconds", "error", "job_id")
 PLAN_GROUP_COLUMNS = (
     "pair",
     "dataset",
@@ -216,6 +217,21 @@ def failed_rows(rows: Iterable[Row]) -> list[dict[str, Any]]:
         }
         for row in rows
         if row["status"] == "failed"
+    ]
+
+
+def training_job_rows(jobs: Iterable[Row]) -> list[dict[str, Any]]:
+    """Return the store's training jobs for ``status``: status, attempts, error's last line.
+
+    Exists so ``status`` shows which jobs are pending (queued for resources), running, done
+    or failed, next to the trials that wait for them.
+    """
+    return [
+        {
+            **{key: job[key] for key in TRAINING_JOB_STATUS_COLUMNS if key != "error"},
+            "error": error_summary(job["error"]) if job["error"] else MISSING,
+        }
+        for job in jobs
     ]
 
 

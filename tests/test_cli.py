@@ -371,6 +371,33 @@ def test_status_counts_and_errors(filled: FilledStore, capsys: pytest.CaptureFix
     assert "most recent call last" not in out
 
 
+def test_status_lists_training_jobs_with_their_state(tmp_path: Path, capsys) -> None:
+    sweep_file = _write(
+        tmp_path / "jobs.yaml",
+        DONE_SWEEP.replace("name: done", "name: jobs")
+        + "training_jobs:\n"
+        + "  - {name: kd1, kind: distillspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,"
+        + ' dataset: "builtin:code"}\n'
+        + "  - {name: kd2, kind: adaspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,"
+        + ' dataset: "builtin:code"}\n',
+    )
+    spec = load_sweep(sweep_file)
+    plan = plan_sweep(spec)
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    with open_store(url) as store:
+        store.register_sweep(spec, plan)
+        kd1, kd2 = sorted(plan.jobs, key=lambda job: job.name)
+        store.record_training_job(kd1, "pending", attempts=1)
+        store.record_training_job(kd2, "failed", error=OOM_TRACEBACK)
+    assert cli.main(["--db", url, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "training jobs" in out
+    assert _table_row(out, "kd1")[1:4] == ["distillspec", "pending", "1"]
+    failed = _table_row(out, "kd2")
+    assert failed[2] == "failed" and "RuntimeError: CUDA OOM" in failed
+    assert "most recent call last" not in out
+
+
 def test_status_of_an_unknown_sweep_exits_2(
     filled: FilledStore, capsys: pytest.CaptureFixture
 ) -> None:
