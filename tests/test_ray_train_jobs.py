@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -21,7 +20,7 @@ from orchestrator.store import Store, open_store
 from orchestrator.training_stage import QUEUED, WORKER_PID_FILE, job_config, run_training_jobs
 from training.distributed import ParallelSettings, shard_rows, split_parallel
 from training.jobs import JobConfig, JobConfigError, check_job_config, run_job
-from training.jobs.base import CHECKPOINT_DIR, JOBS_DIR_ENV
+from training.jobs.base import CHECKPOINT_DIR
 
 torch.set_num_threads(1)
 
@@ -53,22 +52,6 @@ JOBS = {
     "ddp": "workers: 2, parallel: ddp",
     "zero": "workers: 2, parallel: zero, zero_stage: 2",
 }
-
-
-@pytest.fixture(scope="module")
-def ray_two_cpus():
-    """A local Ray instance with two CPUs."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def job_env(micro_zoo, monkeypatch, tmp_path):
-    """Zoo refs resolve to the session's micro zoo; jobs write under this test's directory."""
-    monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
-    monkeypatch.setenv(JOBS_DIR_ENV, str(tmp_path / "jobs"))
-    return tmp_path / "jobs"
 
 
 class StatusWatcher(threading.Thread):
@@ -105,7 +88,7 @@ def artifact_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_ranks_shard_batches_to_the_one_worker_weights_and_wait_queued(
-    micro_zoo, job_env, ray_two_cpus, tmp_path
+    micro_zoo, job_env, ray_local, tmp_path
 ):
     text = SWEEP + "".join(
         JOB.replace("NAME", name).replace("EXTRA", extra) for name, extra in JOBS.items()

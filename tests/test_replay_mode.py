@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from orchestrator import cli
@@ -339,14 +338,6 @@ def test_fits_shows_stored_fits_and_profile_projections(
 # ---------------------------------------------------------------------------------------------
 # End to end on the micro zoo
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    """A local Ray instance with room for one pair's target and draft actors."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture

@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 
 from orchestrator.planner import plan_sweep
 from orchestrator.runner import RunOptions, preflight, run_sweep
 from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
 from orchestrator.training_stage import WORKER_PID_FILE, run_training_jobs
-from training.jobs.base import CHECKPOINT_DIR, JOBS_DIR_ENV, RESULT_FILE, finished_result
+from training.jobs.base import CHECKPOINT_DIR, RESULT_FILE, finished_result
 
 SWEEP = """
 name: kd-stage
@@ -53,22 +52,6 @@ training_jobs:
     epochs: 1
     config: {lr: 1.0e-3}
 """
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    """A local Ray instance with two CPUs (two jobs can train at once)."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def job_env(micro_zoo, monkeypatch, tmp_path):
-    """Zoo refs resolve to the session's micro zoo; jobs write under this test's directory."""
-    monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
-    monkeypatch.setenv(JOBS_DIR_ENV, str(tmp_path / "jobs"))
-    return tmp_path / "jobs"
 
 
 def _sweep(samples: int) -> tuple:
