@@ -82,8 +82,8 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
 
     policy trials = Σ over pairs of datasets x seeds x max draft lens x Σ over temperatures of
     the settings of the policies run on that pair (a policy's ``pairs`` list restricts it;
-    greedy-only policies only at temperature 0); one AR baseline per (pair, dataset,
-    temperature, seed).
+    greedy-only policies only at temperature 0), plus in ``mode: replay`` one live check trial
+    per baseline; one AR baseline per (pair, dataset, temperature, seed).
     """
     cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
     lengths = len(raw["max_draft_lens"])
@@ -98,9 +98,11 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
                     skipped += raw_grid_size(policy)
                 else:
                     run += raw_grid_size(policy)
+    baselines = cells * len(raw["pairs"]) * len(raw["temperatures"])
+    live_checks = baselines if raw.get("execution", {}).get("mode") == "replay" else 0
     return {
-        "baselines": cells * len(raw["pairs"]) * len(raw["temperatures"]),
-        "policy_trials": cells * lengths * run,
+        "baselines": baselines,
+        "policy_trials": cells * lengths * run + live_checks,
         "skipped": cells * lengths * skipped,
     }
 

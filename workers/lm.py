@@ -88,9 +88,12 @@ class CachedLM:
     def forward(self, ids: torch.Tensor, last_only: bool = False) -> StepOutput:
         """Run ``ids`` [n] after the cached prefix, append them to the cache, return outputs.
 
-        With ``last_only`` only the last position goes through the LM head.
+        With ``last_only`` only the last position goes through the LM head. Raises
+        ValueError for an empty ``ids`` (e.g. a prompt that tokenised to nothing).
         """
         ids = ids.view(-1).to(self.device)
+        if ids.numel() == 0:
+            raise ValueError("the model was given no tokens to run (an empty prompt?)")
         if self.fast_decoder is not None:
             hidden = self.fast_decoder.forward(ids)
         else:
