@@ -216,6 +216,7 @@ DEMO_RECIPE = ZooRecipe(
     main_draft="draft-m",
     distill_steps=160,
     seed=0,
+    onpolicy_fraction=1.0,
     timing_repeats=30,
 )
 
