@@ -596,7 +596,9 @@ def test_ctrl_c_stops_submit_promptly_and_keeps_every_finished_trial(
     zoo_env: Any, tmp_path: Path
 ) -> None:
     sweep_file = tmp_path / "interrupt.yaml"
-    sweep_file.write_text(sweep_yaml("interrupt"))
+    # Trials long enough (seconds each) that the interrupt lands while later ones are pending.
+    long_trials = [{**CODE_DATASET, "samples": 4, "max_new_tokens": 48}]
+    sweep_file.write_text(sweep_yaml("interrupt", datasets=long_trials))
     plan = plan_sweep(parse_sweep(sweep_file.read_text(), str(sweep_file)))
     db = tmp_path / "results.db"
     url = f"sqlite:///{db}"
