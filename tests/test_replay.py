@@ -194,6 +194,23 @@ def test_trace_follows_the_target_greedy_output(pair):
     assert eos_stops > 0 or not pair.eos_in_outputs
 
 
+def test_every_disagreement_has_its_detour_at_every_cap(pair):
+    """A position where the draft leaves T has its detour, also when the recording reached
+    it as the bonus position of a fully accepted block (no recording round drafted there)."""
+    for cap in (1, 2, 3):
+        checked = 0
+        for ids in pair.prompts:
+            trace = record_trace(pair.draft, pair.target.lm, ids, MAX_NEW, cap, pair.eos_token_id)
+            left = [p for p, x in enumerate(trace.on_path) if x.token != trace.target_tokens[p]]
+            assert sorted(trace.off_path) == left
+            checked += len(left)
+            for name, params in (("svip", {"threshold": 1.0}), ("static", {})):
+                policy = make_policy(name, cap, **params)
+                replayed = replay(policy, trace, cap, seed=0)
+                assert sum(r.accepted + 1 for r in replayed) >= len(trace.reference)
+        assert checked > 0
+
+
 @pytest.mark.slow
 def test_replay_equals_live_rounds_for_every_replayable_policy(pair):
     configs = _configs(pair.traces)

@@ -7,9 +7,10 @@ path as the engine: the draft's tokens up to the first rejection are its predict
 target's output T, the ones after it are the start of the detour a policy may draft into, and
 the target verifies a whole block per forward. Where the block falls short the recording adds
 draft forwards: the rest of a detour (up to cap − 1 tokens) and, after a fully accepted block,
-the draft's prediction at the bonus position. So a recording costs about one live run of
-static K = cap, and the recorded features are the ones the live engine computes, up to the
-last bits where the live run forwards a block of a different size.
+the draft's prediction at the bonus position (with its detour when it differs from the target's
+bonus token, since another policy's round may draft there). So a recording costs about one
+live run of static K = cap, and the recorded features are the ones the live engine computes, up
+to the last bits where the live run forwards a block of a different size.
 """
 
 from __future__ import annotations
@@ -72,7 +73,12 @@ def record_trace(
             needed = min(cap - 1, recording.limit - 2 - (start + accepted))
             recording.off_path[start + accepted] = _detour(draft, block, accepted, needed)
         elif block and start + len(block) <= recording.limit - 2:
-            recording.on_path.append(_draft_greedy(draft, [block[-1].token], 1, pending=True)[0])
+            bonus_position = start + len(block)
+            bonus = _draft_greedy(draft, [block[-1].token], 1, pending=True)[0]
+            recording.on_path.append(bonus)
+            if bonus.token != choices[len(block)]:
+                needed = min(cap - 1, recording.limit - 2 - bonus_position)
+                recording.off_path[bonus_position] = _detour(draft, [bonus], 0, needed)
         draft.crop(min(draft.cached_len, len(sequence) + accepted))
         sequence += choices[: accepted + 1]
     return _trace(recording, prompt, max_new_tokens, cap, eos_token_id)
