@@ -591,6 +591,11 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
         )
 
 
+def _default_sigint() -> None:
+    """Give the child process the default SIGINT disposition (run before it starts)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_submit_promptly_and_keeps_every_finished_trial(
     zoo_env: Any, tmp_path: Path
@@ -609,6 +614,9 @@ def test_ctrl_c_stops_submit_promptly_and_keeps_every_finished_trial(
         env=submit_env(zoo_env),
         stdout=log,
         stderr=subprocess.STDOUT,
+        # As in a terminal: a shell that started these tests in the background (``cmd &``)
+        # made its children ignore SIGINT, and Python then installs no KeyboardInterrupt.
+        preexec_fn=_default_sigint,
     )
     started: set[Proc] = set()
     try:
