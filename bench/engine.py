@@ -8,7 +8,8 @@ draft), t_draft (one cached draft step) and t_target(n) (one cached target forwa
 then rollback, at a mid-generation context length) measured standalone in the same run.
 Our rows run twice: on the plain-torch Llama path (``workers.llama_fast``, the default) and,
 suffixed "(transformers modules)", on the transformers forward (``CachedLM(fast=False)``), so
-the report separates what the engine loop gains from what the model path gains.
+the report separates what the engine loop gains from what the model path gains. Within a path,
+AR and the static K take turns prompt by prompt, so drift of a shared machine hits them alike.
 
     python bench/engine.py --target zoo:demo/target --draft zoo:demo/draft-m \
         --dataset builtin:code --samples 16 --max-new-tokens 64 --out bench-engine.json
@@ -160,19 +161,22 @@ def _run_ours(
 ) -> tuple[list[MethodResult], list[list[int]]]:
     """Run target-only AR and our static K on one model path; return the results (names
     ending in ``suffix``) and the AR outputs. Outputs are compared with ``reference`` (another
-    path's AR outputs) when given, else with this path's AR."""
+    path's AR outputs) when given, else with this path's AR.
+
+    The methods take turns prompt by prompt (AR, then each K), so a slow spell of a shared
+    machine lands on all of them alike instead of on whichever method ran through it.
+    """
     autoregressive_generate(target, ids[0], settings)
-    ar = [autoregressive_generate(target, p, settings) for p in tqdm(ids, desc="target-only AR")]
-    outputs = [r.output_ids for r in ar]
+    names = [f"target-only AR{suffix}"] + [f"ours static K={k}{suffix}" for k in STATIC_KS]
+    runs: dict[str, list[GenerationResult]] = {name: [] for name in names}
+    for prompt in tqdm(ids, desc=f"AR and static K, interleaved{suffix}"):
+        runs[names[0]].append(autoregressive_generate(target, prompt, settings))
+        for name, k in zip(names[1:], STATIC_KS, strict=True):
+            policy = make_policy("static", k)
+            runs[name].append(speculative_generate(draft, target, policy, prompt, settings, k))
+    outputs = [r.output_ids for r in runs[names[0]]]
     reference = reference or outputs
-    results = [_summarise(f"target-only AR{suffix}", ar, costs, reference)]
-    for k in STATIC_KS:
-        runs = [
-            speculative_generate(draft, target, make_policy("static", k), p, settings, k)
-            for p in tqdm(ids, desc=f"ours static K={k}{suffix}")
-        ]
-        results.append(_summarise(f"ours static K={k}{suffix}", runs, costs, reference))
-    return results, outputs
+    return [_summarise(name, runs[name], costs, reference) for name in names], outputs
 
 
 def _hf_assisted(target_model, draft_model, prompts, k: int, schedule: str, max_new: int):

@@ -134,3 +134,23 @@ def test_models_outside_the_fast_path_keep_the_transformers_forward() -> None:
         LocalTarget(lm), prompt, RequestSettings(sampling=SamplingConfig(max_new_tokens=6))
     )
     assert len(result.output_ids) == 6
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 17])
+def test_block_linear_is_the_linear_map_and_returns_a_contiguous_block(rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(48, 32, generator=generator)
+    x = torch.randn(32, rows, generator=generator).t()
+    out = llama_fast.block_linear(x, weight)
+    assert out.shape == (rows, 48) and out.is_contiguous()
+    expected = (x.double() @ weight.double().t()).float()
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=0)
+
+
+def test_a_biased_lm_head_keeps_the_transformers_forward() -> None:
+    _, target = build_tiny_pair(seed=3)
+    head = target.get_output_embeddings()
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    target.set_output_embeddings(biased)
+    assert "LM head" in llama_fast.unsupported_reason(target)
+    assert not CachedLM(target).fast_path

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from workers.llama_fast import LlamaFastDecoder, unsupported_reason
+from workers.llama_fast import LlamaFastDecoder, block_linear, unsupported_reason
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -96,9 +96,10 @@ class CachedLM:
             raise ValueError("the model was given no tokens to run (an empty prompt?)")
         if self.fast_decoder is not None:
             hidden = self.fast_decoder.forward(ids)
-        else:
-            out = self.decoder(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
-            hidden = out.last_hidden_state[0]
+            hidden = hidden[-1:] if last_only else hidden
+            return StepOutput(logits=block_linear(hidden, self.head.weight).float(), hidden=hidden)
+        out = self.decoder(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
+        hidden = out.last_hidden_state[0]
         if last_only:
             hidden = hidden[-1:]
         return StepOutput(logits=self.head(hidden).float(), hidden=hidden)
