@@ -26,15 +26,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from orchestrator.preflight import resolve_model_path
-from policies import make_policy
 from workers.datasets import DatasetSpec, load_prompts
-from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
+from workers.engine import RequestSettings
 from workers.lm import CachedLM, load_causal_lm
 from workers.records import GenerationResult, SamplingConfig
+from workers.static_comparison import compare_static_k
 from workers.target import LocalTarget
 
 STATIC_KS = (2, 4, 8)
@@ -161,22 +160,20 @@ def _run_ours(
 ) -> tuple[list[MethodResult], list[list[int]]]:
     """Run target-only AR and our static K on one model path; return the results (names
     ending in ``suffix``) and the AR outputs. Outputs are compared with ``reference`` (another
-    path's AR outputs) when given, else with this path's AR.
-
-    The methods take turns prompt by prompt (AR, then each K), so a slow spell of a shared
-    machine lands on all of them alike instead of on whichever method ran through it.
+    path's AR outputs) when given, else with this path's AR. The methods take turns prompt by
+    prompt (``workers.static_comparison``).
     """
-    autoregressive_generate(target, ids[0], settings)
-    names = [f"target-only AR{suffix}"] + [f"ours static K={k}{suffix}" for k in STATIC_KS]
-    runs: dict[str, list[GenerationResult]] = {name: [] for name in names}
-    for prompt in tqdm(ids, desc=f"AR and static K, interleaved{suffix}"):
-        runs[names[0]].append(autoregressive_generate(target, prompt, settings))
-        for name, k in zip(names[1:], STATIC_KS, strict=True):
-            policy = make_policy("static", k)
-            runs[name].append(speculative_generate(draft, target, policy, prompt, settings, k))
-    outputs = [r.output_ids for r in runs[names[0]]]
+    runs = compare_static_k(
+        target, {"": draft}, ids, settings, STATIC_KS, f"AR and static K, interleaved{suffix}"
+    )
+    outputs = [r.output_ids for r in runs.ar]
     reference = reference or outputs
-    return [_summarise(name, runs[name], costs, reference) for name in names], outputs
+    results = [_summarise(f"target-only AR{suffix}", runs.ar, costs, reference)]
+    for k in STATIC_KS:
+        results.append(
+            _summarise(f"ours static K={k}{suffix}", runs.static["", k], costs, reference)
+        )
+    return results, outputs
 
 
 def _hf_assisted(target_model, draft_model, prompts, k: int, schedule: str, max_new: int):

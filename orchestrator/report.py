@@ -103,7 +103,7 @@ PROJECTION_LEADING_COLUMNS = (
     "speedup",
 )
 ZOO_LEADING_COLUMNS = ("model", "role", "parameters")
-ZOO_TRAILING_COLUMNS = ("greedy_agreement", "entropy_std_nats", "cost_ratio")
+ZOO_TRAILING_COLUMNS = ("greedy_agreement", "entropy_std_nats", "cost_ratio", "static_speedup_code")
 VAL_LOSS_PREFIX = "val_loss_"
 
 #: Column headers that read better than the key.
@@ -123,6 +123,7 @@ HEADERS = {
     "greedy_agreement": "agreement",
     "entropy_std_nats": "entropy std",
     "cost_ratio": "cost ratio",
+    "static_speedup_code": "static-K speedup (code)",
     "t_draft_ms": "t_draft ms",
     "t_target_ms": "t_target ms",
     "t_per_verified_ms": "ms/verified token",
@@ -318,7 +319,8 @@ def zoo_card_rows(cards: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]
 
     ``cards`` maps a model name to its parsed ``model_card.json``. Held-out losses become one
     ``val_loss_<set>`` column per held-out set; drafts add their agreement with the target,
-    entropy spread and cost ratio (None for the target). Exists for ``zoo build``'s report.
+    entropy spread, cost ratio and static-K speedup on code (None for the target). Exists for
+    ``zoo build``'s report.
     """
     rows = []
     for name, card in cards.items():

@@ -631,4 +631,7 @@ def test_zoo_build_prints_the_cards_of_a_cached_zoo(
         cells = _table_row(out, name)
         assert cells[1:3] == [card["role"], str(card["parameters"])]
     draft = micro_zoo.card("draft-s")["realism"]
-    assert _table_row(out, "draft-s")[-1] == f"{draft['cost_ratio']:.4g}"
+    assert _table_row(out, "draft-s")[-2:] == [
+        f"{draft['cost_ratio']:.4g}",
+        f"{draft['static_speedup_code']:.4g}",
+    ]

@@ -164,7 +164,12 @@ def test_zoo_card_rows_and_columns() -> None:
             "role": "draft",
             "parameters": 100,
             "val_loss": {"code": 3.5, "math": 2.5},
-            "realism": {"greedy_agreement": 0.6, "entropy_std_nats": 1.1, "cost_ratio": 0.08},
+            "realism": {
+                "greedy_agreement": 0.6,
+                "entropy_std_nats": 1.1,
+                "cost_ratio": 0.08,
+                "static_speedup_code": 1.7,
+            },
         },
     }
     rows = report.zoo_card_rows(cards)
@@ -177,17 +182,16 @@ def test_zoo_card_rows_and_columns() -> None:
         "greedy_agreement",
         "entropy_std_nats",
         "cost_ratio",
+        "static_speedup_code",
     ]
     assert report.zoo_headers(["val_loss_code", "cost_ratio"])["val_loss_code"] == (
         "val loss (code)"
     )
     target, draft = rows
     assert target["val_loss_code"] == 3.0 and target["cost_ratio"] is None
-    assert (draft["greedy_agreement"], draft["cost_ratio"], draft["val_loss_math"]) == (
-        0.6,
-        0.08,
-        2.5,
-    )
+    assert target["static_speedup_code"] is None
+    figures = ("greedy_agreement", "cost_ratio", "val_loss_math", "static_speedup_code")
+    assert tuple(draft[key] for key in figures) == (0.6, 0.08, 2.5, 1.7)
 
 
 def test_export_records_encode_json_columns() -> None:

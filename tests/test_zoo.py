@@ -127,6 +127,19 @@ def test_model_cards_hold_the_documented_fields(micro_zoo: ZooManifest) -> None:
         assert realism["entropy_std_nats"] > 0
         assert realism["positions"] > 0
         assert realism["cost_ratio"] == pytest.approx(realism["t_draft_s"] / realism["t_target_s"])
+        speedup = realism["static_speedup"]
+        assert speedup["dataset"] == "builtin:code" and speedup["matches_ar"] is True
+        assert (speedup["prompts"], speedup["new_tokens"]) == (
+            recipe.speedup_prompts,
+            recipe.speedup_new_tokens,
+        )
+        per_k = {int(k): tokens_per_s for k, tokens_per_s in speedup["tokens_per_s"].items()}
+        assert sorted(per_k) == sorted(recipe.speedup_ks)
+        assert per_k[speedup["best_k"]] == max(per_k.values())
+        assert realism["static_speedup_code"] == speedup["speedup"]
+        best = per_k[speedup["best_k"]]
+        assert speedup["speedup"] == pytest.approx(best / speedup["ar_tokens_per_s"])
+        assert all(0.0 <= a <= 1.0 for a in speedup["acceptance"].values())
 
 
 def test_enlarged_target_card_and_weights(micro_zoo: ZooManifest) -> None:

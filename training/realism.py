@@ -1,12 +1,16 @@
-"""How realistic a draft/target pair is: agreement, draft uncertainty and relative decoding cost.
+"""How realistic a draft/target pair is: agreement, draft uncertainty, relative decoding cost
+and the speedup static-K speculative decoding actually gets.
 
 These are the figures written into the zoo's model cards. Agreement and entropy are measured
 teacher-forced on held-out text; cost is the wall time of one batch-1 decoding forward with a
-KV cache, timed for draft and target alternately so that load on a shared machine hits both.
+KV cache, timed for draft and target alternately so that load on a shared machine hits both;
+the speedup is wall-clock tokens/s of static K over target-only AR on held-out prompts, greedy,
+through the project's own engine (``workers.static_comparison``), the methods taking turns.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import time
@@ -17,6 +21,11 @@ import torch
 from transformers import PreTrainedModel
 
 from training.lm_trainer import torch_threads
+from workers.engine import RequestSettings
+from workers.lm import CachedLM
+from workers.records import SamplingConfig
+from workers.static_comparison import compare_static_k
+from workers.target import LocalTarget
 
 DEFAULT_TIMING_THREADS = 2
 
@@ -180,3 +189,64 @@ def cost_stats(
         )
         for name, t_draft in zip(names, seconds[:-1], strict=True)
     }
+
+
+@dataclass(frozen=True)
+class SpeedupStats:
+    """Static-K speculative decoding against target-only AR for one draft (greedy, wall clock).
+
+    ``tokens_per_s`` maps each K to its tokens/s; ``best_k`` is the fastest K and ``speedup``
+    its tokens/s over AR's. ``matches_ar`` says whether every K reproduced AR's tokens.
+    """
+
+    ar_tokens_per_s: float
+    tokens_per_s: dict[int, float]
+    acceptance: dict[int, float]
+    best_k: int
+    speedup: float
+    matches_ar: bool
+    prompts: int
+    new_tokens: int
+    threads: int
+    load_average: float
+
+
+def static_speedups(
+    target: PreTrainedModel,
+    drafts: Mapping[str, PreTrainedModel],
+    prompts: Sequence[torch.Tensor],
+    ks: Sequence[int],
+    new_tokens: int,
+    threads: int = DEFAULT_TIMING_THREADS,
+) -> dict[str, SpeedupStats]:
+    """Return, per draft, how much faster static-K speculative decoding is than the target alone.
+
+    Every prompt is decoded greedily to exactly ``new_tokens`` tokens by AR and by each draft at
+    each K, taking turns prompt by prompt, with ``threads`` torch threads. The models are
+    copied first: ``CachedLM`` fuses a Llama's projection weights in place, and the caller's
+    models are the ones it saves.
+    """
+    settings = RequestSettings(SamplingConfig(max_new_tokens=new_tokens))
+    with torch_threads(threads):
+        target_side = LocalTarget(CachedLM(copy.deepcopy(target)))
+        draft_lms = {name: CachedLM(copy.deepcopy(draft)) for name, draft in drafts.items()}
+        runs = compare_static_k(target_side, draft_lms, prompts, settings, ks)
+    load = machine_load()
+    ar_tokens_per_s = runs.tokens_per_second(runs.ar)
+    stats = {}
+    for name in drafts:
+        tokens_per_s = {k: runs.tokens_per_second(runs.static[name, k]) for k in ks}
+        best_k = max(ks, key=tokens_per_s.__getitem__)
+        stats[name] = SpeedupStats(
+            ar_tokens_per_s=ar_tokens_per_s,
+            tokens_per_s=tokens_per_s,
+            acceptance={k: runs.acceptance(name, k) for k in ks},
+            best_k=best_k,
+            speedup=runs.speedup(name, best_k),
+            matches_ar=all(runs.matches_ar(name, k) for k in ks),
+            prompts=len(prompts),
+            new_tokens=new_tokens,
+            threads=threads,
+            load_average=load,
+        )
+    return stats

@@ -43,11 +43,18 @@ from training.lm_trainer import (
     torch_threads,
     train_language_model,
 )
-from training.realism import agreement_stats, cost_stats, decode_step_seconds, machine_load
+from training.realism import (
+    agreement_stats,
+    cost_stats,
+    decode_step_seconds,
+    machine_load,
+    static_speedups,
+)
 from training.tokenizer import encode_corpus, save_tokenizer, train_bpe_tokenizer
 from workers.corpus import heldout_text, training_corpus
+from workers.datasets import DatasetSpec, load_prompts
 
-ZOO_VERSION = 3
+ZOO_VERSION = 4
 ZOO_MODEL_NAMES = ("target", "draft-xs", "draft-s", "draft-m")
 MODEL_REF_PREFIX = "zoo:"
 MANIFEST_FILE = "manifest.json"
@@ -123,7 +130,9 @@ class ZooRecipe:
     Training runs on ``train_threads`` threads (one by default: on a shared machine a second
     OpenMP thread that spins while its core is busy elsewhere slows training several-fold, and
     one thread makes the weights independent of the machine's core count). Decoding cost is
-    timed with ``timing_threads`` threads at a context of ``timing_context`` tokens.
+    timed with ``timing_threads`` threads at a context of ``timing_context`` tokens. The
+    static-K speedup in the cards decodes ``speedup_prompts`` held-out ``builtin:code`` prompts
+    to ``speedup_new_tokens`` tokens at every K in ``speedup_ks``.
     """
 
     profile: str
@@ -148,6 +157,9 @@ class ZooRecipe:
     timing_threads: int = 2
     timing_context: int = 128
     timing_repeats: int = 50
+    speedup_prompts: int = 2
+    speedup_new_tokens: int = 16
+    speedup_ks: tuple[int, ...] = (2, 3, 4)
 
     def __post_init__(self) -> None:
         names = tuple(d.name for d in self.drafts)
@@ -218,6 +230,8 @@ DEMO_RECIPE = ZooRecipe(
     seed=0,
     onpolicy_fraction=1.0,
     timing_repeats=30,
+    speedup_prompts=6,
+    speedup_new_tokens=48,
 )
 
 MICRO_RECIPE = ZooRecipe(
@@ -662,8 +676,14 @@ REALISM_METHOD = (
     "agreement: fraction of held-out code+math positions (teacher-forced) where the draft's "
     "argmax equals the target's; entropy: of softmax(raw draft logits), nats, over the same "
     "positions; cost: median wall time of one batch-1 fp32 single-token forward with a KV cache "
-    "(after warm-up), draft and target timed alternately"
+    "(after warm-up), draft and target timed alternately; static speedup: wall-clock tokens/s "
+    "of the fastest static K over target-only AR on held-out builtin:code prompts, greedy, "
+    "exactly the same tokens, the methods taking turns prompt by prompt"
 )
+
+#: Dataset and prompt length (last tokens kept) of the cards' static-K speedup.
+SPEEDUP_DATASET = "builtin:code"
+SPEEDUP_PROMPT_TOKENS = 256
 
 
 def _realism_cards(
@@ -688,6 +708,18 @@ def _realism_cards(
         threads=recipe.timing_threads,
     )
     single = cost_stats(timed_target, drafts, recipe.timing_context, recipe.timing_repeats, 1)
+    prompts = [
+        torch.tensor(state.tokenizer(prompt.text)["input_ids"][-SPEEDUP_PROMPT_TOKENS:])
+        for prompt in load_prompts(DatasetSpec(SPEEDUP_DATASET, samples=recipe.speedup_prompts))
+    ]
+    speedups = static_speedups(
+        timed_target,
+        drafts,
+        prompts,
+        recipe.speedup_ks,
+        recipe.speedup_new_tokens,
+        threads=recipe.timing_threads,
+    )
     cards = {}
     for name in drafts:
         cost = costs[name]
@@ -706,6 +738,11 @@ def _realism_cards(
             "timing_context_tokens": cost.context_len,
             "timing_repeats": cost.repeats,
             "load_average_1min": cost.load_average,
+            "static_speedup_code": speedups[name].speedup,
+            "static_speedup": {
+                "dataset": SPEEDUP_DATASET,
+                **asdict(speedups[name]),
+            },
             "method": REALISM_METHOD,
         }
     return cards
@@ -787,7 +824,11 @@ def _build_into(recipe: ZooRecipe, directory: Path, progress: bool) -> ZooManife
         drafts, draft_results = _distill(trained_target, state, progress)
         lap("distillation")
         target, enlargement = _enlarge(trained_target, state, progress)
-        _log(progress, recipe, "measuring realism (agreement, entropy, decoding cost)")
+        _log(
+            progress,
+            recipe,
+            "measuring realism (agreement, entropy, decoding cost, static-K speedup)",
+        )
         realism = _realism_cards(trained_target, target, drafts, state)
         target_cost = _target_cost_card(target, recipe)
     lap("realism")
