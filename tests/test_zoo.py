@@ -195,6 +195,16 @@ def test_model_refs_resolve_to_the_cached_zoo(
 # ---------------------------------------------------------------------------------------------
 
 
+def test_a_build_whose_models_are_not_written_fails_and_caches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What transformers does on a torch.distributed rank other than 0: save_pretrained skips.
+    monkeypatch.setattr(LlamaForCausalLM, "should_save_on_this_rank", lambda self, main: False)
+    with pytest.raises(RuntimeError, match="wrote no model"):
+        build_zoo(TINY_RECIPE, cache_dir=tmp_path, progress=False)
+    assert not list((tmp_path / "zoo").glob("micro-*"))
+
+
 def test_changed_recipe_rebuilds_concurrent_builds_share_one(micro_zoo: ZooManifest) -> None:
     cache = micro_zoo.root.parent.parent
     assert TINY_RECIPE.recipe_hash() != MICRO_RECIPE.recipe_hash()

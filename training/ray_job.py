@@ -64,7 +64,14 @@ def train_with_ray(config: JobConfig, output_dir: Path) -> JobResult:
     from ray.train.torch import TorchTrainer
 
     from training.jobs import kind_config
+    from training.jobs.base import resolve_ref
 
+    for ref in (config.base, config.teacher):
+        if ref:
+            # Zoo models are built here, in one ordinary process, before any rank starts: a
+            # rank building them would save nothing (transformers writes no files on a
+            # torch.distributed rank other than 0).
+            resolve_ref(ref)
     parallel = kind_config(config)[1]
     output_dir.mkdir(parents=True, exist_ok=True)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0

@@ -579,6 +579,12 @@ def _save_model(
     model.generation_config.eos_token_id = state.tokenizer.eos_token_id
     model.generation_config.pad_token_id = state.tokenizer.pad_token_id
     model.save_pretrained(str(directory))
+    if not (directory / "config.json").is_file():
+        raise RuntimeError(
+            f"save_pretrained wrote no model into {directory}: transformers saves nothing on a "
+            "torch.distributed rank other than 0. Build the zoo outside distributed ranks "
+            "(python -m orchestrator zoo build) and start them afterwards."
+        )
     state.tokenizer.save_pretrained(str(directory))
     (directory / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
 

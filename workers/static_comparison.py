@@ -28,7 +28,8 @@ class StaticComparison:
     ar: list[GenerationResult]
     static: dict[tuple[str, int], list[GenerationResult]]
 
-    def tokens_per_second(self, results: Sequence[GenerationResult]) -> float:
+    @staticmethod
+    def tokens_per_second(results: Sequence[GenerationResult]) -> float:
         """Return generated tokens over wall seconds summed across ``results``."""
         return sum(r.n_generated for r in results) / sum(r.seconds for r in results)
 
