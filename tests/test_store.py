@@ -451,3 +451,25 @@ def test_concurrent_writers_lose_no_rows(db_url: str) -> None:
         assert _count(store, SweepTrialRow) == len(trials)
         rows = store.trials_frame("store")
         assert all(row["attempts"] in (1, 2) for row in rows)
+
+
+def test_a_writer_opens_a_fresh_sqlite_database_while_another_holds_its_write_lock(
+    tmp_path: Path,
+) -> None:
+    # In rollback-journal mode SQLite refuses the switch to WAL at once ("database is
+    # locked", no busy wait) while another connection holds a write lock: what two processes
+    # opening a fresh database together run into.
+    path = tmp_path / "fresh.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE held (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO held VALUES (1)")
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        with open_store(f"sqlite:///{path}") as store:
+            assert store.engine.dialect.name == "sqlite"
+    finally:
+        release.join()
+        holder.close()
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)

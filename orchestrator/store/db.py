@@ -9,6 +9,8 @@ PostgreSQL with ``default_transaction_read_only``, so writes fail in the databas
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +87,7 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
         if read_only:
             cursor.execute("PRAGMA query_only = ON")
         elif not in_memory:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(cursor)
             cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.close()
 
@@ -94,6 +96,24 @@ def _sqlite_engine(url: URL, read_only: bool) -> Engine:
         connection.exec_driver_sql(begin)
 
     return engine
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """Put the SQLite database in WAL mode, waiting up to the busy timeout for other writers.
+
+    Leaving rollback-journal mode needs an exclusive lock, and while another connection holds a
+    write lock SQLite answers "database is locked" at once, without its busy handler. Two
+    processes opening a fresh database together hit exactly that, so the switch is retried.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _postgres_read_only(dbapi_connection: Any, _record: Any) -> None:
