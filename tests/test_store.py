@@ -12,6 +12,7 @@ import sqlite3
 import textwrap
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -472,4 +473,5 @@ def test_a_writer_opens_a_fresh_sqlite_database_while_another_holds_its_write_lo
     finally:
         release.join()
         holder.close()
-    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    with closing(sqlite3.connect(path)) as reader:
+        assert reader.execute("PRAGMA journal_mode").fetchone() == ("wal",)
