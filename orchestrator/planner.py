@@ -37,7 +37,7 @@ from policies import POLICIES
 
 #: Bump when a change to the engine, workers or metrics changes what a trial measures; it is
 #: part of every trial and job id, so old results are then no longer reused.
-CODE_VERSION = "1"
+CODE_VERSION = "2"
 BASELINE_POLICY = "ar"
 ID_LENGTH = 16
 LIVE_MODE = "live"

@@ -21,6 +21,7 @@ from orchestrator.planner import Trial
 from policies import make_policy
 from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
 from workers.records import GenerationResult, RoundRecord
+from workers.trial import sample_seed
 
 #: Round fields that must agree between a replayed and a live round.
 ROUND_KEY = ("drafted", "accepted", "draft_forwards")
@@ -80,20 +81,15 @@ def fit_group(rounds: Sequence[dict[str, Any]], trials: Sequence[dict[str, Any]]
     return GroupFit(fit, outside / samples, len(trials))
 
 
-def sample_seed(trial_seed: int, index: int) -> int:
-    """Return the request seed of sample ``index``, as ``workers.trial.run_trial`` uses it."""
-    return trial_seed * 1_000_003 + index
-
-
 def replay_rounds(trial: Trial, traces: Sequence[GreedyTrace]) -> list[list[ReplayedRound]]:
-    """Return ``trial``'s replayed rounds per prompt, each with the policy's own seeded state."""
+    """Return ``trial``'s replayed rounds per prompt, as ``workers.trial.run_trial`` runs them.
+
+    One policy object serves the trial's prompts in order, reset per prompt with its seed, so a
+    policy with ``persist_across_requests`` carries its state over as it does live.
+    """
+    policy = make_policy(trial.policy, trial.max_draft_len, **trial.params_dict)
     return [
-        replay(
-            make_policy(trial.policy, trial.max_draft_len, **trial.params_dict),
-            trace,
-            trial.max_draft_len,
-            sample_seed(trial.seed, index),
-        )
+        replay(policy, trace, trial.max_draft_len, sample_seed(trial.seed, index))
         for index, trace in enumerate(traces)
     ]
 

@@ -3,6 +3,7 @@
 from policies.adaedl import AdaEDLPolicy
 from policies.base import (
     FEATURE_NAMES,
+    Decision,
     DraftPolicy,
     DraftStep,
     RequestContext,
@@ -29,6 +30,7 @@ __all__ = [
     "AdaEDLPolicy",
     "BetaTSPolicy",
     "CaliTSPolicy",
+    "Decision",
     "DraftPolicy",
     "DraftStep",
     "DynamicThresholdConfig",

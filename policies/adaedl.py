@@ -1,4 +1,11 @@
-"""AdaEDL: stop when the entropy lower bound on acceptance, 1 − sqrt(γ·H(q_i)), falls below λ."""
+"""AdaEDL: stop when the entropy lower bound on acceptance, 1 − sqrt(γ·H(q_i)), falls below λ.
+
+AdaEDL's drafting loop, per round: for i = 1..L, the draft computes q_i; if
+1 − sqrt(γ·H(q_i)) < λ, stop drafting (token i is not drafted); else draw y_i from q_i and
+continue. After verification λ moves by the dynamic rule (``policies.dynamic_threshold``). The
+decision is taken before token i, so in the engine's protocol (``policies.base``) a stop is
+STOP_BEFORE, and a round may draft nothing.
+"""
 
 from __future__ import annotations
 

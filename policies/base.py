@@ -2,10 +2,18 @@
 
 A policy is consulted once per candidate draft token. The engine runs one draft step, which
 yields the draft distribution q_i and a candidate token y_i sampled from it, and then asks
-``policy.propose(step)``: True proposes y_i to the target and drafts on, False stops the round
-before y_i (so a policy can stop on the confidence of the token it would add, as AdaEDL and the
-oracle do, without wasting a verified slot). The round also stops at ``round_cap()`` tokens.
-After the target has verified the round the engine calls ``policy.update(outcome)``.
+``policy.decide(step)`` for a :class:`Decision`:
+
+- ``STOP_BEFORE``: drop y_i and end the round (AdaEDL, max-confidence and the oracle decide
+  before drafting token i, from q_i; so does SVIP for i >= 2, whose check of the entropy of the
+  next position after keeping y_{i-1} is a check of q_i);
+- ``KEEP_STOP``: keep y_i and end the round, without the draft forward that would produce
+  q_{i+1} (EESD's Beta-TS and Cali-TS, SpecDec++: sample y_i, add it to the round, then decide);
+- ``KEEP_CONTINUE``: keep y_i and draft the next candidate.
+
+The round also stops at ``round_cap()`` tokens (and the engine cuts the last round of a request
+to what ``max_new_tokens`` leaves, possibly nothing). After the target has verified the round
+the engine calls ``policy.update(outcome)``.
 
 Policies hold only their own state; they import nothing of SpecSweep's other packages.
 """
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,6 +30,24 @@ import numpy as np
 #: Names of the per-step features a policy may ask for (``DraftPolicy.features``). The engine
 #: computes only what the policy asks for, so a static policy costs no host synchronisation.
 FEATURE_NAMES = frozenset({"entropy", "max_prob", "hidden", "token", "target_hidden"})
+
+
+class Decision(Enum):
+    """What a policy does with the candidate it was shown (see the module docstring)."""
+
+    STOP_BEFORE = "stop_before"
+    KEEP_CONTINUE = "keep_continue"
+    KEEP_STOP = "keep_stop"
+
+    @property
+    def keeps(self) -> bool:
+        """Return True when the candidate joins the round."""
+        return self is not Decision.STOP_BEFORE
+
+    @property
+    def continues(self) -> bool:
+        """Return True when the round drafts another candidate (cap permitting)."""
+        return self is Decision.KEEP_CONTINUE
 
 
 @dataclass(frozen=True)
@@ -93,8 +120,8 @@ class DraftPolicy(ABC):
         return self.max_draft_len
 
     @abstractmethod
-    def propose(self, step: DraftStep) -> bool:
-        """Return True to propose the candidate token and draft on, False to stop before it."""
+    def decide(self, step: DraftStep) -> Decision:
+        """Return what to do with candidate ``step``: stop before it, keep it and go on or stop."""
 
     def update(self, outcome: RoundOutcome) -> None:
         """Learn from a verified round; stateless policies ignore it."""

@@ -1,4 +1,9 @@
-"""Max-confidence: stop when the draft's top probability max_x q_i(x) falls below λ."""
+"""Max-confidence: stop when the draft's top probability max_x q_i(x) falls below λ.
+
+Draft & Verify's rule, as the AdaEDL paper runs it: for i = 1..L, the draft computes q_i; if
+max_x q_i(x) < λ, stop drafting (token i is not drafted: STOP_BEFORE in ``policies.base``);
+else draw y_i and continue.
+"""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from dataclasses import dataclass, field
 
-from policies.base import DraftPolicy, DraftStep, RequestContext, RoundOutcome
+from policies.base import Decision, DraftPolicy, DraftStep, RequestContext, RoundOutcome
 
 
 @dataclass(frozen=True)
@@ -113,9 +113,15 @@ class ThresholdPolicy(DraftPolicy):
     def acceptance_score(self, step: DraftStep) -> float:
         """Return the score compared against λ (higher means more likely to be accepted)."""
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return True unless the candidate's score is below the current λ."""
-        return self.acceptance_score(step) >= self._controller.threshold
+    def decide(self, step: DraftStep) -> Decision:
+        """Return STOP_BEFORE when the candidate's score is below the current λ, else keep it.
+
+        AdaEDL and max-confidence decide before drafting token i, from q_i: a stop drafts
+        nothing more, and the candidate sampled from q_i is not proposed.
+        """
+        if self.acceptance_score(step) < self._controller.threshold:
+            return Decision.STOP_BEFORE
+        return Decision.KEEP_CONTINUE
 
     def _reset_state(self, context: RequestContext) -> None:
         self._controller = DynamicThresholdState(threshold=self.threshold)

@@ -1,11 +1,16 @@
-"""transformers' "heuristic" assistant-token schedule as a draft-length policy."""
+"""transformers' "heuristic" assistant-token schedule as a draft-length policy.
+
+transformers' ``AssistedCandidateGenerator``: each round drafts ``num_assistant_tokens`` = K
+tokens; after verification K += 2 if every candidate was accepted, else K = max(1, K − 1). With
+``"heuristic"`` K carries over to the next request, with ``"heuristic_transient"`` it restarts.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policies.base import DraftPolicy, DraftStep, RequestContext, RoundOutcome
+from policies.base import Decision, DraftPolicy, DraftStep, RequestContext, RoundOutcome
 
 
 def next_heuristic_draft_len(draft_len: int, outcome: RoundOutcome) -> int:
@@ -25,7 +30,7 @@ def next_heuristic_draft_len(draft_len: int, outcome: RoundOutcome) -> int:
 class HFHeuristicPolicy(DraftPolicy):
     """Draft K tokens per round, K following transformers' heuristic schedule from K = 5.
 
-    ``round_cap()`` is min(K, max draft length); every candidate within it is proposed.
+    ``round_cap()`` is min(K, max draft length); every candidate within it is kept.
     ``persist_across_requests=False`` (default) restarts K at ``initial_draft_len`` for each
     request, like transformers' ``"heuristic_transient"``; True keeps K across requests like
     ``"heuristic"``. The start K = 5 is the METHODS value (the older transformers default;
@@ -54,9 +59,9 @@ class HFHeuristicPolicy(DraftPolicy):
         """Return min(K, max draft length)."""
         return min(self._draft_len, self.max_draft_len)
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return True: the schedule acts only through ``round_cap``."""
-        return True
+    def decide(self, step: DraftStep) -> Decision:
+        """Return KEEP_CONTINUE: the schedule acts only through ``round_cap``."""
+        return Decision.KEEP_CONTINUE
 
     def _reset_state(self, context: RequestContext) -> None:
         if not self.persist_across_requests:

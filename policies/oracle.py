@@ -1,11 +1,16 @@
-"""The greedy oracle: propose exactly the candidates the target's greedy decoding would emit."""
+"""The greedy oracle: draft exactly the candidates the target's greedy decoding would emit.
+
+Per round: for i = 1..L, if the draft's greedy token y_i equals the target's greedy token at its
+output position, keep it and continue; else stop before it (STOP_BEFORE in ``policies.base``).
+The round then holds no rejected token, and the target verifies once per disagreement, plus once.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policies.base import DraftPolicy, DraftStep, RequestContext
+from policies.base import Decision, DraftPolicy, DraftStep, RequestContext
 from policies.step_features import require_feature
 
 
@@ -33,7 +38,9 @@ class GreedyOraclePolicy(DraftPolicy):
             )
         self._reference = tuple(context.reference)
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return True when the candidate token equals the reference token at its position."""
+    def decide(self, step: DraftStep) -> Decision:
+        """Keep the candidate while it equals the reference token at its position, else stop."""
         token = require_feature(step, "token", self.name)
-        return step.position < len(self._reference) and token == self._reference[step.position]
+        if step.position < len(self._reference) and token == self._reference[step.position]:
+            return Decision.KEEP_CONTINUE
+        return Decision.STOP_BEFORE

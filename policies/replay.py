@@ -148,9 +148,10 @@ def replay(
 
     Mirrors the engine step by step: ``reset`` with the request seed (and the reference for
     policies that need it), per round the cap min(round_cap(), max_new_tokens − generated − 1),
-    ``propose`` before each candidate, one draft forward for the pending tokens plus one per
-    proposed candidate below the cap, greedy verification against T, ``update``, and the stop
-    after the round that emits EOS. Raises ValueError for policies ``check_replayable`` rejects.
+    ``decide`` on each candidate, one draft forward for the pending tokens plus one per kept
+    candidate the policy continues after below the cap, greedy verification against T,
+    ``update``, and the stop after the round that emits EOS. Raises ValueError for policies
+    ``check_replayable`` rejects.
     """
     check_replayable(policy, trace, max_draft_len)
     reference = trace.reference
@@ -190,10 +191,11 @@ def replay(
 def _draft_round(
     policy: DraftPolicy, trace: GreedyTrace, start: int, cap: int
 ) -> tuple[list[DraftPrediction], int]:
-    """Return the candidates ``policy`` proposes in a round starting at ``start``, and forwards.
+    """Return the candidates ``policy`` keeps in a round starting at ``start``, and forwards.
 
     The forward count follows ``workers.engine._draft_block``: none for an empty cap, else one
-    for the pending tokens and one after each proposed candidate whose index is below the cap.
+    for the pending tokens and one after each kept candidate the policy continues after, when
+    its index is below the cap.
     """
     if cap <= 0:
         return [], 0
@@ -212,13 +214,15 @@ def _draft_round(
             entropy=prediction.entropy if features else None,
             max_prob=prediction.max_prob if features else None,
         )
-        if not policy.propose(step):
+        decision = policy.decide(step)
+        if not decision.keeps:
             break
         proposed.append(prediction)
         if left_path is None and prediction.token != trace.target_tokens[position]:
             left_path = position
-        if index < cap:
-            forwards += 1
+        if not decision.continues or index == cap:
+            break
+        forwards += 1
     return proposed, forwards
 
 

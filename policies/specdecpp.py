@@ -1,4 +1,16 @@
-"""SpecDec++: stop when the predicted chance that some candidate so far is rejected exceeds h."""
+"""SpecDec++: stop when the predicted chance that some candidate so far is rejected exceeds h.
+
+SpecDec++'s Algorithm 2, per round (p̂ = 1): for i = 1, 2, ...: sample Y_i ~ q_i; multiply p̂ by
+sigmoid(f(e)), the head's predicted chance that Y_i is accepted given the earlier candidates
+were, where e is the draft's last hidden state that produced q_i; break if 1 − p̂ > h. Y_i is
+kept at the break (the MDP's transition draws Y_{k+1} and appends it before the stop decision),
+so every round drafts at least one token and the head's factor for i = 1 is read from the state
+at the last token before the round (the one that produced q_1). That is the reading implemented:
+in the engine's protocol (``policies.base``) each candidate is kept, with KEEP_STOP once
+1 − p̂ > h, so the stop also skips the draft forward that would produce q_{i+1}. The head is
+trained on exactly that pairing (``training.jobs.specdecpp_head``: the state producing q_i, the
+label of Y_i).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from policies.base import DraftPolicy, DraftStep, RequestContext
+from policies.base import Decision, DraftPolicy, DraftStep, RequestContext
 from policies.runtime_inputs import RUNTIME_INPUT
 from policies.step_features import require_feature
 
@@ -22,11 +34,11 @@ def stable_sigmoid(logit: float) -> float:
 
 @dataclass
 class SpecDecPPPolicy(DraftPolicy):
-    """Stop before candidate i when 1 − Π_{j≤i} sigmoid(f(e_j)) > h (h = 0.7, the paper's best).
+    """Keep candidate i, then stop when 1 − Π_{j≤i} sigmoid(f(e_j)) > h (h = 0.7, the paper's best).
 
     f is the trained acceptance head given the draft's last hidden state e_i (``head``), or,
     without one, the constant logit ``constant_logit`` (for tests and ablations); with neither,
-    ``propose`` raises. The product restarts at the first candidate of each round. The round cap
+    ``decide`` raises. The product restarts at the first candidate of each round. The round cap
     is min(max draft length, ``length_cap``) with SpecDec++'s hard cap of 20.
     """
 
@@ -67,12 +79,14 @@ class SpecDecPPPolicy(DraftPolicy):
             "to make_policy, or constant_logit=<float> for a head-free run"
         )
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return True while the predicted chance of a rejection so far stays at most h."""
+    def decide(self, step: DraftStep) -> Decision:
+        """Keep the candidate; stop after it once the predicted chance of a rejection exceeds h."""
         if step.index == 1:
             self._acceptance_product = 1.0
         self._acceptance_product *= stable_sigmoid(self.head_logit(step))
-        return 1.0 - self._acceptance_product <= self.threshold
+        if 1.0 - self._acceptance_product > self.threshold:
+            return Decision.KEEP_STOP
+        return Decision.KEEP_CONTINUE
 
     def _reset_state(self, context: RequestContext) -> None:
         self._acceptance_product = 1.0

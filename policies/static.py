@@ -1,19 +1,19 @@
-"""Static draft length K (Base-SPD / vanilla speculative decoding)."""
+"""Static draft length K (Base-SPD / vanilla speculative decoding): draft K tokens every round."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from policies.base import DraftPolicy, DraftStep
+from policies.base import Decision, DraftPolicy, DraftStep
 
 
 @dataclass
 class StaticPolicy(DraftPolicy):
-    """Always propose; the round stops at ``round_cap()`` = the sweep's max draft length K."""
+    """Keep every candidate; the round stops at ``round_cap()`` = the sweep's max draft length K."""
 
     name: ClassVar[str] = "static"
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return True: a static policy never stops a round early."""
-        return True
+    def decide(self, step: DraftStep) -> Decision:
+        """Return KEEP_CONTINUE: a static policy never stops a round early."""
+        return Decision.KEEP_CONTINUE

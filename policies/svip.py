@@ -1,4 +1,14 @@
-"""SVIP: stop when sqrt(H(q_i)) exceeds h; draft length capped at 40."""
+"""SVIP: after keeping a token, stop when sqrt(H) of the next position exceeds h; cap 40.
+
+SVIP's Algorithm 1 (per round, j = 0): sample x_{n+j+1} ~ q(· | x_{≤n+j}) and j ← j + 1; compute
+q(· | x_{≤n+j}), the draft distribution of the *next* position; break if
+sqrt(H(q(· | x_{≤n+j}))) > h; repeat while j < L. So the first token is always drafted, and the
+entropy that decides whether to draft token j + 1 is that of q_{j+1}, the distribution token
+j + 1 is drawn from. In the engine's protocol (``policies.base``) that is: keep candidate 1
+unconditionally; for candidate i >= 2, whose step carries H(q_i), stop before it when
+sqrt(H(q_i)) > h, else keep it. The draft forward that produces q_i after y_{i-1} is the one
+Algorithm 1 runs to compute the next-position entropy, so the cost is the paper's too.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +16,13 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from policies.base import DraftPolicy, DraftStep
+from policies.base import Decision, DraftPolicy, DraftStep
 from policies.step_features import require_feature
 
 
 @dataclass
 class SVIPPolicy(DraftPolicy):
-    """Stop before candidate i when sqrt(H(q_i)) > ``threshold`` (h).
+    """Always keep candidate 1; stop before candidate i >= 2 when sqrt(H(q_i)) > ``threshold``.
 
     h = 0.4 is the paper's Pythia setting (0.3 for Qwen and LLaMA-3, 0.5 for GliDe). The round
     cap is min(max draft length, ``length_cap``); SVIP's own cap is 40.
@@ -28,7 +38,11 @@ class SVIPPolicy(DraftPolicy):
         """Return min(max draft length, SVIP's length cap)."""
         return min(self.max_draft_len, self.length_cap)
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return True unless sqrt of the candidate's draft entropy exceeds h."""
+    def decide(self, step: DraftStep) -> Decision:
+        """Keep the first candidate; later ones unless sqrt of their draft entropy exceeds h."""
+        if step.index == 1:
+            return Decision.KEEP_CONTINUE
         entropy = float(require_feature(step, "entropy", self.name))
-        return math.sqrt(max(entropy, 0.0)) <= self.threshold
+        if math.sqrt(max(entropy, 0.0)) > self.threshold:
+            return Decision.STOP_BEFORE
+        return Decision.KEEP_CONTINUE

@@ -1,13 +1,18 @@
 """EESD's Thompson-sampling draft controllers: Beta-TS and calibrated Gaussian Cali-TS.
 
-Both decide each candidate by sampling a continuation probability θ from a posterior and then
-χ ~ Bernoulli(θ), stopping when χ = 0; they differ in the posterior. Randomness comes only from
-the policy's ``rng``, reseeded per request, so decisions are reproducible for a seed.
+EESD's Algorithm 1, per round: (line 6) the draft produces x_i; (7) x_i is added to the round's
+drafted set Q_d; (8) θ is sampled from the posterior; (9) χ ~ Bernoulli(θ); (11) break if
+χ = 0. So x_i stays in the round when the round stops, and every round drafts at least one
+token: in the engine's protocol (``policies.base``) each candidate is kept, and χ = 0 means
+KEEP_STOP, χ = 1 KEEP_CONTINUE. After verification the posterior is updated (Beta-TS:
+``beta_posterior_update``; Cali-TS: the running mean θ̂ and count n of ``calibrated_posterior``).
+The two differ only in the posterior. Randomness comes only from the policy's ``rng``, reseeded
+per request with the request's seed, so decisions are reproducible for a seed.
 
 By default the posterior restarts at the prior for each request
-(``persist_across_requests=False``): EESD keeps it across a run, but then a sample's result
-would depend on which requests ran before it in the same worker, which breaks per-sample
-retries and resumption. Set the field to True for EESD's behaviour.
+(``persist_across_requests=False``), so a sample's result does not depend on the samples before
+it. EESD keeps the posterior across a run: with the field True, a trial keeps one policy for all
+its prompts, in order (``workers.trial.run_trial``), and the posterior carries over.
 """
 
 from __future__ import annotations
@@ -17,8 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from policies.base import DraftPolicy, DraftStep, RequestContext, RoundOutcome
+from policies.base import Decision, DraftPolicy, DraftStep, RequestContext, RoundOutcome
 from policies.runtime_inputs import RUNTIME_INPUT
+
+
+def keep_and_sample_stop(theta: float, uniform: float) -> Decision:
+    """Return Algorithm 1's lines 9–11 for a kept candidate: χ ~ Bernoulli(θ), stop if χ = 0."""
+    return Decision.KEEP_CONTINUE if uniform < theta else Decision.KEEP_STOP
 
 
 def beta_posterior_update(alpha: float, beta: float, outcome: RoundOutcome) -> tuple[float, float]:
@@ -31,7 +41,11 @@ def beta_posterior_update(alpha: float, beta: float, outcome: RoundOutcome) -> t
     first rejected token (if any) is the one failure, and tokens after it are unobserved. So a
     fully accepted round adds n_drafted to α and nothing to β, and any other round adds
     n_accepted to α and 1 to β; a round that drafted nothing changes nothing. r is clamped to
-    [0, n] so malformed outcomes cannot make a parameter decrease.
+    [0, n] so malformed outcomes cannot make a parameter decrease. In the paper's symbols, with
+    Q_v the tokens the round verified into the output (accepted ones plus the target's own,
+    |Q_v| = n_accepted + 1), r = |Q_v| − 1 is the printed count, and n = min(|Q_v|, |Q_d|) is one
+    less than the printed n whenever a token after the first rejected one was drafted: the
+    printed n would count a second failure for a token the target never judged.
     """
     trials = min(outcome.n_accepted + 1, outcome.n_drafted)
     successes = min(max(outcome.n_accepted, 0), max(trials, 0))
@@ -62,7 +76,7 @@ def calibrated_posterior(
 
 @dataclass
 class BetaTSPolicy(DraftPolicy):
-    """EESD Beta-TS: θ ~ Beta(α, β), χ ~ Bernoulli(θ) per candidate; stop when χ = 0.
+    """EESD Beta-TS: keep each candidate, then θ ~ Beta(α, β), χ ~ Bernoulli(θ); stop if χ = 0.
 
     Prior Beta(``prior_alpha``, ``prior_beta``) = Beta(1, 1), the uniform prior; the update is
     ``beta_posterior_update``.
@@ -88,10 +102,10 @@ class BetaTSPolicy(DraftPolicy):
         """Return the current Beta posterior parameters (α, β)."""
         return self._alpha, self._beta
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return χ for θ ~ Beta(α, β), χ ~ Bernoulli(θ), drawn from ``self.rng``."""
+    def decide(self, step: DraftStep) -> Decision:
+        """Keep the candidate; stop after it when χ = 0 for θ ~ Beta(α, β) from ``self.rng``."""
         theta = self.rng.beta(self._alpha, self._beta)
-        return bool(self.rng.random() < theta)
+        return keep_and_sample_stop(theta, self.rng.random())
 
     def _reset_state(self, context: RequestContext) -> None:
         if not self.persist_across_requests:
@@ -104,7 +118,9 @@ class BetaTSPolicy(DraftPolicy):
 
 @dataclass
 class CaliTSPolicy(DraftPolicy):
-    """EESD Cali-TS: θ ~ N(μ, σ²) from ``calibrated_posterior``, χ ~ Bernoulli(clip(θ, 0, 1)).
+    """EESD Cali-TS: keep each candidate, then θ ~ N(μ, σ²), χ ~ Bernoulli(clip(θ)); stop if χ = 0.
+
+    μ and σ come from ``calibrated_posterior``.
 
     θ_M comes from ``predictor(step)`` (a trained predictor given the draft's and the target's
     hidden states) or, until one exists, the constant ``theta_model``. θ̂ is the running mean
@@ -166,11 +182,11 @@ class CaliTSPolicy(DraftPolicy):
             self.sigma_sample,
         )
 
-    def propose(self, step: DraftStep) -> bool:
-        """Return χ for θ ~ N(μ, σ²), χ ~ Bernoulli(clip(θ, 0, 1)), drawn from ``self.rng``."""
+    def decide(self, step: DraftStep) -> Decision:
+        """Keep the candidate; stop after it when χ = 0 for θ ~ N(μ, σ²) clipped to [0, 1]."""
         mean, std = self.posterior(step)
         theta = min(max(self.rng.normal(mean, std), 0.0), 1.0)
-        return bool(self.rng.random() < theta)
+        return keep_and_sample_stop(theta, self.rng.random())
 
     def _reset_state(self, context: RequestContext) -> None:
         if not self.persist_across_requests:

@@ -261,16 +261,38 @@ def test_policy_sees_entropy_of_the_distribution_it_drafts_from(pair):
     draft, target = pair
     seen = []
     policy = make_policy("svip", 4, threshold=10.0)
-    original = policy.propose
+    original = policy.decide
 
     def spy(step):
         seen.append(step)
         return original(step)
 
-    policy.propose = spy
+    policy.decide = spy
     prompt = prompts(1, seed=9)[0]
     speculative_generate(draft, target, policy, prompt, RequestSettings(GREEDY), 4)
     first = seen[0]
     expected = entropy(CachedLM(draft.model).full_logits(prompt)[-1].softmax(-1))
     assert math.isclose(first.entropy, float(expected), rel_tol=1e-4)
     assert all(a.index + 1 == b.index or b.index == 1 for a, b in itertools.pairwise(seen))
+
+
+def test_a_stop_after_a_kept_candidate_costs_no_further_draft_forward(pair):
+    """SpecDec++ with sigmoid(f) = 0.8 and h = 0.3: 1 − 0.8 ≤ h < 1 − 0.64, so every round keeps
+    two candidates and stops (KEEP_STOP) without forwarding the second; a stop before a
+    candidate (SVIP) has paid the forward that produced it."""
+    draft, target = pair
+    prompt = prompts(1, seed=10)[0]
+    keep_stop = make_policy("specdecpp", 6, constant_logit=math.log(4.0), threshold=0.3)
+    result = speculative_generate(draft, target, keep_stop, prompt, RequestSettings(GREEDY), 6)
+    full = result.rounds[:-1]
+    assert full and all((r.drafted, r.draft_forwards) == (2, 2) for r in full)
+    svip = make_policy("svip", 6, threshold=0.0)
+    result = speculative_generate(draft, target, svip, prompt, RequestSettings(GREEDY), 6)
+    generated, stopped = 0, []
+    for r in result.rounds:
+        cap = min(6, GREEDY.max_new_tokens - generated - 1)
+        if r.drafted < cap:
+            stopped.append(r)
+        generated += r.accepted + 1
+    assert stopped and all(r.draft_forwards == r.drafted + 1 for r in stopped)
+    assert all(r.drafted >= 1 for r in result.rounds[:-1])

@@ -32,13 +32,16 @@ def start(policy: DraftPolicy, seed: int = 0, reference: tuple[int, ...] | None 
     )
 
 
-def proposed_count(policy: DraftPolicy, steps: list[DraftStep]) -> int:
-    """Run one round the way the engine does and return how many candidates were proposed."""
+def drafted_count(policy: DraftPolicy, steps: list[DraftStep]) -> int:
+    """Run one round the way the engine does and return how many candidates it drafted."""
     count = 0
     for step in steps[: policy.round_cap()]:
-        if not policy.propose(step):
+        decision = policy.decide(step)
+        if not decision.keeps:
             break
         count += 1
+        if not decision.continues:
+            break
     return count
 
 
@@ -115,7 +118,7 @@ def test_make_policy_rejects_unknown_names_and_parameters() -> None:
 def test_static_drafts_to_the_cap() -> None:
     policy = make_policy("static", 3)
     start(policy)
-    assert proposed_count(policy, entropy_steps([9.0] * 10)) == 3
+    assert drafted_count(policy, entropy_steps([9.0] * 10)) == 3
 
 
 # --- dynamic threshold, max_confidence, adaedl ------------------------------------------------
@@ -164,7 +167,7 @@ def test_adaedl_lambda_trajectory_and_decisions() -> None:
     for (drafted, accepted), want in zip(ROUNDS, EXPECTED_LAMBDA, strict=True):
         policy.update(RoundOutcome(drafted, accepted, 8))
         assert policy.current_threshold == pytest.approx(want, abs=1e-12)
-        decisions.append(proposed_count(policy, probe))
+        decisions.append(drafted_count(policy, probe))
     # λ = 0.501 → 0.5015 ≥ λ: propose; λ ≥ 0.502 → stop.
     assert decisions == [1, 0, 0, 0, 0, 1, 0]
     start(policy)
@@ -175,7 +178,7 @@ def test_adaedl_stop_index_from_entropy_bound() -> None:
     policy = make_policy("adaedl", 8, dynamic=False, threshold=0.6)
     start(policy)
     # 1 − sqrt(0.2·H) < 0.6  ⇔  H > 0.4² / 0.2 = 0.8: the fourth entropy (0.81) is the first above.
-    assert proposed_count(policy, entropy_steps([0.0, 0.5, 0.79, 0.81, 0.1])) == 3
+    assert drafted_count(policy, entropy_steps([0.0, 0.5, 0.79, 0.81, 0.1])) == 3
 
 
 def test_max_confidence_fixed_versus_dynamic() -> None:
@@ -184,21 +187,21 @@ def test_max_confidence_fixed_versus_dynamic() -> None:
     dynamic = make_policy("max_confidence", 8, threshold=0.5, dynamic=True)
     for policy in (fixed, dynamic):
         start(policy)
-        assert proposed_count(policy, probe) == 1
+        assert drafted_count(policy, probe) == 1
         policy.update(RoundOutcome(8, 8, 8))
     assert fixed.current_threshold == 0.5
-    assert proposed_count(fixed, probe) == 1
+    assert drafted_count(fixed, probe) == 1
     assert dynamic.current_threshold == pytest.approx(0.501)
-    assert proposed_count(dynamic, probe) == 0
+    assert drafted_count(dynamic, probe) == 0
     steps = [DraftStep(index=i + 1, position=i, max_prob=p) for i, p in enumerate([0.9, 0.7, 0.4])]
-    assert proposed_count(fixed, steps) == 2
+    assert drafted_count(fixed, steps) == 2
 
 
 def test_missing_feature_raises_a_clear_error() -> None:
     policy = make_policy("max_confidence", 8)
     start(policy)
     with pytest.raises(ValueError, match="max_prob"):
-        policy.propose(DraftStep(index=1, position=0))
+        policy.decide(DraftStep(index=1, position=0))
 
 
 # --- svip -------------------------------------------------------------------------------------
@@ -208,10 +211,10 @@ def test_svip_stop_index_and_cap() -> None:
     policy = make_policy("svip", 16)
     start(policy)
     # sqrt(H) > 0.4 ⇔ H > 0.16: 0.161 (index 4) is the first.
-    assert proposed_count(policy, entropy_steps([0.05, 0.1, 0.159, 0.161, 0.01])) == 3
+    assert drafted_count(policy, entropy_steps([0.05, 0.1, 0.159, 0.161, 0.01])) == 3
     assert make_policy("svip", 64).round_cap() == 40
     assert make_policy("svip", 10).round_cap() == 10
-    assert proposed_count(make_policy("svip", 64), entropy_steps([0.0] * 50)) == 40
+    assert drafted_count(make_policy("svip", 64), entropy_steps([0.0] * 50)) == 40
 
 
 # --- hf_heuristic -----------------------------------------------------------------------------
@@ -229,7 +232,7 @@ def test_hf_heuristic_schedule() -> None:
         caps.append(policy.round_cap())
     assert ks == [5, 7, 6, 8, 7]
     assert caps == [5, 6, 6, 6, 6]
-    assert proposed_count(policy, entropy_steps([9.0] * 10)) == 6
+    assert drafted_count(policy, entropy_steps([9.0] * 10)) == 6
 
 
 def test_hf_heuristic_floor_and_persistence() -> None:
@@ -277,7 +280,7 @@ def test_beta_ts_posterior_after_rounds() -> None:
 def _decisions(policy: DraftPolicy, seed: int, n: int) -> list[bool]:
     start(policy, seed=seed)
     step = DraftStep(index=1, position=0)
-    return [policy.propose(step) for _ in range(n)]
+    return [policy.decide(step).continues for _ in range(n)]
 
 
 @pytest.mark.parametrize("name", ["beta_ts", "cali_ts"])
@@ -320,12 +323,15 @@ def test_beta_ts_continue_frequency_is_the_beta_mean(alpha: float, beta: float) 
 
 
 def test_beta_ts_draws_theta_per_candidate() -> None:
-    # θ drawn once per candidate: with a U(0, 1) prior the chance of proposing two candidates in a
-    # row is E[θ]² = 1/4; had θ been drawn once per round it would be E[θ²] = 1/3.
+    # θ drawn once per candidate: with a U(0, 1) prior the chance of continuing after two
+    # candidates in a row is E[θ]² = 1/4; had θ been drawn once per round it would be E[θ²] = 1/3.
     policy = make_policy("beta_ts", 8)
     start(policy, seed=2)
     n = 20_000
-    pairs = [policy.propose(DraftStep(1, 0)) and policy.propose(DraftStep(2, 1)) for _ in range(n)]
+    pairs = [
+        policy.decide(DraftStep(1, 0)).continues and policy.decide(DraftStep(2, 1)).continues
+        for _ in range(n)
+    ]
     # each pair draws 2 or 4 numbers, so pairs are independent
     assert abs(np.mean(pairs) - 0.25) < 5 * math.sqrt(0.25 * 0.75 / n)
 
@@ -392,38 +398,39 @@ def test_specdecpp_stop_index_from_head_logits() -> None:
         DraftStep(index=i + 1, position=i, hidden=np.array([x, 0.0])) for i, x in enumerate(logits)
     ]
     products = np.cumprod([_sigmoid(x) for x in logits])
-    # 1 − Π: 0.047, 0.161, 0.387, 0.835 → the fourth candidate is the first above h = 0.7
+    # 1 − Π: 0.047, 0.161, 0.387, 0.835 → after the fourth candidate 1 − Π > h = 0.7: it is kept
+    # and the round stops (Algorithm 2 breaks after appending Y_4)
     assert list(1 - products[:4] > 0.7) == [False, False, False, True]
-    assert proposed_count(policy, steps) == 3
+    assert drafted_count(policy, steps) == 4
     # the product restarts with the next round
     policy.update(RoundOutcome(3, 3, 16))
-    assert proposed_count(policy, steps[:3]) == 3
+    assert drafted_count(policy, steps[:3]) == 3
     assert policy.acceptance_product == pytest.approx(products[2])
 
 
 def test_specdecpp_cap_constant_logit_and_missing_head() -> None:
     assert make_policy("specdecpp", 32, constant_logit=9.0).round_cap() == 20
     # constant logit 2: Π = sigmoid(2)^i = 0.8808^i = 0.776, 0.683, 0.602, 0.530, 0.467, ...
-    # so 1 − Π > 0.5 first at i = 6
+    # so 1 − Π > 0.5 first at i = 6, which is kept
     policy = make_policy("specdecpp", 32, constant_logit=2.0, threshold=0.5)
     assert policy.features == frozenset()
     start(policy)
     assert 1 - _sigmoid(2.0) ** 5 <= 0.5 < 1 - _sigmoid(2.0) ** 6
-    assert proposed_count(policy, entropy_steps([0.0] * 10)) == 5
+    assert drafted_count(policy, entropy_steps([0.0] * 10)) == 6
     headless = make_policy("specdecpp", 8)
     assert headless.features == {"hidden"}
     start(headless)
     with pytest.raises(ValueError, match="head"):
-        headless.propose(DraftStep(index=1, position=0, hidden=np.zeros(2)))
+        headless.decide(DraftStep(index=1, position=0, hidden=np.zeros(2)))
 
 
 def test_specdecpp_sigmoid_is_stable_for_extreme_logits() -> None:
     policy = make_policy("specdecpp", 8, constant_logit=-1000.0)
     start(policy)
-    assert proposed_count(policy, entropy_steps([0.0])) == 0
+    assert drafted_count(policy, entropy_steps([0.0] * 8)) == 1
     policy = make_policy("specdecpp", 8, constant_logit=1000.0)
     start(policy)
-    assert proposed_count(policy, entropy_steps([0.0] * 8)) == 8
+    assert drafted_count(policy, entropy_steps([0.0] * 8)) == 8
 
 
 # --- oracle -----------------------------------------------------------------------------------
@@ -435,9 +442,140 @@ def test_oracle_stops_at_first_mismatch_and_past_the_reference() -> None:
     assert policy.features == {"token"}
     start(policy, reference=(5, 7, 9, 11))
     mismatch = [DraftStep(index=i + 1, position=i, token=t) for i, t in enumerate([5, 7, 8, 11])]
-    assert proposed_count(policy, mismatch) == 2
+    assert drafted_count(policy, mismatch) == 2
     # a later round starting at output position 2: tokens 9, 11 match, position 4 is past the end
     tail = [DraftStep(index=i + 1, position=2 + i, token=t) for i, t in enumerate([9, 11, 13])]
-    assert proposed_count(policy, tail) == 2
+    assert drafted_count(policy, tail) == 2
     with pytest.raises(ValueError, match="reference"):
         start(policy, reference=None)
+
+
+# --- each paper's algorithm, written out literally, against the engine's protocol ------------
+
+
+def svip_algorithm_1(entropies: list[float], h: float, cap: int) -> int:
+    """SVIP Algorithm 1 as printed: sample x_{n+j}, j ← j + 1, then break if the entropy of the
+    *next* position, H(q(· | x_{≤n+j})) = ``entropies[j]`` (q_{j+1}), has sqrt above h."""
+    j = 0
+    while j < cap:
+        j += 1
+        if math.sqrt(entropies[j]) > h:
+            break
+    return j
+
+
+def eesd_algorithm_1(rng: np.random.Generator, alpha: float, beta: float, cap: int) -> int:
+    """EESD Algorithm 1 (Beta-TS) as printed: x_i joins Q_d (lines 6–7), θ ~ Beta, χ ~ Bern(θ)
+    (8–9), break if χ = 0 (11)."""
+    drafted = 0
+    for _ in range(cap):
+        drafted += 1
+        theta = rng.beta(alpha, beta)
+        if not rng.random() < theta:
+            break
+    return drafted
+
+
+def specdecpp_algorithm_2(logits: list[float], h: float, cap: int) -> int:
+    """SpecDec++ Algorithm 2 as printed: sample Y_i, p̂ ← p̂·sigmoid(f(e)) with e the state that
+    produced q_i (``logits[i − 1]``), break if 1 − p̂ > h; Y_i stays in the round."""
+    product = 1.0
+    for i in range(1, cap + 1):
+        product *= _sigmoid(logits[i - 1])
+        if 1 - product > h:
+            return i
+    return cap
+
+
+@pytest.mark.parametrize("cap", [1, 2, 5, 12])
+def test_svip_drafts_as_algorithm_1(cap: int) -> None:
+    rng = np.random.default_rng(cap)
+    for _ in range(300):
+        entropies = list(rng.exponential(0.2, size=cap + 1))
+        policy = make_policy("svip", cap, threshold=0.4)
+        start(policy)
+        assert drafted_count(policy, entropy_steps(entropies)) == svip_algorithm_1(
+            entropies, 0.4, cap
+        )
+
+
+def test_svip_always_drafts_the_first_token() -> None:
+    # Every entropy far above h: the paper drafts x_{n+1}, then stops on the next position's
+    # entropy. (Stopping before the first candidate drafted nothing in 130 of 200 such rounds.)
+    policy = make_policy("svip", 8, threshold=0.3)
+    start(policy)
+    assert drafted_count(policy, entropy_steps([9.0] * 8)) == 1
+    # the first candidate's own entropy never stops the round; the second's does
+    assert drafted_count(policy, entropy_steps([9.0, 0.01, 0.01, 1.0])) == 3
+
+
+@pytest.mark.parametrize(("alpha", "beta", "cap"), [(1.0, 1.0, 8), (3.0, 2.0, 4), (0.5, 4.0, 16)])
+def test_beta_ts_drafts_as_eesd_algorithm_1(alpha: float, beta: float, cap: int) -> None:
+    drafted = []
+    for seed in range(500):
+        policy = make_policy("beta_ts", cap, prior_alpha=alpha, prior_beta=beta)
+        start(policy, seed=seed)
+        got = drafted_count(policy, entropy_steps([0.0] * cap))
+        assert got == eesd_algorithm_1(np.random.default_rng(seed), alpha, beta, cap)
+        drafted.append(got)
+    assert min(drafted) == 1
+
+
+def test_beta_ts_first_rounds_draft_one_or_more_under_the_uniform_prior() -> None:
+    # Under Beta(1, 1) P(χ = 0) = 1/2: half the first rounds draft exactly one token, none zero.
+    counts = []
+    for seed in range(4000):
+        policy = make_policy("beta_ts", 8)
+        start(policy, seed=seed)
+        counts.append(drafted_count(policy, entropy_steps([0.0] * 8)))
+    assert min(counts) == 1
+    share_one = np.mean(np.array(counts) == 1)
+    assert abs(share_one - 0.5) < 5 * math.sqrt(0.25 / 4000)
+
+
+def test_cali_ts_keeps_the_candidate_it_stops_after() -> None:
+    # θ pinned at 0 (clipped): χ = 0 after every candidate, so each round drafts exactly one.
+    policy = make_policy("cali_ts", 8, theta_model=-5.0, sigma_model=1e-9)
+    start(policy)
+    assert drafted_count(policy, entropy_steps([0.0] * 8)) == 1
+
+
+@pytest.mark.parametrize("cap", [1, 3, 7, 20])
+def test_specdecpp_drafts_as_algorithm_2(cap: int) -> None:
+    rng = np.random.default_rng(cap)
+    for _ in range(300):
+        logits = list(rng.normal(2.0, 1.5, size=cap))
+        policy = make_policy("specdecpp", cap, head=lambda hidden: float(hidden[0]))
+        start(policy)
+        steps = [
+            DraftStep(index=i + 1, position=i, hidden=np.array([x])) for i, x in enumerate(logits)
+        ]
+        assert drafted_count(policy, steps) == specdecpp_algorithm_2(logits, 0.7, cap)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "decisions"),
+    [
+        ("adaedl", {"dynamic": False, "threshold": 0.6}, {"stop_before"}),
+        ("max_confidence", {"threshold": 0.5}, {"stop_before"}),
+        ("oracle", {}, {"stop_before"}),
+        ("svip", {"threshold": 0.4}, {"stop_before"}),
+        ("beta_ts", {}, {"keep_stop"}),
+        ("cali_ts", {}, {"keep_stop"}),
+        ("specdecpp", {"constant_logit": 0.0}, {"keep_stop"}),
+    ],
+)
+def test_each_policy_stops_the_way_its_paper_decides(name, params, decisions) -> None:
+    # Before token i (AdaEDL, max-confidence, oracle, SVIP's next-position entropy) or after
+    # keeping it (EESD, SpecDec++): the stops a policy makes over many rounds are of one kind.
+    seen = set()
+    for seed in range(50):
+        policy = make_policy(name, 6, **params)
+        start(policy, seed=seed, reference=(1,) * 3)
+        for i in range(1, 7):
+            step = DraftStep(index=i, position=i - 1, token=1, entropy=2.0, max_prob=0.3)
+            decision = policy.decide(step)
+            if not decision.continues:
+                seen.add(decision.value)
+                break
+    assert seen == decisions

@@ -287,6 +287,44 @@ def test_hand_made_trace_reads_the_detour_and_stops_after_eos():
     assert _rounds("oracle", eos_trace, 4) == [(2, 2, True, 3), (2, 2, True, 3)]
 
 
+def test_hand_made_trace_stop_after_a_kept_candidate_skips_its_forward():
+    # sigmoid(ln 4) = 0.8, h = 0.3: 1 − 0.8 ≤ h < 1 − 0.64, so SpecDec++ keeps two candidates a
+    # round and stops without the forward after the second; the last round's cap is 1.
+    trace = _hand_trace()
+    rounds = _rounds("specdecpp", trace, 4, constant_logit=math.log(4.0), threshold=0.3)
+    assert rounds == [(2, 2, True, 2), (2, 2, True, 2), (1, 1, True, 1)]
+    # SVIP keeps the first candidate whatever its entropy; the detour's entropy stops it after.
+    high_first = dataclasses.replace(
+        trace, on_path=tuple(dataclasses.replace(p, entropy=9.0) for p in trace.on_path)
+    )
+    assert _rounds("svip", high_first, 4, threshold=1.0)[0] == (1, 1, True, 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("beta_ts", {"persist_across_requests": True}),
+        ("hf_heuristic", {"persist_across_requests": True, "initial_draft_len": 1}),
+    ],
+)
+def test_replay_with_state_across_requests_equals_live_requests_in_order(pair, name, params):
+    """One policy over the prompts in order, live and replayed, gives the same rounds, and
+    differs from a fresh policy per prompt."""
+    cap = max(CAPS)
+    live_policy = make_policy(name, cap, **params)
+    replay_policy = make_policy(name, cap, **params)
+    live, replayed, fresh = [], [], []
+    for index, (ids, trace) in enumerate(zip(pair.prompts, pair.traces, strict=True)):
+        result = speculative_generate(
+            pair.draft, pair.target, live_policy, ids, pair.settings(seed=index), cap
+        )
+        live.append([(r.drafted, r.accepted, r.bonus, r.draft_forwards) for r in result.rounds])
+        replayed.append(_key(replay(replay_policy, trace, cap, index)))
+        fresh.append(_key(replay(make_policy(name, cap, **params), trace, cap, index)))
+    assert replayed == live
+    assert fresh != live
+
+
 def test_replay_refuses_hidden_state_policies_and_uncovered_caps():
     trace = _hand_trace()
     refused = [

@@ -157,7 +157,11 @@ def _draft_block(
     generator: torch.Generator,
     target_hidden: torch.Tensor | None,
 ) -> _Block:
-    """Draft up to ``cap`` tokens, asking the policy before proposing each candidate."""
+    """Draft up to ``cap`` tokens, asking the policy what to do with each candidate.
+
+    A draft forward follows a kept candidate only when the policy continues and the cap allows
+    another: a stop before a candidate or after one (``Decision``) ends the round at once.
+    """
     block = _Block(tokens=[], token_probs=[], rows=[], entropies=[], max_probs=[], forwards=0)
     if cap <= 0:
         return block
@@ -187,7 +191,8 @@ def _draft_block(
             hidden=step.hidden[-1] if "hidden" in wanted else None,
             target_hidden=target_hidden,
         )
-        if not policy.propose(candidate):
+        decision = policy.decide(candidate)
+        if not decision.keeps:
             break
         block.tokens.append(token)
         if probs is not None:
@@ -196,9 +201,10 @@ def _draft_block(
         if entropy_value is not None:
             block.entropies.append(entropy_value)
             block.max_probs.append(max_prob)
-        if index < cap:
-            step = draft.forward(token.view(1), last_only=True)
-            block.forwards += 1
+        if not decision.continues or index == cap:
+            break
+        step = draft.forward(token.view(1), last_only=True)
+        block.forwards += 1
     return block
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from policies import make_policy
+from policies import DraftPolicy, make_policy
 from workers.engine import (
     RequestSettings,
     TargetScorer,
@@ -28,7 +28,7 @@ class TrialRequest:
     ``runtime_inputs`` are trained callables (SpecDec++ head, Cali-TS predictor) passed to the
     policy constructor; ``artifact_path`` is a trained artifact's directory the worker loads
     them from instead (``workers.heads.load_runtime_inputs``), so a request stays small.
-    Sample i is decoded with seed ``seed * 1_000_003 + i`` so samples differ but every run of
+    Sample i is decoded with seed ``sample_seed(seed, i)`` so samples differ but every run of
     the trial is reproducible.
     """
 
@@ -50,39 +50,53 @@ def run_trial(
     """Decode every prompt of ``request``; return one result per prompt (warm-up excluded).
 
     The first ``warmup_samples`` prompts are decoded once before timing starts, so that lazy
-    initialisation and allocator growth do not land in the measured samples.
+    initialisation and allocator growth do not land in the measured samples. The measured
+    prompts run in order through one policy object, reset per request: a policy with
+    ``persist_across_requests`` carries its state (EESD's posterior, the heuristic's K) from
+    each prompt to the next, the others start every prompt afresh. Warm-up uses its own policy.
     """
     runtime_inputs = dict(request.runtime_inputs)
     if request.artifact_path is not None:
         from workers.heads import load_runtime_inputs
 
         runtime_inputs.update(load_runtime_inputs(request.policy, request.artifact_path))
+    warmup_policy = _trial_policy(request, runtime_inputs)
     for prompt in request.prompts[: request.warmup_samples]:
-        _decode(draft, target, request, runtime_inputs, prompt, seed=request.seed)
+        _decode(draft, target, request, warmup_policy, prompt, seed=request.seed)
+    policy = _trial_policy(request, runtime_inputs)
     return [
-        _decode(
-            draft, target, request, runtime_inputs, prompt, seed=request.seed * 1_000_003 + index
-        )
+        _decode(draft, target, request, policy, prompt, seed=sample_seed(request.seed, index))
         for index, prompt in enumerate(request.prompts)
     ]
+
+
+def sample_seed(trial_seed: int, index: int) -> int:
+    """Return the request seed of a trial's sample ``index`` (distinct per sample, reproducible)."""
+    return trial_seed * 1_000_003 + index
+
+
+def _trial_policy(request: TrialRequest, runtime_inputs: dict[str, Any]) -> DraftPolicy | None:
+    """Return a new policy for ``request`` (None for the AR baseline)."""
+    if request.policy == BASELINE_POLICY:
+        return None
+    return make_policy(request.policy, request.max_draft_len, **request.params, **runtime_inputs)
 
 
 def _decode(
     draft: CachedLM | None,
     target: TargetScorer,
     request: TrialRequest,
-    runtime_inputs: dict[str, Any],
+    policy: DraftPolicy | None,
     prompt: list[int],
     seed: int,
 ) -> GenerationResult:
-    """Decode one prompt with the baseline or the trial's policy."""
+    """Decode one prompt with the baseline (``policy`` None) or the trial's policy."""
     settings = RequestSettings(request.sampling, seed=seed, eos_token_id=request.eos_token_id)
     prompt_ids = torch.tensor(prompt, dtype=torch.long)
-    if request.policy == BASELINE_POLICY:
+    if policy is None:
         return autoregressive_generate(target, prompt_ids, settings)
     if draft is None:
         raise ValueError(f"policy {request.policy!r} needs a draft model")
-    policy = make_policy(request.policy, request.max_draft_len, **request.params, **runtime_inputs)
     reference = None
     if policy.needs_reference:
         reference = autoregressive_generate(target, prompt_ids, settings).output_ids

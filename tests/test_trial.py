@@ -1,0 +1,116 @@
+"""A trial's prompts through one policy: ``persist_across_requests`` carries state from each
+prompt to the next, live (``workers.trial.run_trial``) and replayed
+(``orchestrator.replay_stage.replay_rounds``), reproducibly for a seed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from tiny_models import build_tiny_pair, prompts
+
+from orchestrator.planner import Trial
+from orchestrator.replay_stage import replay_rounds
+from policies import make_policy
+from policies.replay import replay
+from workers.engine import RequestSettings, speculative_generate
+from workers.lm import CachedLM
+from workers.records import SamplingConfig
+from workers.target import LocalTarget
+from workers.trace import record_trace
+from workers.trial import TrialRequest, run_trial, sample_seed
+
+torch.set_num_threads(1)
+
+SAMPLING = SamplingConfig(temperature=1.0, top_k=20, max_new_tokens=16)
+GREEDY = SamplingConfig(max_new_tokens=16)
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[CachedLM, LocalTarget]:
+    draft, target = build_tiny_pair()
+    return CachedLM(draft), LocalTarget(CachedLM(target))
+
+
+def _rounds(results) -> list[list[tuple[int, int]]]:
+    return [[(r.drafted, r.accepted) for r in result.rounds] for result in results]
+
+
+def _request(policy: str, persist: bool, sampling: SamplingConfig, warmup: int = 0):
+    return TrialRequest(
+        prompts=[p.tolist() for p in prompts(6, seed=4)],
+        sampling=sampling,
+        policy=policy,
+        params={"persist_across_requests": persist},
+        max_draft_len=6,
+        seed=SEED,
+        warmup_samples=warmup,
+    )
+
+
+def _by_hand(pair, request: TrialRequest) -> list[list[tuple[int, int]]]:
+    """The requests of ``request`` run in order through one policy object, by hand."""
+    draft, target = pair
+    policy = make_policy(request.policy, request.max_draft_len, **request.params)
+    results = [
+        speculative_generate(
+            draft,
+            target,
+            policy,
+            torch.tensor(prompt),
+            RequestSettings(request.sampling, seed=sample_seed(request.seed, index)),
+            request.max_draft_len,
+        )
+        for index, prompt in enumerate(request.prompts)
+    ]
+    return _rounds(results)
+
+
+@pytest.mark.parametrize(
+    ("policy", "sampling"), [("beta_ts", SAMPLING), ("cali_ts", SAMPLING), ("hf_heuristic", GREEDY)]
+)
+def test_persistent_trial_equals_one_policy_over_its_requests_and_differs_from_fresh(
+    pair, policy, sampling
+):
+    draft, target = pair
+    persistent = _request(policy, True, sampling, warmup=2)
+    transient = _request(policy, False, sampling, warmup=2)
+    kept = _rounds(run_trial(draft, target, persistent))
+    assert kept == _by_hand(pair, persistent)
+    assert kept == _rounds(run_trial(draft, target, persistent))
+    fresh = _rounds(run_trial(draft, target, transient))
+    assert fresh == _by_hand(pair, transient)
+    assert kept[0] == fresh[0]
+    assert kept != fresh
+
+
+def test_replay_stage_carries_state_across_a_trial_like_the_live_trial(pair):
+    draft, target = pair
+    request = _request("hf_heuristic", True, GREEDY)
+    live = _rounds(run_trial(draft, target, request))
+    traces = [
+        record_trace(draft, target.lm, torch.tensor(p), GREEDY.max_new_tokens, 6)
+        for p in request.prompts
+    ]
+    trial = _trial(request)
+    replayed = [[(r.drafted, r.accepted) for r in rs] for rs in replay_rounds(trial, traces)]
+    assert replayed == live
+    fresh = [
+        [(r.drafted, r.accepted) for r in replay(make_policy("hf_heuristic", 6), t, 6, i)]
+        for i, t in enumerate(traces)
+    ]
+    assert replayed != fresh
+
+
+def _trial(request: TrialRequest) -> Trial:
+    """A planner Trial with the request's policy, cap and seed (the other fields unused here)."""
+    fields = {f.name: None for f in dataclasses.fields(Trial) if f.init}
+    fields.update(
+        policy=request.policy,
+        params=tuple(sorted(request.params.items())),
+        max_draft_len=request.max_draft_len,
+        seed=request.seed,
+    )
+    return Trial(**fields)
