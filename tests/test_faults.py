@@ -1,9 +1,11 @@
 """Faults during a sweep: killed workers, a killed driver, and errors inside a trial.
 
 - Worker faults: a :class:`FaultInjector` wraps the runner's ``_PairRunner`` so the test knows
-  the actors of the current worker group (and their process ids) and when a trial has just been
-  sent to them; a timer then kills the draft or the target actor, with ``ray.kill`` or SIGKILL,
-  while that trial runs. The runner itself is unchanged: it has to survive a real actor death.
+  the actors of the current worker group (and their process ids) and when a trial's request has
+  just been built for them; it then kills the draft or the target actor, with ``ray.kill`` or
+  SIGKILL, and waits until the process is gone, so the trial is sent to a group with a dead
+  actor at a known point (never after a wall-clock timer, which raced the trial's end). The
+  runner itself is unchanged: it has to survive a real actor death.
 - Driver fault: ``python -m orchestrator submit`` runs as a subprocess and is SIGKILLed mid-sweep;
   its Ray processes must exit, and a second ``submit`` must finish the sweep without touching
   the trials already stored.
@@ -21,7 +23,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,9 +44,8 @@ from orchestrator.store.models import RoundRow, SampleResultRow
 SAMPLES = 2
 #: Ray's exception type names for an actor that died (``ray.kill`` or a killed process).
 ACTOR_DEATH = ("ActorDiedError", "RayActorError", "ActorUnavailableError")
-#: Seconds between sending a trial to the actors and killing one of them. A micro-zoo trial
-#: (one warm-up and two measured samples of 12 tokens, a Ray call per round) takes longer.
-KILL_DELAY_S = 0.1
+#: Seconds a killed actor's process may take to exit.
+EXIT_TIMEOUT_S = 30.0
 
 CODE_DATASET = {"name": "builtin:code", "samples": SAMPLES, "max_new_tokens": 12}
 #: The AR baseline and four policy trials: static K=4, SVIP at two thresholds, AdaEDL.
@@ -132,7 +132,6 @@ class FaultInjector:
     actors: dict[str, Any] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     injected: list[Injection] = field(default_factory=list)
-    timers: list[threading.Timer] = field(default_factory=list)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Wrap ``_PairRunner._start`` (to see fresh actors) and ``_request`` (trial sent)."""
@@ -156,19 +155,22 @@ class FaultInjector:
             if trial.trial_id in self.faults and trial.trial_id not in done:
                 role, how = self.faults[trial.trial_id]
                 self.injected.append(Injection(trial.trial_id, role, how, self.pids[role]))
-                timer = threading.Timer(KILL_DELAY_S, self._kill, (role, how))
-                self.timers.append(timer)
-                timer.start()
+                self._kill(role, how)
             return built
 
         monkeypatch.setattr(pair_runner, "_start", start)
         monkeypatch.setattr(pair_runner, "_request", request)
 
     def _kill(self, role: str, how: str) -> None:
+        """Kill the actor and return once its process has exited."""
         if how == "ray.kill":
             ray.kill(self.actors[role], no_restart=True)
         else:
             os.kill(self.pids[role], signal.SIGKILL)
+        deadline = time.monotonic() + EXIT_TIMEOUT_S
+        while _process_alive(self.pids[role]):
+            assert time.monotonic() < deadline, f"the killed {role} actor did not exit"
+            time.sleep(0.05)
 
 
 def _sample_counts(store: Store) -> tuple[int, int]:
@@ -219,8 +221,6 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
     injector.install(monkeypatch)
 
     summary = run_sweep(spec, plan, store, RunOptions(progress=False))
-    for timer in injector.timers:
-        timer.join()
 
     assert [(i.trial_id, (i.role, i.how)) for i in injector.injected] == list(hit.items())
     assert len({i.pid for i in injector.injected}) == len(FAULTS)  # a fresh process each time
