@@ -114,3 +114,30 @@ def _trial(request: TrialRequest) -> Trial:
         seed=request.seed,
     )
     return Trial(**fields)
+
+
+def test_the_baseline_of_a_remote_target_runs_its_token_loop_inside_the_worker(
+    micro_zoo, ray_local, monkeypatch
+):
+    """The AR baseline sends one call per request to the target actor, not one per token: the
+    driver-side verify is never called, and the output equals the in-process loop's."""
+    from workers.actors import ModelSpec, RemoteTargetGroup, TargetWorker
+    from workers.lm import load_causal_lm
+
+    path = str(micro_zoo.model_path("target"))
+    group = RemoteTargetGroup([TargetWorker.remote(ModelSpec(path))])
+
+    def no_rpc_per_token(self, request):
+        raise AssertionError("the baseline called verify from the driver")
+
+    monkeypatch.setattr(RemoteTargetGroup, "verify", no_rpc_per_token)
+    request = TrialRequest(
+        prompts=[p.tolist() for p in prompts(3, seed=5, vocab=200)],
+        sampling=GREEDY,
+        policy="ar",
+        seed=SEED,
+    )
+    remote = run_trial(None, group, request)
+    local = run_trial(None, LocalTarget(CachedLM(load_causal_lm(path))), request)
+    assert [r.output_ids for r in remote] == [r.output_ids for r in local]
+    assert all(len(r.rounds) == GREEDY.max_new_tokens for r in remote)

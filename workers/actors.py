@@ -14,7 +14,7 @@ import ray
 import torch
 
 from workers.lm import CachedLM, StepOutput, load_causal_lm
-from workers.records import GenerationResult, SamplingConfig
+from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 from workers.trace import GreedyTrace, record_trace
 from workers.trial import TrialRequest, run_trial
@@ -73,6 +73,10 @@ class TargetWorker:
         """Score one drafted block on this rank."""
         return self.target.verify(request)
 
+    def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
+        """Decode one request with the target alone, the token loop inside this actor."""
+        return self.target.generate(prompt_ids, settings)
+
     def lm_forward(self, ids: torch.Tensor, last_only: bool) -> tuple[torch.Tensor, int]:
         """Forward ``ids`` through the target's cached LM; return CPU logits and cached length."""
         out = self.target.lm.forward(ids, last_only=last_only)
@@ -105,6 +109,10 @@ class RemoteTargetGroup:
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Verify on every rank (they compute in lockstep); return rank 0's response."""
         return ray.get([rank.verify.remote(request) for rank in self.ranks])[0]
+
+    def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
+        """Decode with the target alone: one call per rank for the whole request."""
+        return ray.get([rank.generate.remote(prompt_ids, settings) for rank in self.ranks])[0]
 
 
 class RemoteLM:

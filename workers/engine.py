@@ -18,7 +18,13 @@ import torch
 
 from policies import DraftPolicy, DraftStep, RequestContext, RoundOutcome
 from workers.lm import CachedLM
-from workers.records import GenerationResult, RoundRecord, SamplingConfig
+from workers.records import (
+    GenerationResult,
+    RequestSettings,
+    RoundRecord,
+    SamplingConfig,
+    truncate_at_eos,
+)
 from workers.sampling import entropy, feature_probs, sample_token, warp_probs
 from workers.target import VerifyRequest, VerifyResponse, side_seed
 from workers.verification import residual_distribution
@@ -33,14 +39,8 @@ class TargetScorer(Protocol):
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block."""
 
-
-@dataclass(frozen=True)
-class RequestSettings:
-    """Per-request decoding settings shared by the speculative and the baseline paths."""
-
-    sampling: SamplingConfig
-    seed: int = 0
-    eos_token_id: int | None = None
+    def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
+        """Decode one request with the target alone."""
 
 
 @dataclass
@@ -135,7 +135,7 @@ def speculative_generate(
                 min_max_prob=min(block.max_probs) if block.max_probs else None,
             )
         )
-        output, stopped_on_eos = _truncate_at_eos(output, settings.eos_token_id)
+        output, stopped_on_eos = truncate_at_eos(output, settings.eos_token_id)
         if on_round is not None:
             on_round(sequence)
     return GenerationResult(
@@ -211,55 +211,13 @@ def _draft_block(
 def autoregressive_generate(
     target: TargetScorer, prompt_ids: torch.Tensor, settings: RequestSettings
 ) -> GenerationResult:
-    """Generate with the target alone through the same target-side code (the AR baseline).
+    """Generate with the target alone (the AR baseline): ``target.generate``.
 
-    Each step is a verification of an empty block, which returns the target's next token
-    (argmax when greedy, a sample of the warped p otherwise). One record per token.
+    The token loop runs where the target runs (``workers.target.LocalTarget.generate``): in
+    this process for a local target, inside the target worker for a remote group, one call per
+    request, as a deployment of the target alone would decode.
     """
-    sampling = settings.sampling
-    start = time.perf_counter()
-    prompt = prompt_ids.to(torch.long).cpu()
-    target.prefill(prompt, sampling, settings.seed)
-    sequence = prompt.tolist()
-    output: list[int] = []
-    rounds: list[RoundRecord] = []
-    empty = torch.empty(0, dtype=torch.long)
-    stopped_on_eos = False
-    while len(output) < sampling.max_new_tokens and not stopped_on_eos:
-        response = target.verify(
-            VerifyRequest(
-                pending=torch.tensor(sequence[-1:], dtype=torch.long),
-                draft_tokens=empty,
-                draft_token_probs=None if sampling.greedy else empty.float(),
-            )
-        )
-        sequence.append(response.next_token)
-        output.append(response.next_token)
-        rounds.append(
-            RoundRecord(
-                drafted=0,
-                accepted=0,
-                bonus=False,
-                draft_forwards=0,
-                draft_seconds=0.0,
-                verify_seconds=response.seconds,
-            )
-        )
-        output, stopped_on_eos = _truncate_at_eos(output, settings.eos_token_id)
-    return GenerationResult(
-        prompt_ids=prompt.tolist(),
-        output_ids=output,
-        rounds=rounds,
-        seconds=time.perf_counter() - start,
-        stopped_on_eos=stopped_on_eos,
-    )
-
-
-def _truncate_at_eos(output: list[int], eos_token_id: int | None) -> tuple[list[int], bool]:
-    """Cut ``output`` after its first EOS token; return it and whether EOS was found."""
-    if eos_token_id is None or eos_token_id not in output:
-        return output, False
-    return output[: output.index(eos_token_id) + 1], True
+    return target.generate(prompt_ids.to(torch.long).cpu(), settings)
 
 
 def _stack(values: list[torch.Tensor]) -> torch.Tensor:

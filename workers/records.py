@@ -21,6 +21,22 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class RequestSettings:
+    """Per-request decoding settings shared by the speculative and the baseline paths."""
+
+    sampling: SamplingConfig
+    seed: int = 0
+    eos_token_id: int | None = None
+
+
+def truncate_at_eos(output: list[int], eos_token_id: int | None) -> tuple[list[int], bool]:
+    """Cut ``output`` after its first EOS token; return it and whether EOS was found."""
+    if eos_token_id is None or eos_token_id not in output:
+        return output, False
+    return output[: output.index(eos_token_id) + 1], True
+
+
+@dataclass(frozen=True)
 class RoundRecord:
     """One speculative round: tokens drafted and accepted, the bonus flag, and timings.
 

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from workers.lm import CachedLM
-from workers.records import SamplingConfig
+from workers.records import (
+    GenerationResult,
+    RequestSettings,
+    RoundRecord,
+    SamplingConfig,
+    truncate_at_eos,
+)
 from workers.sampling import warp_probs
 from workers.verification import verify_greedy, verify_sampling
 
@@ -49,7 +55,11 @@ class VerifyResponse:
 
 
 class LocalTarget:
-    """Target-side logic of speculative decoding and of the autoregressive baseline."""
+    """Target-side logic of speculative decoding and of the autoregressive baseline.
+
+    ``prefill`` and ``verify`` serve a draft side (one call per round); ``generate`` runs the
+    target-only baseline's whole token loop here, next to the model.
+    """
 
     def __init__(self, lm: CachedLM) -> None:
         self.lm = lm
@@ -94,6 +104,41 @@ class LocalTarget:
             rejected_row=verdict.rejected_row,
             hidden=hidden,
             seconds=_now() - start,
+        )
+
+    def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
+        """Decode ``prompt_ids`` with the target alone: one record per generated token.
+
+        Each step is a verification of an empty block, which returns the target's next token
+        (argmax when greedy, a sample of the warped p otherwise), so the baseline runs the same
+        target-side code as speculative decoding.
+        """
+        sampling = settings.sampling
+        start = _now()
+        self.prefill(prompt_ids, sampling, settings.seed)
+        sequence = prompt_ids.tolist()
+        output: list[int] = []
+        rounds: list[RoundRecord] = []
+        empty = torch.empty(0, dtype=torch.long)
+        stopped_on_eos = False
+        while len(output) < sampling.max_new_tokens and not stopped_on_eos:
+            response = self.verify(
+                VerifyRequest(
+                    pending=torch.tensor(sequence[-1:], dtype=torch.long),
+                    draft_tokens=empty,
+                    draft_token_probs=None if sampling.greedy else empty.float(),
+                )
+            )
+            sequence.append(response.next_token)
+            output.append(response.next_token)
+            rounds.append(RoundRecord(0, 0, False, 0, 0.0, response.seconds))
+            output, stopped_on_eos = truncate_at_eos(output, settings.eos_token_id)
+        return GenerationResult(
+            prompt_ids=prompt_ids.tolist(),
+            output_ids=output,
+            rounds=rounds,
+            seconds=_now() - start,
+            stopped_on_eos=stopped_on_eos,
         )
 
 

@@ -21,7 +21,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from workers.lm import DTYPES, CachedLM, load_causal_lm
-from workers.records import SamplingConfig
+from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 
 if TYPE_CHECKING:
@@ -171,6 +171,10 @@ class TensorParallelTarget:
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block on this rank (all ranks must get the same call)."""
         return self.target.verify(request)
+
+    def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
+        """Decode with the target alone on this rank (every rank runs the same loop)."""
+        return self.target.generate(prompt_ids, settings)
 
 
 def _select_cpu_accelerator_without_cuda() -> None:
