@@ -2,7 +2,11 @@
 assisted generation, on one pair and prompt set, greedy, side by side in one run.
 
 Reports tokens/s and acceptance per method, the speed ratio of our static K to transformers'
-assisted generation at the same K, and the engine overhead: wall time minus
+assisted generation at the same K and of our target-only AR to transformers' plain
+``generate()`` on the same model (the baseline must be as optimised as the method), the target's
+standalone cost t_target(n) of a block of n = 1..9 tokens per model path (a 1-token step must
+not cost more than a 2-token block, or every speedup over AR is inflated), and the engine
+overhead: wall time minus
 (Σ prefill + N_draft·t_draft + Σ t_target(block)), with each prompt's prefill (target and
 draft), t_draft (one cached draft step) and t_target(n) (one cached target forward of n tokens,
 then rollback, at a mid-generation context length) measured standalone in the same run.
@@ -39,6 +43,8 @@ from workers.target import LocalTarget
 STATIC_KS = (2, 4, 8)
 #: Name suffix of the rows run with ``CachedLM(fast=False)``: the transformers module forward.
 TRANSFORMERS_MODULES = " (transformers modules)"
+#: The row of transformers' plain ``generate()`` on the target (the AR baseline's reference).
+TRANSFORMERS_GENERATE = "transformers generate() (target only)"
 
 
 @dataclass
@@ -182,6 +188,11 @@ def _hf_assisted(target_model, draft_model, prompts, k: int, schedule: str, max_
     config.num_assistant_tokens = k
     config.num_assistant_tokens_schedule = schedule
     config.assistant_confidence_threshold = 0.0
+    return _hf_generate(target_model, prompts, max_new, assistant_model=draft_model)
+
+
+def _hf_generate(target_model, prompts, max_new: int, **options):
+    """Run ``target_model.generate`` greedily per prompt; return (tokens, seconds, outputs)."""
     tokens, seconds, outputs = 0, 0.0, []
     for prompt in prompts:
         ids = torch.tensor([prompt])
@@ -189,11 +200,11 @@ def _hf_assisted(target_model, draft_model, prompts, k: int, schedule: str, max_
         out = target_model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
-            assistant_model=draft_model,
             do_sample=False,
             max_new_tokens=max_new,
             min_new_tokens=max_new,
             pad_token_id=target_model.config.eos_token_id,
+            **options,
         )
         seconds += time.perf_counter() - start
         generated = out[0, ids.shape[1] :].tolist()
@@ -202,8 +213,8 @@ def _hf_assisted(target_model, draft_model, prompts, k: int, schedule: str, max_
     return tokens, seconds, outputs
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print a table and write JSON; return the exit code."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Return the command-line options."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -214,7 +225,68 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--out", type=Path, default=Path("bench-engine.json"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _run_transformers(
+    target_model, draft_model, prompts: list[list[int]], max_new: int, reference: list[list[int]]
+) -> list[MethodResult]:
+    """Return transformers' rows: plain ``generate()``, assisted at each K, the heuristic."""
+    results = []
+    tokens, seconds, outputs = _hf_generate(target_model, prompts, max_new)
+    plain = MethodResult(TRANSFORMERS_GENERATE, tokens, seconds, tokens / seconds)
+    plain.matches_ar = outputs == reference
+    results.append(plain)
+    for k, schedule in [(k, "constant") for k in STATIC_KS] + [(5, "heuristic_transient")]:
+        name = (
+            f"transformers assisted K={k}" if schedule == "constant" else "transformers heuristic"
+        )
+        tokens, seconds, outputs = _hf_assisted(
+            target_model, draft_model, prompts, k, schedule, max_new
+        )
+        results.append(
+            MethodResult(name, tokens, seconds, tokens / seconds, matches_ar=outputs == reference)
+        )
+    return results
+
+
+def _ratios(results: list[MethodResult]) -> dict[str, float]:
+    """Return our rows' speed over transformers' at the same K, and our AR over generate()."""
+    by_name = {r.method: r for r in results}
+    ratios = {
+        f"ours{label}_vs_transformers_K{k}": by_name[f"ours static K={k}{suffix}"].tokens_per_s
+        / by_name[f"transformers assisted K={k}"].tokens_per_s
+        for label, suffix in (("", ""), ("_transformers_modules", TRANSFORMERS_MODULES))
+        for k in STATIC_KS
+    }
+    ratios["ours_ar_vs_transformers_generate"] = (
+        by_name["target-only AR"].tokens_per_s / by_name[TRANSFORMERS_GENERATE].tokens_per_s
+    )
+    return ratios
+
+
+def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
+    """Print the methods table, the target's block costs and the ratios."""
+    print(f"{'method':52} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'=AR':>4}")
+    for r in results:
+        accept = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
+        overhead = f"{r.overhead_fraction:.1%}" if r.overhead_fraction is not None else "-"
+        match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
+        print(f"{r.method:52} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {match:>4}")
+    for path, costs in report["standalone_costs"].items():
+        blocks = " ".join(f"{n}:{t * 1e3:.1f}" for n, t in costs["t_target"].items())
+        print(f"t_target(n) ms, {path}: {blocks}; t_draft {costs['t_draft'] * 1e3:.2f} ms")
+    for name, value in report["ratios"].items():
+        print(f"{name}: {value:.2f}x")
+    print(
+        f"t_draft/t_target: {report['cost_ratio']:.3f}; best static vs AR: "
+        f"{report['best_static_speedup_vs_ar']:.2f}x; JSON: {out}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print a table and write JSON; return the exit code."""
+    args = _parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
@@ -239,23 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         reference = reference or outputs
         results += path_results
-    for k, schedule in [(k, "constant") for k in STATIC_KS] + [(5, "heuristic_transient")]:
-        name = (
-            f"transformers assisted K={k}" if schedule == "constant" else "transformers heuristic"
-        )
-        tokens, seconds, outputs = _hf_assisted(
-            target_model, draft_model, prompts, k, schedule, args.max_new_tokens
-        )
-        results.append(
-            MethodResult(name, tokens, seconds, tokens / seconds, matches_ar=outputs == reference)
-        )
+    results += _run_transformers(target_model, draft_model, prompts, args.max_new_tokens, reference)
     by_name = {r.method: r for r in results}
-    ratios = {
-        f"ours{label}_vs_transformers_K{k}": by_name[f"ours static K={k}{suffix}"].tokens_per_s
-        / by_name[f"transformers assisted K={k}"].tokens_per_s
-        for label, suffix in (("", ""), ("_transformers_modules", TRANSFORMERS_MODULES))
-        for k in STATIC_KS
-    }
     best_static = max(by_name[f"ours static K={k}"].tokens_per_s for k in STATIC_KS)
     report = {
         "target": str(target_path),
@@ -267,22 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         "standalone_costs": {name: asdict(costs) for name, costs in paths.items()},
         "cost_ratio": paths["plain_torch"].t_draft / paths["plain_torch"].t_target[1],
         "methods": [asdict(r) for r in results],
-        "ratios": ratios,
+        "ratios": _ratios(results),
         "best_static_speedup_vs_ar": best_static / by_name["target-only AR"].tokens_per_s,
     }
     args.out.write_text(json.dumps(report, indent=2))
-    print(f"{'method':52} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'=AR':>4}")
-    for r in results:
-        accept = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
-        overhead = f"{r.overhead_fraction:.1%}" if r.overhead_fraction is not None else "-"
-        match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
-        print(f"{r.method:52} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {match:>4}")
-    for name, value in ratios.items():
-        print(f"{name}: {value:.2f}x")
-    print(
-        f"t_draft/t_target: {report['cost_ratio']:.3f}; best static vs AR: "
-        f"{report['best_static_speedup_vs_ar']:.2f}x; JSON: {args.out}"
-    )
+    _print_report(report, results, args.out)
     return 0
 
 
