@@ -501,6 +501,8 @@ def _report_run(
 ) -> int:
     """Print the end-of-run table, the one-line summary and any failures; return the exit code."""
     _print_results(console, rows, summary.sweep)
+    for line in getattr(summary, "provenance_notes", []):
+        console.print(line, markup=False)
     if summary.ran == 0 and summary.already_done == summary.planned:
         console.print(_nothing_to_run(summary.planned, summary.sweep, shown_url), markup=False)
         return EXIT_OK

@@ -13,7 +13,26 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.stats import Interval, ratio_interval
 from workers.records import GenerationResult
+
+
+@dataclass(frozen=True)
+class PositionAcceptance:
+    """Draft position ``position`` (1-based) over a trial's rounds, vLLM's definition.
+
+    ``drafted`` counts rounds that drafted a token at this position, ``accepted`` those in which
+    it was accepted (verification keeps a prefix, so: rounds that accepted ``position`` or more).
+    """
+
+    position: int
+    drafted: int
+    accepted: int
+
+    @property
+    def rate(self) -> float:
+        """The acceptance rate of this position given it was drafted."""
+        return self.accepted / self.drafted
 
 
 @dataclass(frozen=True)
@@ -38,6 +57,10 @@ class TrialMetrics:
     eesd_hm: float | None
     draft_length_histogram: dict[int, int]
     accepted_length_histogram: dict[int, int]
+    position_acceptance: tuple[PositionAcceptance, ...] = ()
+    tokens_per_s_interval: Interval | None = None
+    acceptance_rate_interval: Interval | None = None
+    mean_accepted_interval: Interval | None = None
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -75,6 +98,25 @@ def accepted_length_histogram(results: Sequence[GenerationResult]) -> dict[int, 
     return dict(sorted(counts.items()))
 
 
+def position_acceptance(results: Sequence[GenerationResult]) -> tuple[PositionAcceptance, ...]:
+    """Return the per-position acceptance of every drafted position, position 1 first."""
+    rounds = [r for result in results for r in result.rounds]
+    longest = max((r.drafted for r in rounds), default=0)
+    return tuple(
+        PositionAcceptance(
+            position=i,
+            drafted=sum(r.drafted >= i for r in rounds),
+            accepted=sum(r.accepted >= i for r in rounds),
+        )
+        for i in range(1, longest + 1)
+    )
+
+
+def sample_tokens_per_s(result: GenerationResult) -> float | None:
+    """Return one sample's generated tokens over its seconds (None for zero seconds)."""
+    return ratio(result.n_generated, result.seconds)
+
+
 def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
     """Return the trial's aggregate metrics; raises ValueError for an empty list of results."""
     if not results:
@@ -104,4 +146,14 @@ def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
         eesd_hm=eesd_harmonic_mean(accepted, drafted, generated),
         draft_length_histogram=draft_length_histogram(results),
         accepted_length_histogram=accepted_length_histogram(results),
+        position_acceptance=position_acceptance(results),
+        tokens_per_s_interval=ratio_interval(
+            [r.n_generated for r in results], [r.seconds for r in results]
+        ),
+        acceptance_rate_interval=ratio_interval(
+            [r.n_accepted for r in results], [r.n_drafted for r in results]
+        ),
+        mean_accepted_interval=ratio_interval(
+            [r.n_accepted for r in results], [len(r.rounds) for r in results]
+        ),
     )
