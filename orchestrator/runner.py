@@ -53,6 +53,7 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
+from orchestrator.run_fit import TrialCounts, compare_fits
 from orchestrator.spec import PairSpec, SweepSpec
 from orchestrator.store import Store
 from orchestrator.training_stage import attach_job_drafts, run_training_jobs
@@ -238,7 +239,8 @@ def _store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) 
         except CostModelError as error:
             notes.append(f"no cost fit for {_group_label(trials[0])}: {error}")
             continue
-        store.record_cost_fit(_fit_values(plan.sweep, key, trials[0], fit))
+        values = _fit_values(plan.sweep, key, trials[0], fit)
+        store.record_cost_fit({**values, **_run_fit_columns(store, trials, fit)})
         notes.append(_fit_note(trials[0], fit))
     return notes
 
@@ -251,6 +253,16 @@ def _fit_from_store(store: Store, trials: Sequence[Trial]) -> GroupFit:
         if row["status"] == "done"
     ]
     return fit_group(store.rounds(row["trial_id"] for row in rows), rows)
+
+
+def _run_fit_columns(store: Store, trials: Sequence[Trial], group: GroupFit) -> dict[str, Any]:
+    """Return the run-level fit's ``cost_fits`` columns ({} when it cannot be fit)."""
+    rows = store.trial_rows(t.trial_id for t in trials if t.mode == LIVE_MODE)
+    counts = [TrialCounts.from_row(row) for row in rows if row["status"] == "done"]
+    try:
+        return compare_fits(group.fit, group.overhead_seconds, counts).columns()
+    except CostModelError:
+        return {}
 
 
 def _group_label(trial: Trial) -> str:
@@ -390,6 +402,7 @@ class _PairRunner:
                 finish(trial, reason)
             return _ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
         values = _fit_values(sweep, group.fit_key, group.trials[0], fit)
+        values.update(_run_fit_columns(self.store, group.live, fit))
         checks = []
         for check in group.checks:
             result = self._cross_check(check, traces, fit)
