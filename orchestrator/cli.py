@@ -503,6 +503,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         done = store.completed_trial_ids(trial.trial_id for trial in plan.trials)
         if len(done) == len(plan.trials):
             _print_results(console, store.trials_frame(spec.name), spec.name)
+            for line in _provenance_lines(store, done):
+                console.print(line, markup=False)
             console.print(_nothing_to_run(len(plan.trials), spec.name, shown), markup=False)
             return EXIT_OK
         options = runner.RunOptions(
@@ -555,6 +557,13 @@ def _report_run(
         markup=False,
     )
     return EXIT_TRIALS_FAILED
+
+
+def _provenance_lines(store: Store, done: set[str]) -> list[str]:
+    """Return a line per earlier run of these done trials measured under another provenance."""
+    from orchestrator.provenance import collect_provenance, stored_provenance_notes
+
+    return stored_provenance_notes(store, done, collect_provenance())
 
 
 def _fit_lines(summary: SweepSummary) -> list[str]:

@@ -12,10 +12,14 @@ import importlib.metadata
 import json
 import platform
 import subprocess
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.store import Store
 
 _REPO = Path(__file__).resolve().parent.parent
 #: Distributions whose versions are recorded (None when not installed).
@@ -81,6 +85,15 @@ def provenance_note(
                 f"different provenance: {'; '.join(changes)}"
             )
     return lines
+
+
+def stored_provenance_notes(
+    store: Store, trial_ids: Iterable[str], provenance: Provenance
+) -> list[str]:
+    """Return :func:`provenance_note`'s lines for the runs that measured these stored trials."""
+    counts = Counter(row["run_id"] for row in store.trial_rows(trial_ids))
+    runs = {run["id"]: run for run in store.runs(key for key in counts if key is not None)}
+    return provenance_note(runs, counts, provenance)
 
 
 def _git(*args: str) -> str | None:

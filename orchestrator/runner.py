@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from orchestrator.planner import (
     replay_groups,
 )
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
-from orchestrator.provenance import Provenance, collect_provenance, provenance_note
+from orchestrator.provenance import collect_provenance, stored_provenance_notes
 from orchestrator.replay_stage import (
     CrossCheck,
     GroupFit,
@@ -125,7 +124,7 @@ def run_sweep(
     pending = [trial for trial in plan.trials if trial.trial_id not in done]
     summary = SweepSummary(sweep=plan.sweep, planned=len(plan.trials), already_done=len(done))
     provenance = collect_provenance()
-    summary.provenance_notes = _provenance_notes(store, done, provenance)
+    summary.provenance_notes = stored_provenance_notes(store, done, provenance)
     if not pending:
         return summary
     store.record_run(plan.sweep, provenance)
@@ -213,13 +212,6 @@ def run_sweep(
     summary.fit_notes += _store_live_fits(spec, plan, store, replayed)
     summary.seconds = time.perf_counter() - start
     return summary
-
-
-def _provenance_notes(store: Store, done: set[str], provenance: Provenance) -> list[str]:
-    """Return a line per earlier run, among the done trials', whose provenance differs."""
-    counts = Counter(row["run_id"] for row in store.trial_rows(done))
-    runs = {run["id"]: run for run in store.runs(key for key in counts if key is not None)}
-    return provenance_note(runs, counts, provenance)
 
 
 def _store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:

@@ -130,3 +130,33 @@ def _summary_row(speedup: float) -> dict[str, object]:
         "speedup": speedup,
         "acceptance_rate": 0.5,
     }
+
+
+fake_runner = test_cli.fake_runner
+
+
+def test_resubmit_says_when_done_trials_ran_under_another_provenance(
+    fake_runner, tmp_path, capsys
+) -> None:
+    import dataclasses
+
+    sweep_file = test_cli._write(tmp_path / "done.yaml", test_cli.DONE_SWEEP)
+    plan = plan_sweep(load_sweep(sweep_file))
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    here = collect_provenance()
+    with open_store(url) as store:
+        store.record_run("done", dataclasses.replace(here, commit="f" * 40, torch_threads=64))
+        baseline = test_cli._trial(plan, "ar")
+        store.record_trial(
+            baseline, test_cli.BASELINE_RESULTS, trial_metrics(test_cli.BASELINE_RESULTS)
+        )
+        store.run_id = None  # the static trial: stored before provenance was recorded
+        static = test_cli._trial(plan, "static")
+        store.record_trial(static, test_cli.STATIC_RESULTS, trial_metrics(test_cli.STATIC_RESULTS))
+    assert cli.main(["--db", url, "submit", str(sweep_file)]) == 0
+    out = capsys.readouterr().out
+    assert "1 done trial(s) kept from a run with no recorded provenance" in out
+    line = next(line for line in out.splitlines() if "different provenance" in line)
+    assert line.startswith("1 done trial(s) kept from run 1")
+    assert f"torch_threads 64 → {here.torch_threads}" in out and "commit ffff" in out
+    assert "nothing to run" in out
