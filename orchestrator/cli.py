@@ -251,8 +251,8 @@ def _add_query(commands: Any, db: list[Any]) -> None:
         "query",
         _query,
         "run one SQL statement on a read-only connection to the store and print the rows",
-        "Tables: sweeps, sweep_trials, trials, sample_results, rounds, training_jobs, artifacts,\n"
-        "cost_fits, traces.\n"
+        "Tables: sweeps, sweep_trials, trials, sample_results, rounds, position_acceptance,\n"
+        "accepted_lengths, runs, training_jobs, artifacts, cost_fits, traces.\n"
         "The connection is read-only: statements that write fail (exit code 2).\n\n"
         "examples:\n"
         f'  {PROG} query "SELECT policy, threshold, max_draft_len, speedup FROM trials '

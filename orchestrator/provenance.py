@@ -1,8 +1,9 @@
 """What a sweep run ran on: code commit, library versions, device, threads.
 
-:func:`collect_provenance` reads git, the installed distributions, ``/proc/cpuinfo`` and torch
-(the side effects); :class:`Provenance` and :func:`provenance_differences` are plain data and
-pure functions, so the resubmission note ("measured under a different provenance") is testable.
+:func:`collect_provenance` reads the git files, the installed distributions, ``/proc/cpuinfo``
+and torch (the side effects); :class:`Provenance` and :func:`provenance_differences` are plain
+data and pure functions, so the resubmission note ("measured under a different provenance") is
+testable.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import hashlib
 import importlib.metadata
 import json
 import platform
-import subprocess
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from orchestrator.git_state import git_state
 
 if TYPE_CHECKING:
     from orchestrator.store import Store
@@ -96,17 +98,6 @@ def stored_provenance_notes(
     return provenance_note(runs, counts, provenance)
 
 
-def _git(*args: str) -> str | None:
-    """Return git's stripped output in the source tree, or None when git or the repo is absent."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 def _version(name: str) -> str | None:
     """Return an installed distribution's version, None when it is not installed."""
     try:
@@ -147,13 +138,12 @@ def collect_provenance() -> Provenance:
     """Return this process's provenance (git commit and dirtiness of the source tree)."""
     import torch
 
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    git = git_state(_REPO)
     versions = {name: _version(name) for name in _LIBRARIES}
     gpu_name, gpu_driver, gpu_count = _gpu()
     return Provenance(
-        commit=commit,
-        dirty=None if status is None else bool(status),
+        commit=git.commit,
+        dirty=git.dirty,
         specsweep_version=versions["specsweep"],
         torch_version=versions["torch"],
         transformers_version=versions["transformers"],
