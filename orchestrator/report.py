@@ -241,6 +241,10 @@ def comparison_refusal(a: Row, b: Row, n_shared: int) -> list[str]:
     ]
 
 
+#: Below this many shared prompts ``compare`` warns that its interval is optimistic.
+FEW_PROMPTS = 10
+
+
 def comparison_lines(a: Row, b: Row, compared: Comparison, n_a: int, n_b: int) -> list[str]:
     """Return the ``compare`` command's output lines for a paired comparison."""
     assert compared.ratio is not None
@@ -254,6 +258,11 @@ def comparison_lines(a: Row, b: Row, compared: Comparison, n_a: int, n_b: int) -
         if compared.verdict != "not distinguishable"
         else "verdict: not distinguishable (the interval contains 1)",
     ]
+    if compared.n_prompts < FEW_PROMPTS:
+        lines.append(
+            f"note: only {compared.n_prompts} prompts; a bootstrap over so few covers less than "
+            "its nominal 95%: measure more samples before relying on the verdict"
+        )
     if compared.n_prompts < max(n_a, n_b):
         lines.append(
             f"note: A has {n_a} samples and B {n_b}; only the {compared.n_prompts} prompts "

@@ -79,6 +79,7 @@ def test_compare_says_faster_slower_and_not_distinguishable(stats_store, capsys)
     estimate, low, high = (float(value) for value in match.groups())
     assert estimate == pytest.approx(expected, rel=1e-3) and low < estimate < high
     assert "verdict: A is faster than B" in out
+    assert "note: only 6 prompts" in out
     assert cli.main(["--db", url, "compare", ids["ar"], ids["static"]]) == 0
     assert "verdict: A is slower than B" in capsys.readouterr().out
     assert cli.main(["--db", url, "compare", ids["svip"], ids["static"]]) == 0
