@@ -74,11 +74,10 @@ METRIC_COLUMNS = (
     "verification_rate",
 )
 SETTING_COLUMNS = ("threshold", "max_draft_len")
-#: The stored bootstrap 95% interval bounds of the interval figures.
+#: Figures stored with a bootstrap 95% interval, and the columns of its bounds.
+INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
 INTERVAL_COLUMNS = tuple(
-    f"{figure}_{end}"
-    for figure in ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
-    for end in ("low", "high")
+    f"{figure}_{end}" for figure in INTERVAL_FIGURES for end in ("low", "high")
 )
 #: Trial columns the dashboard keeps (JSON columns other than params are dropped).
 TRIAL_COLUMNS = (
@@ -323,13 +322,44 @@ def config_points(trials: pd.DataFrame) -> pd.DataFrame:
 
     These are the points of the Pareto views: a policy's threshold sweep gives one point per
     (threshold, max draft length), averaged over the selected pairs, datasets, temperatures.
-    A point made of one trial keeps that trial's 95% interval bounds (``<metric>_low/_high``,
-    its error bars); a point averaging several trials has none (NaN).
+    Each point carries a 95% interval (``<metric>_low/_high``, its error bars): a point of one
+    trial keeps that trial's bootstrap bounds; a mean of k trials gets mean ± √(Σ h_i²)/k, h_i
+    a trial's half-width (the trials measured independently, normal approximation). NaN when
+    a trial of the point has no interval.
     """
-    means = setting_means(trials, ["policy", "is_baseline"], [*METRIC_COLUMNS, *INTERVAL_COLUMNS])
-    # A mean of several trials' bounds is no interval: keep the bounds of single-trial points.
-    means.loc[means["n_trials"] != 1, list(INTERVAL_COLUMNS)] = float("nan")
+    means = setting_means(trials, ["policy", "is_baseline"], METRIC_COLUMNS)
+    group = ["policy", "is_baseline", *SETTING_COLUMNS]
+    for figure in INTERVAL_FIGURES:
+        bounds = pooled_intervals(trials, group, figure)
+        means = means.merge(bounds, on=group, how="left")
     return means.sort_values(["policy", "max_draft_len", "threshold"]).reset_index(drop=True)
+
+
+def pooled_intervals(trials: pd.DataFrame, group: list[str], figure: str) -> pd.DataFrame:
+    """Return per ``group`` the interval of the mean of ``figure`` over its trials.
+
+    One trial: its stored bounds. Several: mean ± √(Σ h_i²)/k with h_i = (high_i − low_i)/2.
+    Columns: ``group``, ``<figure>_low``, ``<figure>_high``.
+    """
+    low, high = f"{figure}_low", f"{figure}_high"
+    frame = trials[[*group, figure, low, high]].assign(
+        half_sq=((trials[high] - trials[low]) / 2) ** 2
+    )
+    grouped = frame.groupby(group, dropna=False, sort=False)
+    result = grouped.agg(
+        mean=(figure, "mean"),
+        k=(figure, "size"),
+        missing=(low, lambda bounds: bounds.isna().sum()),
+        half=("half_sq", "sum"),
+        only_low=(low, "first"),
+        only_high=(high, "first"),
+    ).reset_index()
+    half = result["half"] ** 0.5 / result["k"]
+    single = result["k"] == 1
+    result[low] = (result["mean"] - half).where(~single, result["only_low"])
+    result[high] = (result["mean"] + half).where(~single, result["only_high"])
+    result.loc[result["missing"] > 0, [low, high]] = float("nan")
+    return result[[*group, low, high]]
 
 
 def mark_frontiers(

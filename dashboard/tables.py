@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from dashboard.data import best_settings, setting_means
+from dashboard.data import INTERVAL_FIGURES, best_settings, setting_means
 
 BASE_DRAFT_METHOD = "none (base draft)"
 
@@ -69,9 +69,6 @@ def speedup_by_domain_table(trials: pd.DataFrame) -> pd.DataFrame:
     table["mean"] = table.mean(axis=1)
     table.columns.name = None
     return table.reset_index()
-
-
-INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
 
 
 def trial_interval_table(trials: pd.DataFrame) -> pd.DataFrame:

@@ -152,8 +152,7 @@ HEADERS = {
     "projection_fit": "projects with",
     "fit_tokens_per_s": "tokens/s by fit",
 }
-#: Trial figures stored with a bootstrap interval (``<name>_low`` / ``<name>_high``).
-INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
+
 MISSING = "-"
 MAX_ERROR_CHARS = 160
 

@@ -108,6 +108,11 @@ def test_frontiers_page_draws_a_frontier_per_policy(synthetic_url, monkeypatch) 
         for trace in figure["data"]:
             assert len(trace["customdata"]) == len(trace["x"])  # config on hover
     assert [shape["y0"] for shape in speed["layout"]["shapes"]] == [1.0]  # speedup-1 line
+    bars = [t for t in speed["data"] if "error_y" in t]  # 95% intervals of the speedup
+    assert {t["legendgroup"] for t in bars} == {"adaedl", "static", "svip"}
+    for trace in bars:
+        assert len(trace["error_y"]["array"]) == len(trace["x"])
+        assert all(v is None or v >= 0 for v in trace["error_y"]["array"])
     baseline = next(t for t in rates["data"] if t["name"] == "AR baseline")
     assert (baseline["x"], baseline["y"]) == ([0.0], [1.0])  # discards nothing, verifies all
 

@@ -346,22 +346,31 @@ def test_position_rates_pool_counts_per_policy() -> None:
     assert shares.loc[1, "fraction"] == pytest.approx(0.8)
 
 
-def test_config_points_keep_intervals_of_single_trial_points_only() -> None:
+def test_config_points_carry_intervals_pooled_over_their_trials() -> None:
     trials = make_trials()
     trials["speedup_low"] = trials["speedup"] - 0.1
     trials["speedup_high"] = trials["speedup"] + 0.2
-    points = data.config_points(trials).set_index(["policy", "max_draft_len", "threshold"])
-    single = points.loc[("adaedl", 4, 0.6)]  # a3 and a4: two trials, no interval
-    assert single["n_trials"] == 2 and math.isnan(single["speedup_low"])
-    oracle = points.xs("oracle", level="policy")
+    points = data.config_points(trials).set_index(["policy", "max_draft_len"])
+    oracle = points.xs("oracle", level="policy")  # one trial: its own bounds
     assert oracle["n_trials"].item() == 1
     assert oracle["speedup_low"].item() == pytest.approx(2.4)
     assert oracle["speedup_high"].item() == pytest.approx(2.7)
+    # adaedl 0.6 at K 4: a3 (1.7) and a4 (1.8), half-widths 0.15 each:
+    # mean 1.75 ± √(0.15² + 0.15²) / 2
+    pooled = points[points["threshold"] == 0.6].xs("adaedl", level="policy")
+    assert pooled["n_trials"].item() == 2
+    half = math.sqrt(2 * 0.15**2) / 2
+    assert pooled["speedup_low"].item() == pytest.approx(1.75 - half)
+    assert pooled["speedup_high"].item() == pytest.approx(1.75 + half)
+    trials.loc[trials["trial_id"] == "a4", "speedup_low"] = NAN  # one trial without: none
+    points = data.config_points(trials)
+    missing = points[(points["policy"] == "adaedl") & (points["threshold"] == 0.6)]
+    assert math.isnan(missing["speedup_low"].item())
 
 
 def test_trial_interval_table_orders_by_speedup() -> None:
     trials = make_trials()
-    for figure in tables.INTERVAL_FIGURES:
+    for figure in data.INTERVAL_FIGURES:
         trials[f"{figure}_low"] = trials[figure] * 0.9
         trials[f"{figure}_high"] = trials[figure] * 1.1
     table = tables.trial_interval_table(trials)
