@@ -1,4 +1,4 @@
-"""The command line: ``python -m orchestrator {submit,plan,status,query,fits,compare,export,zoo}``.
+"""The command line: ``python -m orchestrator COMMAND``, one handler per command.
 
 Each command is one small handler that reads its arguments, calls the library (spec, planner,
 runner, store, zoo) and prints tables built by :mod:`orchestrator.report`. Problems the user can
@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_query(commands, db)
     _add_fits(commands, db)
     _add_compare(commands, db)
+    _add_refresh(commands, db)
     _add_export(commands, db)
     _add_zoo(commands)
     return parser
@@ -313,6 +314,22 @@ def _add_compare(commands: Any, db: list[Any]) -> None:
     command.add_argument("trial_a", metavar="TRIAL_A", help="trial id (the numerator)")
     command.add_argument("trial_b", metavar="TRIAL_B", help="trial id (the denominator)")
     command.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+
+
+def _add_refresh(commands: Any, db: list[Any]) -> None:
+    """Add ``refresh``."""
+    command = _add_command(
+        commands,
+        "refresh",
+        _refresh,
+        "recompute a sweep's intervals, per-sample speedups and per-position acceptance",
+        "From the stored samples (and rounds, for per-position acceptance): for trials stored\n"
+        "before these figures were recorded. Measures nothing; writes to the store.\n\n"
+        "examples:\n"
+        f"  {PROG} refresh demo --db sqlite:///docs/demo-results.db",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP", help="the sweep name")
 
 
 def _add_export(commands: Any, db: list[Any]) -> None:
@@ -709,6 +726,15 @@ def _compare(args: argparse.Namespace, console: Console) -> int:
         raise UserError(report.comparison_refusal(row_a, row_b, compared.n_prompts))
     for line in report.comparison_lines(row_a, row_b, compared, len(samples_a), len(samples_b)):
         console.print(line, markup=False)
+    return EXIT_OK
+
+
+def _refresh(args: argparse.Namespace, console: Console) -> int:
+    """``refresh``: recompute the statistics of a sweep's stored trials."""
+    with _opened_store(args.db, read_only=False) as store:
+        _require_sweep(store, args.sweep)
+        count = store.refresh_statistics(args.sweep)
+    console.print(f"refreshed the statistics of {count} done trials of {args.sweep}", markup=False)
     return EXIT_OK
 
 

@@ -39,6 +39,7 @@ COMMANDS = (
     ("status",),
     ("query",),
     ("compare",),
+    ("refresh",),
     ("export",),
     ("zoo",),
     ("zoo", "build"),

@@ -161,3 +161,20 @@ def test_resubmit_says_when_done_trials_ran_under_another_provenance(
     assert line.startswith("1 done trial(s) kept from run 1")
     assert f"torch_threads 64 → {here.torch_threads}" in out and "commit ffff" in out
     assert "nothing to run" in out
+
+
+def test_refresh_fills_intervals_of_trials_stored_without_them(stats_store, capsys) -> None:
+    url, ids = stats_store
+    with open_store(url) as store:
+        before = store.trial_rows([ids["static"]])[0]
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql("UPDATE trials SET speedup_low = NULL, speedup_high = NULL")
+    assert cli.main(["--db", url, "refresh", "cli"]) == 0
+    assert "refreshed the statistics of 4 done trials of cli" in capsys.readouterr().out
+    with open_store(url, read_only=True) as store:
+        after = store.trial_rows([ids["static"]])[0]
+    assert (after["speedup_low"], after["speedup_high"]) == (
+        before["speedup_low"],
+        before["speedup_high"],
+    )
+    assert cli.main(["--db", url, "refresh", "nope"]) == 2

@@ -139,3 +139,38 @@ def test_paired_ratio_pairs_on_prompts_and_refuses_disjoint_ones() -> None:
     other = [SampleSpeed(f"q{i}", i, 10, 1.0) for i in range(6)]
     disjoint = paired_ratio(a, other)
     assert disjoint.n_prompts == 0 and disjoint.ratio is None and disjoint.verdict is None
+
+
+def test_refresh_statistics_rebuilds_what_an_old_store_lacks(store: Store) -> None:
+    """Wipe what revision 0005 added, as for trials stored before it, and refresh it back."""
+    baseline, trial = _trials(store)
+    spec_results = _samples([0.5, 1.2, 1.9, 0.3], SPEC_ROUNDS)
+    base_results = _ar([1.0, 2.0, 4.0, 0.5])
+    store.record_trial(trial, spec_results, trial_metrics(spec_results))
+    store.record_trial(baseline, base_results, trial_metrics(base_results))
+    ids = [trial.trial_id, baseline.trial_id]
+    before = (
+        store.trial_rows(ids),
+        store.sample_outputs(trial.trial_id),
+        store.position_acceptance(ids),
+        store.accepted_lengths(ids),
+    )
+    intervals = ", ".join(
+        f"{name}_{end} = NULL"
+        for name in ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
+        for end in ("low", "high")
+    )
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql(f"UPDATE trials SET {intervals}")
+        connection.exec_driver_sql("UPDATE sample_results SET tokens_per_s = NULL, speedup = NULL")
+        connection.exec_driver_sql("DELETE FROM position_acceptance")
+        connection.exec_driver_sql("DELETE FROM accepted_lengths")
+    assert store.trial_rows(ids)[0]["speedup_low"] is None
+    assert store.refresh_statistics("store") == 2
+    after = (
+        store.trial_rows(ids),
+        store.sample_outputs(trial.trial_id),
+        store.position_acceptance(ids),
+        store.accepted_lengths(ids),
+    )
+    assert after == before

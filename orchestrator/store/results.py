@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +21,15 @@ from sqlalchemy import ColumnElement, Engine, and_, delete, insert, or_, select,
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
-from orchestrator.metrics import sample_tokens_per_s, speedup
+from orchestrator.metrics import (
+    PositionAcceptance,
+    SampleCounts,
+    ratio,
+    rounds_position_acceptance,
+    sample_tokens_per_s,
+    speedup,
+    trial_intervals,
+)
 from orchestrator.pairing import SampleSpeed, paired_ratio, sample_speedups
 from orchestrator.store.db import check_readable, default_url, make_engine, upgrade_to_head
 from orchestrator.store.models import (
@@ -255,7 +264,12 @@ class Store:
             rounds = _round_values(trial.trial_id, results) if record_rounds else []
             if rounds:
                 session.execute(insert(RoundRow), rounds)
-            _replace_position_rows(session, trial.trial_id, metrics)
+            _replace_position_rows(
+                session,
+                trial.trial_id,
+                metrics.position_acceptance,
+                metrics.accepted_length_histogram,
+            )
             condition = or_(
                 TrialRow.trial_id == trial.trial_id, TrialRow.baseline_id == trial.trial_id
             )
@@ -286,6 +300,26 @@ class Store:
             condition = TrialRow.trial_id.in_(_sweep_trial_ids(sweep))
         with self._transaction() as session:
             return _apply_speedups(session, condition)
+
+    def refresh_statistics(self, sweep: str | None = None) -> int:
+        """Recompute, from the stored samples and rounds, every done trial's (of one sweep, or
+        all) intervals, per-sample tokens/s and speedups, per-position acceptance and
+        accepted lengths; return how many trials were refreshed.
+
+        Exists for trials stored before these were recorded (revision 0005); per-position
+        acceptance needs stored rounds (``record_rounds: true``).
+        """
+        condition: ColumnElement[bool] = true()
+        if sweep is not None:
+            condition = TrialRow.trial_id.in_(_sweep_trial_ids(sweep))
+        with self._transaction() as session:
+            query = select(TrialRow).where(TrialRow.status == "done", condition)
+            rows = list(session.scalars(query))
+            for row in rows:
+                _refresh_trial(session, row)
+            session.flush()
+            _apply_speedups(session, condition)
+        return len(rows)
 
     def trials_frame(self, sweep: str | None = None) -> list[dict[str, Any]]:
         """Return one dict per trial (every trials column), in plan order when ``sweep`` is given.
@@ -634,11 +668,16 @@ def _sample_speeds(
     return speeds, ids
 
 
-def _replace_position_rows(session: Session, trial_id: str, metrics: TrialMetrics) -> None:
+def _replace_position_rows(
+    session: Session,
+    trial_id: str,
+    positions: Sequence[PositionAcceptance],
+    lengths: dict[int, int],
+) -> None:
     """Store the trial's per-position acceptance and accepted-length histogram."""
     for model in (PositionAcceptanceRow, AcceptedLengthRow):
         session.execute(delete(model).where(model.trial_id == trial_id))
-    positions = [
+    position_rows = [
         {
             "trial_id": trial_id,
             "position": p.position,
@@ -646,16 +685,47 @@ def _replace_position_rows(session: Session, trial_id: str, metrics: TrialMetric
             "accepted": p.accepted,
             "rate": p.rate,
         }
-        for p in metrics.position_acceptance
+        for p in positions
     ]
-    lengths = [
+    length_rows = [
         {"trial_id": trial_id, "length": length, "rounds": rounds}
-        for length, rounds in metrics.accepted_length_histogram.items()
+        for length, rounds in lengths.items()
     ]
-    if positions:
-        session.execute(insert(PositionAcceptanceRow), positions)
-    if lengths:
-        session.execute(insert(AcceptedLengthRow), lengths)
+    if position_rows:
+        session.execute(insert(PositionAcceptanceRow), position_rows)
+    if length_rows:
+        session.execute(insert(AcceptedLengthRow), length_rows)
+
+
+def _refresh_trial(session: Session, row: TrialRow) -> None:
+    """Recompute a stored trial's intervals, sample rates and position tables from its rows."""
+    samples = list(
+        session.scalars(
+            select(SampleResultRow)
+            .where(SampleResultRow.trial_id == row.trial_id)
+            .order_by(SampleResultRow.sample_index)
+        )
+    )
+    intervals = trial_intervals(
+        [
+            SampleCounts(s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds)
+            for s in samples
+        ]
+    )
+    for name in _INTERVAL_COLUMNS:
+        interval = getattr(intervals, name)
+        setattr(row, f"{name}_low", interval.low if interval else None)
+        setattr(row, f"{name}_high", interval.high if interval else None)
+    for sample in samples:
+        sample.tokens_per_s = ratio(sample.generated_tokens, sample.seconds)
+    rounds = list(session.scalars(select(RoundRow).where(RoundRow.trial_id == row.trial_id)))
+    stored = (row.metrics or {}).get("accepted_length_histogram", {})
+    lengths = (
+        dict(sorted(Counter(r.accepted for r in rounds).items()))
+        if rounds
+        else {int(length): count for length, count in stored.items()}
+    )
+    _replace_position_rows(session, row.trial_id, rounds_position_acceptance(rounds), lengths)
 
 
 def _trial_values(trial: Trial) -> dict[str, Any]:
