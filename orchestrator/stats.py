@@ -11,12 +11,13 @@ interval are reproducible from the stored samples.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import bootstrap
+from scipy.stats import DegenerateDataWarning, bootstrap
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
@@ -48,20 +49,32 @@ def _ratio_of_sums(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarr
 def _interval(
     data: tuple[np.ndarray, ...], statistic: object, estimate: float, paired: bool, seed: int
 ) -> Interval | None:
-    """Run scipy's percentile bootstrap; None when the bounds are not finite."""
-    result = bootstrap(
-        data,
-        statistic,  # type: ignore[arg-type]
-        paired=paired,
-        vectorized=True,
-        n_resamples=N_RESAMPLES,
-        confidence_level=CONFIDENCE,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
+    """Run scipy's percentile bootstrap; None when the bounds are not finite.
+
+    A resample whose denominator sums to zero (e.g. only prompts that drafted nothing) has no
+    ratio; the bounds are then the percentiles of the resamples that have one, and None when
+    fewer than half do.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        result = bootstrap(
+            data,
+            statistic,  # type: ignore[arg-type]
+            paired=paired,
+            vectorized=True,
+            n_resamples=N_RESAMPLES,
+            confidence_level=CONFIDENCE,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
     low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if not (np.isfinite(low) and np.isfinite(high)):
-        return None
+        resampled = np.asarray(result.bootstrap_distribution, dtype=float)
+        finite = resampled[np.isfinite(resampled)]
+        if len(finite) < len(resampled) / 2:
+            return None
+        tail = (1 - CONFIDENCE) / 2 * 100
+        low, high = (float(v) for v in np.percentile(finite, [tail, 100 - tail]))
     return Interval(estimate=estimate, low=low, high=high, n=len(data[0]))
 
 

@@ -103,3 +103,14 @@ def test_verdict_bounds() -> None:
     assert verdict(Interval(1.1, 1.01, 1.2, 5)) == "faster"
     assert verdict(Interval(0.9, 0.8, 0.99, 5)) == "slower"
     assert verdict(Interval(1.0, 1.0, 1.2, 5)) == "not distinguishable"
+
+
+def test_resamples_without_a_denominator_are_left_out() -> None:
+    """Two of six prompts drafted nothing: some resamples have no acceptance rate at all."""
+    accepted, drafted = [3, 0, 4, 0, 2, 5], [4, 0, 8, 0, 4, 6]
+    interval = ratio_interval(accepted, drafted)
+    assert interval is not None
+    assert interval.estimate == pytest.approx(14 / 22)
+    assert 0.0 <= interval.low <= interval.estimate <= interval.high <= 1.0
+    # one drafting prompt: every resample that has a rate has this one
+    assert ratio_interval([1, 0, 0, 0, 0, 0], [2, 0, 0, 0, 0, 0]) == Interval(0.5, 0.5, 0.5, 6)
