@@ -10,14 +10,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cost_model import CostModelError, HardwareProfile, project_onto_profile
-from orchestrator.pairing import Comparison
+from orchestrator.cost_model import (
+    CostModelError,
+    HardwareProfile,
+    RoundCostFit,
+    project_onto_profile,
+)
 from orchestrator.planner import Plan
+from orchestrator.run_fit import TrialCounts, round_fit_seconds
+
+if TYPE_CHECKING:
+    from orchestrator.pairing import Comparison
 
 Row = Mapping[str, Any]
 
@@ -574,9 +582,6 @@ FIT_GROUP = ("pair", "dataset", "split", "samples", "max_new_tokens", "temperatu
 
 def fit_seconds(fit: Row, row: Row) -> float | None:
     """Return a trial's seconds predicted by its group's projection fit (None without one)."""
-    from orchestrator.cost_model import RoundCostFit
-    from orchestrator.run_fit import TrialCounts, round_fit_seconds
-
     counts = TrialCounts.from_row(row)
     if fit.get("projection_fit") == "run":
         return fit["run_t_draft"] * counts.draft_forwards + fit["run_t_target"] * counts.rounds

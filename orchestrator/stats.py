@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import DegenerateDataWarning, bootstrap
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
@@ -55,6 +54,9 @@ def _interval(
     ratio; the bounds are then the percentiles of the resamples that have one, and None when
     fewer than half do.
     """
+    # scipy.stats takes over a second to import: only commands that compute intervals pay it.
+    from scipy.stats import DegenerateDataWarning, bootstrap
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateDataWarning)
         result = bootstrap(
