@@ -232,8 +232,9 @@ def _store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) 
             notes.append(f"no cost fit for {_group_label(trials[0])}: {error}")
             continue
         values = _fit_values(plan.sweep, key, trials[0], fit)
-        store.record_cost_fit({**values, **_run_fit_columns(store, trials, fit)})
-        notes.append(_fit_note(trials[0], fit))
+        run_fit = _run_fit_columns(store, trials, fit)
+        store.record_cost_fit({**values, **run_fit})
+        notes.append(_fit_note(trials[0], fit) + _run_fit_note(run_fit))
     return notes
 
 
@@ -262,6 +263,17 @@ def _group_label(trial: Trial) -> str:
     return (
         f"{trial.pair} {trial.dataset} (temperature {trial.temperature:g}, "
         f"{trial.max_new_tokens} new tokens)"
+    )
+
+
+def _run_fit_note(columns: dict[str, Any]) -> str:
+    """Return the run-level fit's part of a group's fit line ("" when there is none)."""
+    if not columns:
+        return "; no run-level fit (the trials cannot separate the two costs)"
+    return (
+        f"; on trial seconds: round fit R² {columns['round_trial_r2']:.3f}, error "
+        f"{columns['round_trial_mre']:.1%}, run-level fit R² {columns['run_r2']:.3f}, error "
+        f"{columns['run_mre']:.1%}: projecting with the {columns['projection_fit']} fit"
     )
 
 

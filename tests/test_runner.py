@@ -82,6 +82,8 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     fits = store.cost_fits("runner-test")
     assert fits and all(fit["projection_fit"] in ("round", "run") for fit in fits)
     assert all(fit["run_mre"] >= 0 and fit["round_trial_mre"] >= 0 for fit in fits)
+    assert len(summary.fit_notes) == len(fits)
+    assert all("run-level fit R²" in note for note in summary.fit_notes)
 
     from orchestrator.runner import _PairRunner
 
