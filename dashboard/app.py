@@ -26,8 +26,10 @@ PAGES = (
     ("views/frontiers.py", "Pareto frontiers", ":material/insights:"),
     ("views/paper_tables.py", "Tables", ":material/table_chart:"),
     ("views/robustness.py", "Robustness", ":material/thermostat:"),
+    ("views/acceptance.py", "Acceptance", ":material/done_all:"),
     ("views/cost_model.py", "Cost model", ":material/timer:"),
     ("views/compare.py", "Compare sweeps", ":material/compare_arrows:"),
+    ("views/compare_trials.py", "Compare trials", ":material/balance:"),
 )
 ALL_TRIALS = "(all trials)"
 STATUSES = ("done", "pending", "running", "failed")

@@ -76,6 +76,8 @@ def frontier_figure(
     for policy, rows in drafting.groupby("policy", sort=True):
         colour = colours[policy]
         figure.add_trace(_markers(rows, x, y, policy, colour, dict(size=9, opacity=0.45)))
+        if {f"{y}_low", f"{y}_high"} <= set(rows.columns):
+            figure.add_trace(_error_bars(rows, x, y, policy, colour))
         front = rows[rows["on_front"]].sort_values([x, y])
         figure.add_trace(
             go.Scatter(
@@ -134,6 +136,95 @@ def _markers(
     )
 
 
+def _error_bars(rows: pd.DataFrame, x: str, y: str, name: str, colour: str) -> go.Scatter:
+    """Return invisible markers carrying ``y``'s 95% interval as asymmetric error bars."""
+    return go.Scatter(
+        x=rows[x],
+        y=rows[y],
+        mode="markers",
+        name=f"{name} 95% CI",
+        legendgroup=name,
+        showlegend=False,
+        hoverinfo="skip",
+        customdata=rows[list(HOVER_COLUMNS)],
+        marker=dict(color=colour, size=1, opacity=0),
+        error_y=dict(
+            type="data",
+            symmetric=False,
+            array=(rows[f"{y}_high"] - rows[y]).tolist(),
+            arrayminus=(rows[y] - rows[f"{y}_low"]).tolist(),
+            color=colour,
+            thickness=1.5,
+            width=4,
+        ),
+    )
+
+
+def position_acceptance_figure(rates: pd.DataFrame) -> go.Figure:
+    """Return the acceptance rate of the draft token at each position, one line per policy."""
+    figure = px.line(
+        rates,
+        x="position",
+        y="rate",
+        color="policy",
+        markers=True,
+        color_discrete_map=policy_colors(rates["policy"].unique()),
+        hover_data=["drafted", "accepted"],
+    )
+    figure.update_layout(
+        xaxis_title="draft position i",
+        yaxis_title="P(token i accepted | drafted)",
+        yaxis_range=[0, 1.05],
+        height=420,
+    )
+    return figure
+
+
+def accepted_length_figure(shares: pd.DataFrame) -> go.Figure:
+    """Return the share of rounds per accepted length, bars grouped by policy."""
+    figure = px.bar(
+        shares,
+        x="length",
+        y="fraction",
+        color="policy",
+        barmode="group",
+        color_discrete_map=policy_colors(shares["policy"].unique()),
+        hover_data=["rounds"],
+    )
+    figure.update_layout(
+        xaxis_title="draft tokens accepted in a round", yaxis_title="share of rounds", height=420
+    )
+    return figure
+
+
+def cost_fit_figure(totals: pd.DataFrame) -> go.Figure:
+    """Return measured vs predicted trial seconds, one marker symbol per fit, with y = x."""
+    figure = px.scatter(
+        totals,
+        x="measured_s",
+        y="predicted_s",
+        color="policy",
+        symbol="fit",
+        color_discrete_map=policy_colors(totals["policy"].unique()),
+        hover_data=["trial_id", "relative_error"],
+    )
+    if not totals.empty:
+        low = float(min(totals["measured_s"].min(), totals["predicted_s"].min()))
+        high = float(max(totals["measured_s"].max(), totals["predicted_s"].max()))
+        figure.add_shape(
+            type="line",
+            x0=low,
+            y0=low,
+            x1=high,
+            y1=high,
+            line=dict(color=BASELINE_COLOUR, dash="dash"),
+        )
+    figure.update_layout(
+        xaxis_title="measured trial seconds", yaxis_title="predicted seconds", height=420
+    )
+    return figure
+
+
 def speedup_temperature_figure(best: pd.DataFrame) -> go.Figure:
     """Return speedup vs temperature, one line per policy (its best setting at each temperature)."""
     figure = px.line(
@@ -181,33 +272,6 @@ def length_distribution_figure(distribution: pd.DataFrame) -> go.Figure:
         category_orders={"kind": ["drafted", "accepted"]},
     )
     figure.update_layout(yaxis_title="share of rounds", height=420)
-    return figure
-
-
-def cost_scatter_figure(totals: pd.DataFrame) -> go.Figure:
-    """Return measured vs predicted seconds per trial with the y = x line."""
-    figure = px.scatter(
-        totals,
-        x="measured_s",
-        y="predicted_s",
-        color="policy",
-        color_discrete_map=policy_colors(totals["policy"].unique()),
-        hover_data=["trial_id", "relative_error"],
-    )
-    if not totals.empty:
-        low = float(min(totals["measured_s"].min(), totals["predicted_s"].min()))
-        high = float(max(totals["measured_s"].max(), totals["predicted_s"].max()))
-        figure.add_shape(
-            type="line",
-            x0=low,
-            y0=low,
-            x1=high,
-            y1=high,
-            line=dict(color=BASELINE_COLOUR, dash="dash"),
-        )
-    figure.update_layout(
-        xaxis_title="measured seconds (rounds)", yaxis_title="predicted seconds", height=420
-    )
     return figure
 
 

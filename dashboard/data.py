@@ -24,7 +24,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from dashboard.pareto import pareto_mask
-from orchestrator.cost_model import CostModelError, fit_cost_model
 from orchestrator.store import Store, StoreError, default_url, open_store
 from orchestrator.store.models import RoundRow, TrainingJobRow
 
@@ -40,7 +39,6 @@ __all__ = [
     "best_settings",
     "compare_sweeps",
     "config_points",
-    "cost_model_fits",
     "db_argument",
     "default_url",
     "display_url",
@@ -49,7 +47,6 @@ __all__ = [
     "filter_options",
     "load_draft_job_kinds",
     "load_round_counts",
-    "load_round_timings",
     "load_sweep_names",
     "load_trials",
     "mark_frontiers",
@@ -77,6 +74,11 @@ METRIC_COLUMNS = (
     "verification_rate",
 )
 SETTING_COLUMNS = ("threshold", "max_draft_len")
+#: Figures stored with a bootstrap 95% interval, and the columns of its bounds.
+INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
+INTERVAL_COLUMNS = tuple(
+    f"{figure}_{end}" for figure in INTERVAL_FIGURES for end in ("low", "high")
+)
 #: Trial columns the dashboard keeps (JSON columns other than params are dropped).
 TRIAL_COLUMNS = (
     "trial_id",
@@ -110,8 +112,11 @@ TRIAL_COLUMNS = (
     "draft_seconds",
     "verify_seconds",
     "params",
+    *INTERVAL_COLUMNS,
+    "run_id",
 )
 _NUMERIC_COLUMNS = (
+    *INTERVAL_COLUMNS,
     "temperature",
     "threshold",
     "seconds",
@@ -173,7 +178,7 @@ def fill_hint(url: str) -> str:
 
 
 @contextmanager
-def _reader(url: str) -> Iterator[Store]:
+def reader(url: str) -> Iterator[Store]:
     """Yield the store at ``url`` opened read-only; failures become StoreUnavailable."""
     try:
         store = open_store(url, read_only=True)
@@ -189,7 +194,7 @@ def _reader(url: str) -> Iterator[Store]:
 
 def load_sweep_names(url: str) -> list[str]:
     """Return the names of the stored sweeps, oldest first (the sidebar's sweep choices)."""
-    with _reader(url) as store:
+    with reader(url) as store:
         return [sweep["name"] for sweep in store.sweeps()]
 
 
@@ -199,7 +204,7 @@ def load_trials(url: str, sweep: str | None = None) -> pd.DataFrame:
     Keeps :data:`TRIAL_COLUMNS`, with ``params`` rendered as text for hover labels and missing
     metrics as NaN.
     """
-    with _reader(url) as store:
+    with reader(url) as store:
         rows = store.trials_frame(sweep)
     frame = pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
     frame["params"] = [_params_text(params) for params in frame["params"]]
@@ -229,27 +234,13 @@ def load_round_counts(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
     return _rounds_query(url, trial_ids, query, columns)
 
 
-def load_round_timings(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
-    """Return one row per round of the given trials: trial_id, draft_forwards, seconds.
-
-    ``seconds`` is the round's draft plus verify time, the T of the cost model.
-    """
-    columns = ["trial_id", "draft_forwards", "seconds"]
-    query = select(
-        RoundRow.trial_id,
-        RoundRow.draft_forwards,
-        RoundRow.draft_seconds + RoundRow.verify_seconds,
-    )
-    return _rounds_query(url, trial_ids, query, columns)
-
-
 def _rounds_query(
     url: str, trial_ids: Sequence[str], query: Any, columns: list[str]
 ) -> pd.DataFrame:
     """Run ``query`` restricted to ``trial_ids`` (in chunks) and return a DataFrame."""
     wanted = list(dict.fromkeys(trial_ids))
     rows: list[Any] = []
-    with _reader(url) as store, Session(store.engine) as session:
+    with reader(url) as store, Session(store.engine) as session:
         for start in range(0, len(wanted), _ID_CHUNK):
             chunk = wanted[start : start + _ID_CHUNK]
             rows.extend(session.execute(query.where(RoundRow.trial_id.in_(chunk))).all())
@@ -258,7 +249,7 @@ def _rounds_query(
 
 def load_draft_job_kinds(url: str) -> dict[str, str]:
     """Return {training job name: kind} (e.g. ``adaspec``), to label KD drafts by method."""
-    with _reader(url) as store, Session(store.engine) as session:
+    with reader(url) as store, Session(store.engine) as session:
         return dict(session.execute(select(TrainingJobRow.name, TrainingJobRow.kind)).all())
 
 
@@ -331,9 +322,44 @@ def config_points(trials: pd.DataFrame) -> pd.DataFrame:
 
     These are the points of the Pareto views: a policy's threshold sweep gives one point per
     (threshold, max draft length), averaged over the selected pairs, datasets, temperatures.
+    Each point carries a 95% interval (``<metric>_low/_high``, its error bars): a point of one
+    trial keeps that trial's bootstrap bounds; a mean of k trials gets mean ± √(Σ h_i²)/k, h_i
+    a trial's half-width (the trials measured independently, normal approximation). NaN when
+    a trial of the point has no interval.
     """
     means = setting_means(trials, ["policy", "is_baseline"], METRIC_COLUMNS)
+    group = ["policy", "is_baseline", *SETTING_COLUMNS]
+    for figure in INTERVAL_FIGURES:
+        bounds = pooled_intervals(trials, group, figure)
+        means = means.merge(bounds, on=group, how="left")
     return means.sort_values(["policy", "max_draft_len", "threshold"]).reset_index(drop=True)
+
+
+def pooled_intervals(trials: pd.DataFrame, group: list[str], figure: str) -> pd.DataFrame:
+    """Return per ``group`` the interval of the mean of ``figure`` over its trials.
+
+    One trial: its stored bounds. Several: mean ± √(Σ h_i²)/k with h_i = (high_i − low_i)/2.
+    Columns: ``group``, ``<figure>_low``, ``<figure>_high``.
+    """
+    low, high = f"{figure}_low", f"{figure}_high"
+    frame = trials[[*group, figure, low, high]].assign(
+        half_sq=((trials[high] - trials[low]) / 2) ** 2
+    )
+    grouped = frame.groupby(group, dropna=False, sort=False)
+    result = grouped.agg(
+        mean=(figure, "mean"),
+        k=(figure, "size"),
+        missing=(low, lambda bounds: bounds.isna().sum()),
+        half=("half_sq", "sum"),
+        only_low=(low, "first"),
+        only_high=(high, "first"),
+    ).reset_index()
+    half = result["half"] ** 0.5 / result["k"]
+    single = result["k"] == 1
+    result[low] = (result["mean"] - half).where(~single, result["only_low"])
+    result[high] = (result["mean"] + half).where(~single, result["only_high"])
+    result.loc[result["missing"] > 0, [low, high]] = float("nan")
+    return result[[*group, low, high]]
 
 
 def mark_frontiers(
@@ -385,81 +411,6 @@ def round_length_distribution(round_counts: pd.DataFrame, trials: pd.DataFrame) 
     long = pd.concat(parts, ignore_index=True)
     long["fraction"] = long["rounds"] / long.groupby(["policy", "kind"])["rounds"].transform("sum")
     return long[columns].sort_values(["kind", "policy", "length"]).reset_index(drop=True)
-
-
-def cost_model_fits(
-    round_timings: pd.DataFrame,
-    trials: pd.DataFrame,
-    group_by: Sequence[str],
-    include_baseline: bool = False,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Fit T = t_draft·N_draft + t_target·N_target over the rounds of each trial group.
-
-    The model describes speculative rounds, so the AR baseline's rounds (one target step each,
-    a different code path) are left out unless ``include_baseline``. Replayed trials (mode
-    ``replay``) are always left out: their round times are the cost model's own projections.
-
-    Returns (fits, totals). ``fits``: one row per group with t_draft, t_target, r2, the mean
-    absolute relative error of its trials' totals, n_rounds and ``problem`` (why a group could
-    not be fitted, else empty). ``totals``: one row per trial with its measured seconds (sum
-    over rounds), the seconds its group's fit predicts from its draft forwards and rounds, and
-    the relative error.
-    """
-    keys = list(group_by)
-    included = trials if include_baseline else trials[~trials["is_baseline"]]
-    included = included[included["mode"] != "replay"]
-    info = included[["trial_id", "policy", *[k for k in keys if k != "policy"]]]
-    rounds = round_timings.merge(info, on="trial_id")
-    fit_rows, total_rows = [], []
-    for labels, part in _groups(rounds, keys):
-        try:
-            fit = fit_cost_model(part["draft_forwards"], [1] * len(part), part["seconds"])
-        except CostModelError as error:
-            fit_rows.append({**labels, "n_rounds": len(part), "problem": str(error)})
-            continue
-        per_trial = part.groupby(["trial_id", "policy"], as_index=False).agg(
-            measured_s=("seconds", "sum"),
-            draft_forwards=("draft_forwards", "sum"),
-            rounds=("seconds", "size"),
-        )
-        per_trial["predicted_s"] = fit.predict(per_trial["draft_forwards"], per_trial["rounds"])
-        per_trial["relative_error"] = (
-            per_trial["predicted_s"] - per_trial["measured_s"]
-        ) / per_trial["measured_s"]
-        fit_rows.append(
-            {
-                **labels,
-                "t_draft": fit.t_draft,
-                "t_target": fit.t_target,
-                "r2": fit.r2,
-                "mean_abs_error": float(per_trial["relative_error"].abs().mean()),
-                "n_rounds": fit.n_observations,
-                "problem": "",
-            }
-        )
-        total_rows.append(per_trial.assign(**labels))
-    fit_columns = [*keys, "t_draft", "t_target", "r2", "mean_abs_error", "n_rounds", "problem"]
-    fits = pd.DataFrame(fit_rows).reindex(columns=fit_columns)
-    total_columns = [
-        "trial_id",
-        *dict.fromkeys([*keys, "policy"]),
-        "measured_s",
-        "predicted_s",
-        "relative_error",
-    ]
-    totals = (pd.concat(total_rows, ignore_index=True) if total_rows else pd.DataFrame()).reindex(
-        columns=total_columns
-    )
-    return fits, totals
-
-
-def _groups(frame: pd.DataFrame, keys: list[str]) -> Iterator[tuple[dict[str, Any], Any]]:
-    """Yield ({key: value}, rows) per group of ``keys``; the whole frame when keys is empty."""
-    if not keys:
-        yield {}, frame
-        return
-    for values, rows in frame.groupby(keys, sort=True):
-        yield dict(zip(keys, values, strict=True)), rows
 
 
 def compare_sweeps(

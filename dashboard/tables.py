@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from dashboard.data import best_settings, setting_means
+from dashboard.data import INTERVAL_FIGURES, best_settings, setting_means
 
 BASE_DRAFT_METHOD = "none (base draft)"
 
@@ -69,6 +69,32 @@ def speedup_by_domain_table(trials: pd.DataFrame) -> pd.DataFrame:
     table["mean"] = table.mean(axis=1)
     table.columns.name = None
     return table.reset_index()
+
+
+def trial_interval_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """Return one row per trial: its configuration and each figure with its 95% interval.
+
+    Columns: policy, setting, pair, dataset, temperature, then per figure the estimate and
+    ``<figure> low`` / ``<figure> high`` (the stored bootstrap bounds; speedup's paired with
+    the AR baseline's prompts), best speedup first.
+    """
+    table = pd.DataFrame(
+        {
+            "policy": trials["policy"],
+            "setting": [
+                setting_label(t, k)
+                for t, k in zip(trials["threshold"], trials["max_draft_len"], strict=True)
+            ],
+            "pair": trials["pair"],
+            "dataset": trials["dataset"],
+            "temperature": trials["temperature"],
+        }
+    )
+    for figure in INTERVAL_FIGURES:
+        table[figure] = trials[figure]
+        table[f"{figure} low"] = trials[f"{figure}_low"]
+        table[f"{figure} high"] = trials[f"{figure}_high"]
+    return table.sort_values("speedup", ascending=False, na_position="last").reset_index(drop=True)
 
 
 def has_kd_drafts(trials: pd.DataFrame) -> bool:

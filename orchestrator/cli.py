@@ -1,4 +1,4 @@
-"""The command line: ``python -m orchestrator {submit,plan,status,query,fits,export,zoo} ...``.
+"""The command line: ``python -m orchestrator COMMAND``, one handler per command.
 
 Each command is one small handler that reads its arguments, calls the library (spec, planner,
 runner, store, zoo) and prints tables built by :mod:`orchestrator.report`. Problems the user can
@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(commands, db)
     _add_query(commands, db)
     _add_fits(commands, db)
+    _add_compare(commands, db)
+    _add_refresh(commands, db)
     _add_export(commands, db)
     _add_zoo(commands)
     return parser
@@ -250,8 +252,8 @@ def _add_query(commands: Any, db: list[Any]) -> None:
         "query",
         _query,
         "run one SQL statement on a read-only connection to the store and print the rows",
-        "Tables: sweeps, sweep_trials, trials, sample_results, rounds, training_jobs, artifacts,\n"
-        "cost_fits, traces.\n"
+        "Tables: sweeps, sweep_trials, trials, sample_results, rounds, position_acceptance,\n"
+        "accepted_lengths, runs, training_jobs, artifacts, cost_fits, traces.\n"
         "The connection is read-only: statements that write fail (exit code 2).\n\n"
         "examples:\n"
         f'  {PROG} query "SELECT policy, threshold, max_draft_len, speedup FROM trials '
@@ -276,6 +278,9 @@ def _add_fits(commands: Any, db: list[Any]) -> None:
         "show a sweep's cost-model fits and each trial's tokens/s projected on hardware profiles",
         "A fit per trial group (pair, dataset, temperature, output length) over its live rounds:\n"
         "draft seconds = t_draft x draft forwards, verify seconds = t_target + t/token x drafted.\n"
+        "Beside it the run-level fit (SpecDec++): trial seconds = t_draft x N_draft + t_target x\n"
+        "N_target over the group's trials; both are scored on trial seconds (R², relative error)\n"
+        "and 'tokens/s by fit' projects each trial with the better one.\n"
         "Projections use a trial's counts: tokens / (t_draft x N_draft + t_target x N_target).\n\n"
         "examples:\n"
         f"  {PROG} fits replay_demo\n"
@@ -291,6 +296,42 @@ def _add_fits(commands: Any, db: list[Any]) -> None:
     )
 
 
+def _add_compare(commands: Any, db: list[Any]) -> None:
+    """Add ``compare``."""
+    command = _add_command(
+        commands,
+        "compare",
+        _compare,
+        "compare two done trials on their shared prompts: tokens/s ratio, interval, verdict",
+        "The ratio is A's tokens/s over B's on the shared prompts; its interval is a seeded\n"
+        "bootstrap over those prompts, resampling the same prompts for both trials (paired).\n"
+        "Verdict: faster (interval above 1), slower (below 1), or not distinguishable.\n\n"
+        "examples:\n"
+        f"  {PROG} compare 3f2a9c01d4e5b6a7 9e8d7c6b5a4f3e2d\n"
+        f'  {PROG} query "SELECT trial_id, policy, speedup FROM trials"  # find trial ids',
+        db,
+    )
+    command.add_argument("trial_a", metavar="TRIAL_A", help="trial id (the numerator)")
+    command.add_argument("trial_b", metavar="TRIAL_B", help="trial id (the denominator)")
+    command.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+
+
+def _add_refresh(commands: Any, db: list[Any]) -> None:
+    """Add ``refresh``."""
+    command = _add_command(
+        commands,
+        "refresh",
+        _refresh,
+        "recompute a sweep's intervals, per-sample speedups and per-position acceptance",
+        "From the stored samples (and rounds, for per-position acceptance): for trials stored\n"
+        "before these figures were recorded. Measures nothing; writes to the store.\n\n"
+        "examples:\n"
+        f"  {PROG} refresh demo --db sqlite:///docs/demo-results.db",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP", help="the sweep name")
+
+
 def _add_export(commands: Any, db: list[Any]) -> None:
     """Add ``export``."""
     command = _add_command(
@@ -298,7 +339,8 @@ def _add_export(commands: Any, db: list[Any]) -> None:
         "export",
         _export,
         "write a sweep's trial rows (every column) to a CSV or Parquet file",
-        "Rows are in plan order; params, config and metrics are JSON text.\n\n"
+        "Rows are in plan order; params, config and metrics are JSON text; run_* columns hold\n"
+        "the provenance of the run that measured each trial (commit, versions, device).\n\n"
         "examples:\n"
         f"  {PROG} export demo --format csv --out demo.csv\n"
         f"  {PROG} export demo --out demo.parquet",
@@ -478,6 +520,8 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         done = store.completed_trial_ids(trial.trial_id for trial in plan.trials)
         if len(done) == len(plan.trials):
             _print_results(console, store.trials_frame(spec.name), spec.name)
+            for line in _provenance_lines(store, done):
+                console.print(line, markup=False)
             console.print(_nothing_to_run(len(plan.trials), spec.name, shown), markup=False)
             return EXIT_OK
         options = runner.RunOptions(
@@ -501,6 +545,8 @@ def _report_run(
 ) -> int:
     """Print the end-of-run table, the one-line summary and any failures; return the exit code."""
     _print_results(console, rows, summary.sweep)
+    for line in getattr(summary, "provenance_notes", []):
+        console.print(line, markup=False)
     if summary.ran == 0 and summary.already_done == summary.planned:
         console.print(_nothing_to_run(summary.planned, summary.sweep, shown_url), markup=False)
         return EXIT_OK
@@ -528,6 +574,13 @@ def _report_run(
         markup=False,
     )
     return EXIT_TRIALS_FAILED
+
+
+def _provenance_lines(store: Store, done: set[str]) -> list[str]:
+    """Return a line per earlier run of these done trials measured under another provenance."""
+    from orchestrator.provenance import collect_provenance, stored_provenance_notes
+
+    return stored_provenance_notes(store, done, collect_provenance())
 
 
 def _fit_lines(summary: SweepSummary) -> list[str]:
@@ -641,16 +694,47 @@ def _fits(args: argparse.Namespace, console: Console) -> int:
             markup=False,
         )
     profiles = [HARDWARE_PROFILES[name] for name in args.profile or sorted(HARDWARE_PROFILES)]
-    projected = report.profile_projection_rows(rows, profiles)
+    projected = report.profile_projection_rows(rows, profiles, fits)
     columns = [
         *report.PROJECTION_LEADING_COLUMNS,
         *(report.profile_column(p, what) for p in profiles for what in ("tokens_per_s", "speedup")),
     ]
     title = (
-        f"trials of {args.sweep}: tokens/s here (mode replay: projected by the group's fit) and "
-        "projected on hardware profiles"
+        f"trials of {args.sweep}: tokens/s here (mode replay: projected by the group's fit), "
+        "by the group's better fit, and projected on hardware profiles"
     )
     _print_table(console, projected, columns, title)
+    return EXIT_OK
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    """``compare``: A's tokens/s over B's on their shared prompts, with interval and verdict."""
+    from orchestrator.pairing import paired_ratio
+
+    with _opened_store(args.db, read_only=True) as store:
+        rows = {row["trial_id"]: row for row in store.trial_rows([args.trial_a, args.trial_b])}
+        for trial_id in (args.trial_a, args.trial_b):
+            if trial_id not in rows:
+                raise UserError(f"error: no trial {trial_id!r} in the store")
+            if rows[trial_id]["status"] != "done":
+                raise UserError(f"error: trial {trial_id} is {rows[trial_id]['status']}, not done")
+        samples_a = store.sample_speeds(args.trial_a)
+        samples_b = store.sample_speeds(args.trial_b)
+    compared = paired_ratio(samples_a, samples_b, seed=args.seed)
+    row_a, row_b = rows[args.trial_a], rows[args.trial_b]
+    if compared.ratio is None:
+        raise UserError(report.comparison_refusal(row_a, row_b, compared.n_prompts))
+    for line in report.comparison_lines(row_a, row_b, compared, len(samples_a), len(samples_b)):
+        console.print(line, markup=False)
+    return EXIT_OK
+
+
+def _refresh(args: argparse.Namespace, console: Console) -> int:
+    """``refresh``: recompute the statistics of a sweep's stored trials."""
+    with _opened_store(args.db, read_only=False) as store:
+        _require_sweep(store, args.sweep)
+        count = store.refresh_statistics(args.sweep)
+    console.print(f"refreshed the statistics of {count} done trials of {args.sweep}", markup=False)
     return EXIT_OK
 
 
@@ -696,7 +780,8 @@ def _export(args: argparse.Namespace, console: Console) -> int:
     with _opened_store(args.db, read_only=True) as store:
         _require_sweep(store, args.sweep)
         rows = store.trials_frame(args.sweep)
-    records = report.export_records(rows)
+        runs = store.runs({row["run_id"] for row in rows if row["run_id"] is not None})
+    records = report.export_records(report.with_provenance(rows, runs))
     try:
         if file_format == "csv":
             write_csv(args.out, records)
@@ -715,7 +800,8 @@ def _trial_columns() -> list[str]:
     """Return the trials table's column names (the header of an export of no rows)."""
     from orchestrator.store.models import TrialRow
 
-    return [column.key for column in TrialRow.__table__.columns]
+    columns = [column.key for column in TrialRow.__table__.columns]
+    return [*columns, *(f"run_{name}" for name in report.PROVENANCE_FIELDS)]
 
 
 def write_csv(path: Path, records: Sequence[dict[str, Any]]) -> None:

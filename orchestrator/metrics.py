@@ -12,8 +12,28 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from orchestrator.stats import Interval, ratio_interval
 from workers.records import GenerationResult
+
+
+@dataclass(frozen=True)
+class PositionAcceptance:
+    """Draft position ``position`` (1-based) over a trial's rounds, vLLM's definition.
+
+    ``drafted`` counts rounds that drafted a token at this position, ``accepted`` those in which
+    it was accepted (verification keeps a prefix, so: rounds that accepted ``position`` or more).
+    """
+
+    position: int
+    drafted: int
+    accepted: int
+
+    @property
+    def rate(self) -> float:
+        """The acceptance rate of this position given it was drafted."""
+        return self.accepted / self.drafted
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,10 @@ class TrialMetrics:
     eesd_hm: float | None
     draft_length_histogram: dict[int, int]
     accepted_length_histogram: dict[int, int]
+    position_acceptance: tuple[PositionAcceptance, ...] = ()
+    tokens_per_s_interval: Interval | None = None
+    acceptance_rate_interval: Interval | None = None
+    mean_accepted_interval: Interval | None = None
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -75,6 +99,65 @@ def accepted_length_histogram(results: Sequence[GenerationResult]) -> dict[int, 
     return dict(sorted(counts.items()))
 
 
+class RoundCounts(Protocol):
+    """What per-position acceptance reads of a round (a RoundRecord, or a stored round row)."""
+
+    drafted: int
+    accepted: int
+
+
+def position_acceptance(results: Sequence[GenerationResult]) -> tuple[PositionAcceptance, ...]:
+    """Return the per-position acceptance of every drafted position, position 1 first."""
+    return rounds_position_acceptance([r for result in results for r in result.rounds])
+
+
+def rounds_position_acceptance(rounds: Sequence[RoundCounts]) -> tuple[PositionAcceptance, ...]:
+    """Return the per-position acceptance of these rounds, position 1 first."""
+    longest = max((r.drafted for r in rounds), default=0)
+    return tuple(
+        PositionAcceptance(
+            position=i,
+            drafted=sum(r.drafted >= i for r in rounds),
+            accepted=sum(r.accepted >= i for r in rounds),
+        )
+        for i in range(1, longest + 1)
+    )
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """One stored sample's counts, what a trial's intervals are recomputed from."""
+
+    tokens: int
+    seconds: float
+    drafted: int
+    accepted: int
+    rounds: int
+
+
+@dataclass(frozen=True)
+class TrialIntervals:
+    """The bootstrap intervals of a trial's tokens/s, acceptance rate and mean accepted."""
+
+    tokens_per_s: Interval | None
+    acceptance_rate: Interval | None
+    mean_accepted: Interval | None
+
+
+def trial_intervals(samples: Sequence[SampleCounts]) -> TrialIntervals:
+    """Return the trial's intervals over its samples (ratios of sums, resampled by prompt)."""
+    return TrialIntervals(
+        tokens_per_s=ratio_interval([s.tokens for s in samples], [s.seconds for s in samples]),
+        acceptance_rate=ratio_interval([s.accepted for s in samples], [s.drafted for s in samples]),
+        mean_accepted=ratio_interval([s.accepted for s in samples], [s.rounds for s in samples]),
+    )
+
+
+def sample_tokens_per_s(result: GenerationResult) -> float | None:
+    """Return one sample's generated tokens over its seconds (None for zero seconds)."""
+    return ratio(result.n_generated, result.seconds)
+
+
 def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
     """Return the trial's aggregate metrics; raises ValueError for an empty list of results."""
     if not results:
@@ -85,6 +168,12 @@ def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
     n_rounds = len(rounds)
     drafted = sum(r.drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)
+    intervals = trial_intervals(
+        [
+            SampleCounts(r.n_generated, r.seconds, r.n_drafted, r.n_accepted, len(r.rounds))
+            for r in results
+        ]
+    )
     return TrialMetrics(
         n_samples=len(results),
         generated_tokens=generated,
@@ -104,4 +193,8 @@ def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
         eesd_hm=eesd_harmonic_mean(accepted, drafted, generated),
         draft_length_histogram=draft_length_histogram(results),
         accepted_length_histogram=accepted_length_histogram(results),
+        position_acceptance=position_acceptance(results),
+        tokens_per_s_interval=intervals.tokens_per_s,
+        acceptance_rate_interval=intervals.acceptance_rate,
+        mean_accepted_interval=intervals.mean_accepted,
     )

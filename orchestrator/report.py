@@ -10,13 +10,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cost_model import CostModelError, HardwareProfile, project_onto_profile
+from orchestrator.cost_model import (
+    CostModelError,
+    HardwareProfile,
+    RoundCostFit,
+    project_onto_profile,
+)
 from orchestrator.planner import Plan
+from orchestrator.run_fit import TrialCounts, round_fit_seconds
+
+if TYPE_CHECKING:
+    from orchestrator.pairing import Comparison
 
 Row = Mapping[str, Any]
 
@@ -30,6 +39,7 @@ SUMMARY_COLUMNS = (
     "tokens_per_s",
     "speedup",
     "best_speedup",
+    "best_speedup_ci",
     "acceptance_rate",
 )
 STATUS_COLUMNS = ("sweep", "planned", "done", "failed", "pending", "running")
@@ -91,6 +101,13 @@ FIT_COLUMNS = (
     "n_trials",
     "check_same_rounds",
     "check_error",
+    "run_t_draft_ms",
+    "run_t_target_ms",
+    "run_r2",
+    "run_mre",
+    "round_trial_r2",
+    "round_trial_mre",
+    "projection_fit",
 )
 PROJECTION_LEADING_COLUMNS = (
     "trial_id",
@@ -101,6 +118,7 @@ PROJECTION_LEADING_COLUMNS = (
     "max_draft_len",
     "tokens_per_s",
     "speedup",
+    "fit_tokens_per_s",
 )
 ZOO_LEADING_COLUMNS = ("model", "role", "parameters")
 ZOO_TRAILING_COLUMNS = ("greedy_agreement", "entropy_std_nats", "cost_ratio", "static_speedup_code")
@@ -132,7 +150,17 @@ HEADERS = {
     "r2_round": "R² round",
     "check_same_rounds": "check: same rounds",
     "check_error": "check: tok/s error",
+    "best_speedup_ci": "best: 95% CI",
+    "run_t_draft_ms": "run t_draft ms",
+    "run_t_target_ms": "run t_target ms",
+    "run_r2": "R² run fit",
+    "run_mre": "rel. error run fit",
+    "round_trial_r2": "R² round fit (trials)",
+    "round_trial_mre": "rel. error round fit",
+    "projection_fit": "projects with",
+    "fit_tokens_per_s": "tokens/s by fit",
 }
+
 MISSING = "-"
 MAX_ERROR_CHARS = 160
 
@@ -160,14 +188,20 @@ def summary_rows(
     """Return one summary row per group of trial rows (``Store.trials_frame`` dicts).
 
     Columns: the ``group_by`` values, ``trials`` (in the group), ``done``, and over the group's
-    done trials the mean ``tokens_per_s``, mean ``speedup``, ``best_speedup`` and mean
-    ``acceptance_rate`` (None where no done trial has the metric). Exists for the table
-    ``submit`` prints at the end of a run: how each policy did on each dataset.
+    done trials the mean ``tokens_per_s``, mean ``speedup``, ``best_speedup`` with the best
+    trial's bootstrap 95% interval (``best_speedup_ci``, text) and mean ``acceptance_rate``
+    (None where no done trial has the metric). Exists for the table ``submit`` prints at the
+    end of a run: how each policy did on each dataset.
     """
     summary = []
     for values, members in group_rows(rows, group_by).items():
         done = [row for row in members if row["status"] == "done"]
         speedups = [row["speedup"] for row in done if row["speedup"] is not None]
+        best = max(
+            (row for row in done if row["speedup"] is not None),
+            key=lambda row: row["speedup"],
+            default=None,
+        )
         summary.append(
             {
                 **dict(zip(group_by, values, strict=True)),
@@ -176,10 +210,72 @@ def summary_rows(
                 "tokens_per_s": mean_or_none(row["tokens_per_s"] for row in done),
                 "speedup": mean_or_none(speedups),
                 "best_speedup": max(speedups) if speedups else None,
+                "best_speedup_ci": interval_text(best, "speedup") if best else MISSING,
                 "acceptance_rate": mean_or_none(row["acceptance_rate"] for row in done),
             }
         )
     return summary
+
+
+def interval_text(row: Row, figure: str) -> str:
+    """Return a trial's stored 95% interval of ``figure`` as "[low, high]" ("-" when absent)."""
+    low, high = row.get(f"{figure}_low"), row.get(f"{figure}_high")
+    if low is None or high is None:
+        return MISSING
+    return f"[{format_value(float(low))}, {format_value(float(high))}]"
+
+
+def trial_label(row: Row) -> str:
+    """Return "id (policy params, max DL n, pair, dataset, temp t)" for messages."""
+    params = format_params(row.get("params") or {})
+    return (
+        f"{row['trial_id']} ({row['policy']} {params}, max DL {row['max_draft_len']}, "
+        f"{row['pair']}, {row['dataset']}, temp {format_value(row['temperature'])})"
+    )
+
+
+def comparison_refusal(a: Row, b: Row, n_shared: int) -> list[str]:
+    """Return why two trials cannot be compared: fewer than two shared prompts."""
+    if n_shared < 2:
+        what = "share no prompts" if n_shared == 0 else "share only 1 prompt"
+        why = "a paired comparison needs at least two prompts measured by both"
+    else:
+        what, why = f"share {n_shared} prompts", "but a trial's samples took no time"
+    return [
+        f"error: trials {a['trial_id']} and {b['trial_id']} {what}: {why}",
+        f"  A: {trial_label(a)}",
+        f"  B: {trial_label(b)}",
+    ]
+
+
+#: Below this many shared prompts ``compare`` warns that its interval is optimistic.
+FEW_PROMPTS = 10
+
+
+def comparison_lines(a: Row, b: Row, compared: Comparison, n_a: int, n_b: int) -> list[str]:
+    """Return the ``compare`` command's output lines for a paired comparison."""
+    assert compared.ratio is not None
+    ratio = compared.ratio
+    lines = [
+        f"A: {trial_label(a)}",
+        f"B: {trial_label(b)}",
+        f"tokens/s A / B = {ratio.estimate:.4g}, 95% CI [{ratio.low:.4g}, {ratio.high:.4g}] "
+        f"(paired bootstrap over {compared.n_prompts} shared prompts)",
+        f"verdict: A is {compared.verdict} than B"
+        if compared.verdict != "not distinguishable"
+        else "verdict: not distinguishable (the interval contains 1)",
+    ]
+    if compared.n_prompts < FEW_PROMPTS:
+        lines.append(
+            f"note: only {compared.n_prompts} prompts; a bootstrap over so few covers less than "
+            "its nominal 95%: measure more samples before relying on the verdict"
+        )
+    if compared.n_prompts < max(n_a, n_b):
+        lines.append(
+            f"note: A has {n_a} samples and B {n_b}; only the {compared.n_prompts} prompts "
+            "both measured are compared"
+        )
+    return lines
 
 
 def status_counts(rows: Iterable[Row]) -> dict[str, int]:
@@ -365,6 +461,40 @@ def export_records(rows: Iterable[Row]) -> list[dict[str, Any]]:
     ]
 
 
+#: The ``runs`` columns an export (and the dashboard) shows beside each trial, as ``run_<name>``.
+PROVENANCE_FIELDS = (
+    "commit",
+    "dirty",
+    "specsweep_version",
+    "torch_version",
+    "transformers_version",
+    "ray_version",
+    "deepspeed_version",
+    "python_version",
+    "cpu",
+    "gpu_name",
+    "gpu_driver",
+    "gpu_count",
+    "torch_threads",
+    "created_at",
+)
+
+
+def with_provenance(rows: Iterable[Row], runs: Iterable[Row]) -> list[dict[str, Any]]:
+    """Return trial rows with their run's provenance as ``run_<field>`` columns (None if none)."""
+    by_id = {run["id"]: run for run in runs}
+    return [
+        {
+            **row,
+            **{
+                f"run_{name}": by_id.get(row.get("run_id"), {}).get(name)
+                for name in PROVENANCE_FIELDS
+            },
+        }
+        for row in rows
+    ]
+
+
 def unique_names(names: Sequence[str]) -> list[str]:
     """Return ``names`` with repeats suffixed ``_2``, ``_3``... so each keys its own column.
 
@@ -434,9 +564,42 @@ def cost_fit_rows(fits: Iterable[Row]) -> list[dict[str, Any]]:
             "t_draft_ms": fit["t_draft"] * 1e3,
             "t_target_ms": fit["t_target"] * 1e3,
             "t_per_verified_ms": fit["t_per_verified"] * 1e3,
+            "run_t_draft_ms": _ms(fit.get("run_t_draft")),
+            "run_t_target_ms": _ms(fit.get("run_t_target")),
         }
         for fit in fits
     ]
+
+
+def _ms(seconds: float | None) -> float | None:
+    """Return seconds in milliseconds (None stays None)."""
+    return None if seconds is None else seconds * 1e3
+
+
+#: The trial and cost-fit columns that identify a fit's group.
+FIT_GROUP = ("pair", "dataset", "split", "samples", "max_new_tokens", "temperature")
+
+
+def fit_seconds(fit: Row, row: Row) -> float | None:
+    """Return a trial's seconds predicted by its group's projection fit (None without one)."""
+    counts = TrialCounts.from_row(row)
+    if fit.get("projection_fit") == "run":
+        return fit["run_t_draft"] * counts.draft_forwards + fit["run_t_target"] * counts.rounds
+    round_fit = RoundCostFit(
+        **{key: fit[key] for key in ("t_draft", "t_target", "t_per_verified")},
+        **{key: fit[key] for key in ("r2_draft", "r2_verify", "r2_round", "n_rounds")},
+    )
+    return round_fit_seconds(round_fit, fit["overhead_seconds"], counts)
+
+
+def fit_tokens_per_s(fits: Iterable[Row], row: Row) -> float | None:
+    """Return a done trial's tokens/s as its group's better fit projects it (None without)."""
+    key = tuple(row.get(name) for name in FIT_GROUP)
+    for fit in fits:
+        if tuple(fit.get(name) for name in FIT_GROUP) == key:
+            seconds = fit_seconds(fit, row)
+            return (row["generated_tokens"] or 0) / seconds if seconds else None
+    return None
 
 
 def profile_column(profile: HardwareProfile, what: str) -> str:
@@ -445,9 +608,12 @@ def profile_column(profile: HardwareProfile, what: str) -> str:
 
 
 def profile_projection_rows(
-    rows: Iterable[Row], profiles: Sequence[HardwareProfile]
+    rows: Iterable[Row], profiles: Sequence[HardwareProfile], fits: Sequence[Row] = ()
 ) -> list[dict[str, Any]]:
     """Return one row per done trial with its tokens/s and speedup projected on ``profiles``.
+
+    ``fit_tokens_per_s`` is the trial's tokens/s as its group's stored fit projects it, with
+    the fit that predicts the group's trial seconds better (``projection_fit``).
 
     The projection uses the trial's hardware-independent counts (draft forwards, target calls
     = rounds, generated tokens), so live and replayed trials project alike; a trial without
@@ -458,6 +624,7 @@ def profile_projection_rows(
         if row["status"] != "done":
             continue
         projected: dict[str, Any] = {key: row.get(key) for key in PROJECTION_LEADING_COLUMNS}
+        projected["fit_tokens_per_s"] = fit_tokens_per_s(fits, row)
         for profile in profiles:
             try:
                 projection = project_onto_profile(

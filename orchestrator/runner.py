@@ -41,6 +41,7 @@ from orchestrator.planner import (
     replay_groups,
 )
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
+from orchestrator.provenance import collect_provenance, stored_provenance_notes
 from orchestrator.replay_stage import (
     CrossCheck,
     GroupFit,
@@ -51,6 +52,7 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
+from orchestrator.run_fit import TrialCounts, compare_fits
 from orchestrator.spec import PairSpec, SweepSpec
 from orchestrator.store import Store
 from orchestrator.training_stage import attach_job_drafts, run_training_jobs
@@ -98,6 +100,7 @@ class SweepSummary:
     cross_checks: list[str] = field(default_factory=list)
     traces_recorded: int = 0
     traces_reused: int = 0
+    provenance_notes: list[str] = field(default_factory=list)
 
 
 def preflight(spec: SweepSpec, plan: Plan) -> PreparedInputs:
@@ -120,8 +123,11 @@ def run_sweep(
     done = store.completed_trial_ids(trial.trial_id for trial in plan.trials)
     pending = [trial for trial in plan.trials if trial.trial_id not in done]
     summary = SweepSummary(sweep=plan.sweep, planned=len(plan.trials), already_done=len(done))
+    provenance = collect_provenance()
+    summary.provenance_notes = stored_provenance_notes(store, done, provenance)
     if not pending:
         return summary
+    store.record_run(plan.sweep, provenance)
     inputs = inputs or preflight(spec, plan)
     _ensure_ray(options.address)
     retries = spec.execution.retries if options.retries is None else options.retries
@@ -225,8 +231,10 @@ def _store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) 
         except CostModelError as error:
             notes.append(f"no cost fit for {_group_label(trials[0])}: {error}")
             continue
-        store.record_cost_fit(_fit_values(plan.sweep, key, trials[0], fit))
-        notes.append(_fit_note(trials[0], fit))
+        values = _fit_values(plan.sweep, key, trials[0], fit)
+        run_fit = _run_fit_columns(store, trials, fit)
+        store.record_cost_fit({**values, **run_fit})
+        notes.append(_fit_note(trials[0], fit) + _run_fit_note(run_fit))
     return notes
 
 
@@ -240,11 +248,32 @@ def _fit_from_store(store: Store, trials: Sequence[Trial]) -> GroupFit:
     return fit_group(store.rounds(row["trial_id"] for row in rows), rows)
 
 
+def _run_fit_columns(store: Store, trials: Sequence[Trial], group: GroupFit) -> dict[str, Any]:
+    """Return the run-level fit's ``cost_fits`` columns ({} when it cannot be fit)."""
+    rows = store.trial_rows(t.trial_id for t in trials if t.mode == LIVE_MODE)
+    counts = [TrialCounts.from_row(row) for row in rows if row["status"] == "done"]
+    try:
+        return compare_fits(group.fit, group.overhead_seconds, counts).columns()
+    except CostModelError:
+        return {}
+
+
 def _group_label(trial: Trial) -> str:
     """Return a short name of a trial's group for messages."""
     return (
         f"{trial.pair} {trial.dataset} (temperature {trial.temperature:g}, "
         f"{trial.max_new_tokens} new tokens)"
+    )
+
+
+def _run_fit_note(columns: dict[str, Any]) -> str:
+    """Return the run-level fit's part of a group's fit line ("" when there is none)."""
+    if not columns:
+        return "; no run-level fit (the trials cannot separate the two costs)"
+    return (
+        f"; on trial seconds: round fit R² {columns['round_trial_r2']:.3f}, error "
+        f"{columns['round_trial_mre']:.1%}, run-level fit R² {columns['run_r2']:.3f}, error "
+        f"{columns['run_mre']:.1%}: projecting with the {columns['projection_fit']} fit"
     )
 
 
@@ -377,6 +406,7 @@ class _PairRunner:
                 finish(trial, reason)
             return _ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
         values = _fit_values(sweep, group.fit_key, group.trials[0], fit)
+        values.update(_run_fit_columns(self.store, group.live, fit))
         checks = []
         for check in group.checks:
             result = self._cross_check(check, traces, fit)

@@ -151,19 +151,25 @@ def seed_synthetic_sweeps(url: str) -> dict[str, list[Trial]]:
 
     Returns each sweep's planned trials by sweep name. Sweep B's timings are scaled by
     :data:`SYNTHETIC_B_SCALE`; in sweep A the trials of :data:`SYNTHETIC_FAILED` are failed.
+    Each sweep records a run (provenance) and the runner's cost fits of its groups.
     """
+    from orchestrator.provenance import collect_provenance
+    from orchestrator.runner import _store_live_fits
+
     planned = {}
     with open_store(url) as store:
         for text, scale in ((SYNTHETIC_SWEEP_B, SYNTHETIC_B_SCALE), (SYNTHETIC_SWEEP, 1.0)):
             spec = parse_sweep(text, "synthetic.yaml")
             plan = plan_sweep(spec)
             store.register_sweep(spec, plan)
+            store.record_run(spec.name, collect_provenance())
             for trial in plan.trials:
                 if (trial.policy, trial.threshold) == SYNTHETIC_FAILED:
                     store.record_failure(trial, "synthetic failure", attempts=1)
                     continue
                 results = [synthetic_result(trial, sample, scale) for sample in range(2)]
                 store.record_trial(trial, results, trial_metrics(results))
+            _store_live_fits(spec, plan, store, set())  # the fits a real run would store
             planned[spec.name] = plan.trials
     return planned
 

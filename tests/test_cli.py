@@ -38,6 +38,8 @@ COMMANDS = (
     ("plan",),
     ("status",),
     ("query",),
+    ("compare",),
+    ("refresh",),
     ("export",),
     ("zoo",),
     ("zoo", "build"),
@@ -580,8 +582,22 @@ def test_submit_when_everything_is_done_says_so(
     assert fake_runner.calls == ["preflight"]
     summary = [line for line in out.splitlines() if "│ static" in line]
     cells = [cell.strip() for cell in summary[0].split("│")[1:-1]]
-    # pair, dataset, temp, policy, max DL, trials, done, tokens/s, speedup, best, acceptance
-    assert cells == ["demo", "builtin:code", "0", "static", "4", "1", "1", "32", "2", "2", "0.5"]
+    # pair, dataset, temp, policy, max DL, trials, done, tokens/s, speedup, best, CI, acceptance
+    # (the interval of a trial whose two samples are identical is a point)
+    assert cells == [
+        "demo",
+        "builtin:code",
+        "0",
+        "static",
+        "4",
+        "1",
+        "1",
+        "32",
+        "2",
+        "2",
+        "[2, 2]",
+        "0.5",
+    ]
     with open_store(url, read_only=True) as store:
         assert [sweep["name"] for sweep in store.sweeps()] == ["done"]
 
@@ -614,7 +630,7 @@ def test_submit_with_failed_trials_exits_1_and_says_how_to_retry(
     svip = [line for line in out.splitlines() if "│ svip" in line]
     cells = [cell.strip() for cell in svip[0].split("│")[1:-1]]
     # both SVIP settings in one group: one done (32 tokens/s, speedup 2), one failed
-    assert cells[3:] == ["svip", "4", "2", "1", "32", "2", "2", "0.5"]
+    assert cells[3:] == ["svip", "4", "2", "1", "32", "2", "2", "[2, 2]", "0.5"]
 
 
 @pytest.mark.slow

@@ -26,14 +26,16 @@ from dashboard.data import FILL_COMMAND
 from orchestrator.store import open_store
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
-FRONTIERS, TABLES, ROBUSTNESS, COST, COMPARE = (
+FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS = (
     "views/frontiers.py",
     "views/paper_tables.py",
     "views/robustness.py",
+    "views/acceptance.py",
     "views/cost_model.py",
     "views/compare.py",
+    "views/compare_trials.py",
 )
-PAGES = (FRONTIERS, TABLES, ROBUSTNESS, COST, COMPARE)
+PAGES = (FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS)
 
 
 @pytest.fixture(scope="module")
@@ -106,15 +108,27 @@ def test_frontiers_page_draws_a_frontier_per_policy(synthetic_url, monkeypatch) 
         for trace in figure["data"]:
             assert len(trace["customdata"]) == len(trace["x"])  # config on hover
     assert [shape["y0"] for shape in speed["layout"]["shapes"]] == [1.0]  # speedup-1 line
+    bars = [t for t in speed["data"] if "error_y" in t]  # 95% intervals of the speedup
+    assert {t["legendgroup"] for t in bars} == {"adaedl", "static", "svip"}
+    for trace in bars:
+        assert len(trace["error_y"]["array"]) == len(trace["x"])
+        assert all(v is None or v >= 0 for v in trace["error_y"]["array"])
     baseline = next(t for t in rates["data"] if t["name"] == "AR baseline")
     assert (baseline["x"], baseline["y"]) == ([0.0], [1.0])  # discards nothing, verifies all
 
 
 def test_tables_page_shows_each_paper_table_with_csv(synthetic_url, monkeypatch) -> None:
     app = open_app(synthetic_url, monkeypatch, TABLES)
-    # AdaEDL at K 2 and K 4, SpecDec++, SVIP, AdaSPEC.
-    assert len(app.dataframe) == 5
-    assert len(app.download_button) == 5
+    # AdaEDL at K 2 and K 4, SpecDec++, SVIP, AdaSPEC, trials with intervals; provenance.
+    assert len(app.dataframe) == 7
+    assert len(app.download_button) == 6
+    intervals = app.dataframe[5].value
+    done = intervals.dropna(subset=["speedup low"])
+    assert len(done) > 0
+    assert (done["speedup low"] <= done["speedup"]).all()
+    assert (done["speedup"] <= done["speedup high"]).all()
+    runs = app.dataframe[6].value
+    assert runs["sweep"].tolist() == ["synthetic-a"] and runs["torch_threads"].item() >= 1
     adaedl_k2 = app.dataframe[0].value
     assert list(adaedl_k2.columns) == ["policy", "builtin:code", "builtin:math"]
     assert adaedl_k2["policy"].iloc[0] == "ar"
@@ -144,19 +158,37 @@ def test_robustness_page(synthetic_url, monkeypatch) -> None:
     }
 
 
-def test_cost_model_page_recovers_the_seeded_costs(synthetic_url, monkeypatch) -> None:
+def test_cost_model_page_shows_the_stored_fits(synthetic_url, monkeypatch) -> None:
     app = open_app(synthetic_url, monkeypatch, COST)
     fits = app.dataframe[0].value
-    assert sorted(fits["pair"]) == ["micro", "micro-kd"]
-    assert fits["t_draft"].tolist() == pytest.approx([SYNTHETIC_T_DRAFT] * 2)
-    assert fits["t_target"].tolist() == pytest.approx([SYNTHETIC_T_TARGET] * 2)
-    assert fits["r2"].tolist() == pytest.approx([1.0, 1.0])
-    assert len(figures(app)) == 1
-    app.multiselect[0].set_value([]).run()  # one fit over everything: shown as metrics
+    # one stored fit per group: 2 pairs × 2 datasets × 2 temperatures
+    assert len(fits) == 8 and set(fits["sweep"]) == {"synthetic-a"}
+    assert fits["t_draft"].tolist() == pytest.approx([SYNTHETIC_T_DRAFT] * 8)
+    assert fits["t_target"].tolist() == pytest.approx([SYNTHETIC_T_TARGET] * 8)
+    assert fits["r2_round"].tolist() == pytest.approx([1.0] * 8)
+    assert set(fits["projection_fit"]) <= {"round", "run"}
+    (figure,) = figures(app)
+    assert {t["legendgroup"].split(",")[-1].strip() for t in figure["data"]} == {"round", "run"}
+    assert not app.main.multiselect  # no refit controls: the page shows what the runs stored
+
+
+def test_acceptance_page_plots_positions_and_lengths(synthetic_url, monkeypatch) -> None:
+    app = open_app(synthetic_url, monkeypatch, ACCEPTANCE)
+    positions, lengths = figures(app)
+    assert {t["name"] for t in positions["data"]} >= {"static", "adaedl", "oracle"}
+    oracle = next(t for t in positions["data"] if t["name"] == "oracle")
+    assert oracle["y"] == [1.0, 1.0]  # the oracle drafts min(K, 2) tokens, all accepted
+    rates = app.dataframe[0].value
+    assert ((rates["rate"] >= 0) & (rates["rate"] <= 1)).all()
+    assert lengths["data"]
+
+
+def test_compare_trials_page_gives_a_verdict(synthetic_url, monkeypatch) -> None:
+    app = open_app(synthetic_url, monkeypatch, COMPARE_TRIALS)
     shown = {metric.label: metric.value for metric in app.metric}
-    assert shown["t_draft"] == f"{SYNTHETIC_T_DRAFT * 1e3:.3f} ms"
-    assert shown["t_target"] == f"{SYNTHETIC_T_TARGET * 1e3:.3f} ms"
-    assert shown["R²"] == "1.000"
+    assert set(shown) == {"tokens/s A / B", "95% interval", "verdict"}
+    ids = app.main.selectbox[0].options
+    assert len(ids) > 2
 
 
 def test_compare_page_lines_up_two_sweeps(synthetic_url, monkeypatch) -> None:
@@ -221,7 +253,7 @@ def test_every_page_renders_on_a_real_sweep(real_url, monkeypatch) -> None:
 
     app.switch_page(TABLES).run()
     assert not app.exception
-    assert len(app.dataframe) == 5 and len(app.download_button) == 5  # K 2, K 4, 3 more
+    assert len(app.dataframe) == 7 and len(app.download_button) == 6  # K 2, K 4, 4 more
     assert any("No knowledge-distilled drafts" in info.value for info in app.info)
 
     app.switch_page(ROBUSTNESS).run()
@@ -229,9 +261,12 @@ def test_every_page_renders_on_a_real_sweep(real_url, monkeypatch) -> None:
 
     app.switch_page(COST).run()
     assert not app.exception
-    shown = {metric.label: metric.value for metric in app.metric}
-    assert {"t_draft", "t_target", "R²"} <= set(shown)  # one pair: one fit
-    assert float(shown["t_target"].removesuffix(" ms")) > 0
+    stored = app.dataframe[0].value  # one group per temperature
+    assert len(stored) == 2 and (stored["t_target"] > 0).all()
+    assert set(stored["projection_fit"]) <= {"round", "run"}
+
+    app.switch_page(ACCEPTANCE).run()
+    assert not app.exception and len(figures(app)) == 2
 
     app.switch_page(COMPARE).run()
     assert not app.exception

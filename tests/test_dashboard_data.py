@@ -22,7 +22,7 @@ from dashboard_seed import (
     seed_synthetic_sweeps,
 )
 
-from dashboard import data, tables
+from dashboard import acceptance, data, fits, tables, trial_compare
 from orchestrator.cost_model import CostModelError, fit_cost_model, r_squared
 
 NAN = math.nan
@@ -283,55 +283,100 @@ def test_r_squared_of_constant_measurements() -> None:
     assert r_squared([2.0, 2.0], [0.5, 0.0]) == 0.0
 
 
-def test_cost_model_fits_per_group() -> None:
-    trials = make_trials()
-    trials.loc[trials["trial_id"] == "s2", "pair"] = "q"
-    timings = pd.DataFrame(
-        [
-            ("b1", 0, 0.02),  # the AR baseline's steps: cheaper than a verify call
-            ("b1", 0, 0.02),
-            ("s1", 4, 0.09),  # 4 × 0.01 + 0.05
-            ("s1", 2, 0.07),  # 2 × 0.01 + 0.05
-            ("a1", 3, 0.08),  # 3 × 0.01 + 0.05
-            ("s2", 4, 0.1),  # pair q: only 4-forward rounds, costs not separable
-            ("s2", 4, 0.1),
-        ],
-        columns=["trial_id", "draft_forwards", "seconds"],
+def test_fit_totals_predict_trials_with_both_stored_fits() -> None:
+    trials = make_trials().assign(
+        seconds=1.0, n_rounds=10, n_samples=2, generated_tokens=20, samples=2, max_new_tokens=16
     )
-    fits, totals = data.cost_model_fits(timings, trials, ["pair"])
-    fitted = row(fits, pair="p")
-    assert fitted["t_draft"] == pytest.approx(0.01)
-    assert fitted["t_target"] == pytest.approx(0.05)
-    assert fitted["r2"] == pytest.approx(1.0)
-    assert fitted["n_rounds"] == 3
-    assert "proportional" in row(fits, pair="q")["problem"]
-    s1 = row(totals, trial_id="s1")
-    assert s1["measured_s"] == pytest.approx(0.16)
-    assert s1["predicted_s"] == pytest.approx(0.16)
-    assert set(totals["trial_id"]) == {"s1", "a1"}
-    # With the baseline: rows (0, 1, 0.02) × 2, (4, 1, 0.09), (2, 1, 0.07), (3, 1, 0.08).
-    # XᵀX = [[29, 9], [9, 5]] (det 64), Xᵀy = [0.74, 0.28] →
-    # t_draft = (5·0.74 − 9·0.28) / 64 = 1.18 / 64, t_target = (29·0.28 − 9·0.74) / 64 = 1.46 / 64.
-    fits, totals = data.cost_model_fits(timings, trials, ["pair"], include_baseline=True)
-    with_baseline = row(fits, pair="p")
-    assert with_baseline["t_draft"] == pytest.approx(1.18 / 64)
-    assert with_baseline["t_target"] == pytest.approx(1.46 / 64)
-    assert with_baseline["n_rounds"] == 5
-    assert "b1" in set(totals["trial_id"])
-
-
-def test_cost_model_fits_leave_replayed_trials_out() -> None:
-    trials = make_trials()
+    trials["n_draft_forwards"] = trials["n_drafted"]
     trials["mode"] = ["replay" if t == "a1" else "live" for t in trials["trial_id"]]
-    timings = pd.DataFrame(
-        [("s1", 4, 0.09), ("s1", 2, 0.07), ("a1", 3, 0.5)],  # a1's round is a projection
-        columns=["trial_id", "draft_forwards", "seconds"],
+    stored = pd.DataFrame(
+        [
+            {
+                "pair": "p",
+                "dataset": "code",
+                "split": None,
+                "samples": 2,
+                "max_new_tokens": 16,
+                "temperature": 0.0,
+                "t_draft": 0.01,
+                "t_target": 0.05,
+                "t_per_verified": 0.0,
+                "r2_draft": 1.0,
+                "r2_verify": 1.0,
+                "r2_round": 1.0,
+                "n_rounds": 10,
+                "overhead_seconds": 0.0,
+                "run_t_draft": 0.02,
+                "run_t_target": 0.1,
+            }
+        ]
     )
-    fits, totals = data.cost_model_fits(timings, trials, ["pair"])
-    fitted = row(fits, pair="p")
-    assert (fitted["t_draft"], fitted["t_target"]) == pytest.approx((0.01, 0.05))
-    assert fitted["n_rounds"] == 2
-    assert set(totals["trial_id"]) == {"s1"}
+    totals = fits.fit_totals(stored, trials)
+    # live trials of pair p, dataset code, temperature 0 (a1 is replayed): b1, s1, s2, a3, o1
+    assert set(totals["trial_id"]) == {"b1", "s1", "s2", "a3", "o1"}
+    assert set(totals["fit"]) == {"round", "run"}
+    s1 = trials[trials["trial_id"] == "s1"].iloc[0]
+    forwards, rounds = s1["n_draft_forwards"], s1["n_rounds"]
+    by_fit = totals[totals["trial_id"] == "s1"].set_index("fit")["predicted_s"]
+    assert by_fit["round"] == pytest.approx(0.01 * forwards + 0.05 * rounds)
+    assert by_fit["run"] == pytest.approx(0.02 * forwards + 0.1 * rounds)
+
+
+def test_position_rates_pool_counts_per_policy() -> None:
+    trials = make_trials()
+    positions = pd.DataFrame(
+        [
+            ("s1", 1, 10, 8, 0.8),
+            ("s1", 2, 10, 4, 0.4),
+            ("s2", 1, 30, 15, 0.5),  # static pools s1 and s2: (8 + 15) / (10 + 30)
+            ("a1", 1, 5, 5, 1.0),
+            ("b1", 1, 0, 0, 0.0),  # a baseline row is ignored
+        ],
+        columns=["trial_id", "position", "drafted", "accepted", "rate"],
+    )
+    rates = acceptance.position_rates(positions, trials)
+    static = rates[rates["policy"] == "static"].set_index("position")["rate"]
+    assert static[1] == pytest.approx(23 / 40) and static[2] == pytest.approx(0.4)
+    assert set(rates["policy"]) == {"static", "adaedl"}
+    lengths = pd.DataFrame(
+        [("s1", 0, 2), ("s1", 1, 6), ("s2", 1, 2)], columns=["trial_id", "length", "rounds"]
+    )
+    shares = acceptance.accepted_length_shares(lengths, trials).set_index("length")
+    assert shares.loc[0, "fraction"] == pytest.approx(0.2)
+    assert shares.loc[1, "fraction"] == pytest.approx(0.8)
+
+
+def test_config_points_carry_intervals_pooled_over_their_trials() -> None:
+    trials = make_trials()
+    trials["speedup_low"] = trials["speedup"] - 0.1
+    trials["speedup_high"] = trials["speedup"] + 0.2
+    points = data.config_points(trials).set_index(["policy", "max_draft_len"])
+    oracle = points.xs("oracle", level="policy")  # one trial: its own bounds
+    assert oracle["n_trials"].item() == 1
+    assert oracle["speedup_low"].item() == pytest.approx(2.4)
+    assert oracle["speedup_high"].item() == pytest.approx(2.7)
+    # adaedl 0.6 at K 4: a3 (1.7) and a4 (1.8), half-widths 0.15 each:
+    # mean 1.75 ± √(0.15² + 0.15²) / 2
+    pooled = points[points["threshold"] == 0.6].xs("adaedl", level="policy")
+    assert pooled["n_trials"].item() == 2
+    half = math.sqrt(2 * 0.15**2) / 2
+    assert pooled["speedup_low"].item() == pytest.approx(1.75 - half)
+    assert pooled["speedup_high"].item() == pytest.approx(1.75 + half)
+    trials.loc[trials["trial_id"] == "a4", "speedup_low"] = NAN  # one trial without: none
+    points = data.config_points(trials)
+    missing = points[(points["policy"] == "adaedl") & (points["threshold"] == 0.6)]
+    assert math.isnan(missing["speedup_low"].item())
+
+
+def test_trial_interval_table_orders_by_speedup() -> None:
+    trials = make_trials()
+    for figure in data.INTERVAL_FIGURES:
+        trials[f"{figure}_low"] = trials[figure] * 0.9
+        trials[f"{figure}_high"] = trials[figure] * 1.1
+    table = tables.trial_interval_table(trials)
+    assert table["speedup"].iloc[0] == 2.5 and table["policy"].iloc[0] == "oracle"
+    assert table["speedup low"].iloc[0] == pytest.approx(2.25)
+    assert len(table) == len(trials)
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -430,12 +475,18 @@ def test_loaders_read_the_store_without_writing(synthetic_url: str) -> None:
     assert len(data.load_trials(synthetic_url)) == 96 + 3
     assert data.load_draft_job_kinds(synthetic_url) == {"kd-adaspec": "adaspec"}
     done = data.done_trials(trials)
-    timings = data.load_round_timings(synthetic_url, list(done["trial_id"]))
-    fits, _ = data.cost_model_fits(timings, done, [])
-    assert fits["t_draft"].item() == pytest.approx(SYNTHETIC_T_DRAFT)
-    assert fits["t_target"].item() == pytest.approx(SYNTHETIC_T_TARGET)
+    stored = fits.load_cost_fits(synthetic_url, "synthetic-a")
+    assert stored["t_draft"].tolist() == pytest.approx([SYNTHETIC_T_DRAFT] * len(stored))
+    assert stored["t_target"].tolist() == pytest.approx([SYNTHETIC_T_TARGET] * len(stored))
+    assert set(stored["projection_fit"]) <= {"round", "run"}
     counts = data.load_round_counts(synthetic_url, list(done["trial_id"]))
-    assert counts["rounds"].sum() == len(timings)
+    drafting = done[~done["is_baseline"]]
+    positions = acceptance.load_position_acceptance(synthetic_url, list(drafting["trial_id"]))
+    first = positions[positions["position"] == 1]
+    drafted_rounds = counts[counts["drafted"] >= 1]
+    assert first["drafted"].sum() == drafted_rounds["rounds"].sum()
+    runs = trial_compare.load_runs(synthetic_url, done["run_id"])
+    assert len(runs) == 1 and runs["sweep"].item() == "synthetic-a"
     assert _digest(synthetic_url) == before
 
 

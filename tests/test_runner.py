@@ -63,6 +63,27 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     assert len(rows) == len(plan.trials)
     assert all(row["status"] == "done" for row in rows.values())
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
+    # provenance: one run, every trial points to it; intervals bracket their estimates
+    (run,) = store.runs()
+    assert {row["run_id"] for row in rows.values()} == {run["id"]}
+    assert run["sweep"] == "runner-test" and run["torch_threads"] >= 1
+    for row in rows.values():
+        assert row["tokens_per_s_low"] <= row["tokens_per_s"] <= row["tokens_per_s_high"]
+        assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
+    drafting = [row["trial_id"] for row in rows.values() if row["n_drafted"]]
+    assert drafting
+    positions = store.position_acceptance(drafting)
+    assert {p["trial_id"] for p in positions} == set(drafting)
+    for trial_id in drafting:
+        rounds = store.rounds([trial_id])
+        first = next(p for p in positions if p["trial_id"] == trial_id and p["position"] == 1)
+        assert first["drafted"] == sum(r["drafted"] >= 1 for r in rounds)
+        assert first["accepted"] == sum(r["accepted"] >= 1 for r in rounds)
+    fits = store.cost_fits("runner-test")
+    assert fits and all(fit["projection_fit"] in ("round", "run") for fit in fits)
+    assert all(fit["run_mre"] >= 0 and fit["round_trial_mre"] >= 0 for fit in fits)
+    assert len(summary.fit_notes) == len(fits)
+    assert all("run-level fit R²" in note for note in summary.fit_notes)
 
     from orchestrator.runner import _PairRunner
 
@@ -79,6 +100,13 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
 
     again = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
     assert (again.ran, again.already_done) == (0, len(plan.trials))
+    assert again.provenance_notes == []
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE runs SET torch_threads = torch_threads + 7")
+    moved = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    assert len(moved.provenance_notes) == 1
+    assert f"{len(plan.trials)} done trial(s)" in moved.provenance_notes[0]
+    assert "torch_threads" in moved.provenance_notes[0]
 
 
 def test_preflight_names_missing_model_and_tokenizer_mismatch(zoo_env, tmp_path):

@@ -1,49 +1,44 @@
-"""Cost model: T = t_draft·N_draft + t_target·N_target fitted over rounds, measured vs predicted."""
+"""Cost model: the fits the runner stored per trial group, round-level and run-level."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, data
+from dashboard import charts, data, fits
 
 context: data.DashboardContext = st.session_state[data.CONTEXT_KEY]
-trials = context.trials
 cache = st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False)
-cached_round_timings = cache(data.load_round_timings)
-GROUP_CHOICES = ["pair", "dataset", "temperature", "policy", "max_draft_len"]
+cached_fits = cache(fits.load_cost_fits)
 
 st.header("Cost model")
 st.caption(
-    "Least squares over rounds: a round costs t_draft per draft forward plus t_target for its "
-    "verify call; T is its draft plus verify seconds. R² is 1 − SS_res/SS_tot over rounds; the "
-    "chart compares each trial's measured time (sum over its rounds) with the fit. Replayed "
-    "trials (mode replay) are left out: their round times are projections of a fit."
-)
-group_by = st.multiselect(
-    "Fit one model per", GROUP_CHOICES, default=["pair"], help="Empty: one fit for everything."
-)
-include_baseline = st.checkbox(
-    "Include the AR baseline's rounds",
-    help="Off: fit speculative rounds only (the baseline's one-token steps take another path).",
+    "The fits stored by the sweep runs, one per trial group (pair, dataset, temperature, output "
+    "length); this page fits nothing itself. Round-level: a round costs t_draft per draft "
+    "forward, and t_target + t_per_verified per drafted token for its verify call. Run-level "
+    "(SpecDec++): trial seconds = t_draft·N_draft + t_target·N_target over the group's trials. "
+    "Both are scored on the trials' seconds (R², mean relative error); 'projection_fit' is the "
+    "better one, which `python -m orchestrator fits` projects with."
 )
 try:
-    timings = cached_round_timings(context.url, tuple(trials["trial_id"]))
+    stored = cached_fits(context.url, context.sweep)
 except data.StoreUnavailable as error:
-    st.warning(f"Cannot read the rounds: {error}")
+    st.warning(f"Cannot read the cost fits: {error}")
     st.stop()
-if timings.empty:
-    st.info("No rounds stored for these trials (the sweep ran with record_rounds: false).")
+if stored.empty:
+    st.info(
+        "No cost fits stored for this selection: the sweep ran with record_rounds: false, its "
+        "rounds could not identify the costs, or it ran before fits were stored."
+    )
     st.stop()
-
-fits, totals = data.cost_model_fits(timings, trials, group_by, include_baseline)
-fitted = fits[fits["problem"] == ""]
-if len(fitted) == 1:
-    fit = fitted.iloc[0]
+shown = stored.reindex(columns=list(fits.FIT_COLUMNS))
+if len(shown) == 1:
+    fit = shown.iloc[0]
     columns = st.columns(4)
     columns[0].metric("t_draft", f"{fit['t_draft'] * 1e3:.3f} ms")
     columns[1].metric("t_target", f"{fit['t_target'] * 1e3:.3f} ms")
-    columns[2].metric("R²", f"{fit['r2']:.3f}")
-    columns[3].metric("mean |error| per trial", f"{fit['mean_abs_error']:.1%}")
-st.dataframe(fits.round(6), hide_index=True)
+    columns[2].metric("R² round fit (trials)", f"{fit['round_trial_r2']:.3f}")
+    columns[3].metric("R² run fit", f"{fit['run_r2']:.3f}")
+st.dataframe(shown.round(6), hide_index=True)
+totals = fits.fit_totals(stored, context.trials)
 if not totals.empty:
-    st.plotly_chart(charts.cost_scatter_figure(totals), key="cost")
+    st.plotly_chart(charts.cost_fit_figure(totals), key="cost")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, tables
+from dashboard import data, tables, trial_compare
 
 context: data.DashboardContext = st.session_state[data.CONTEXT_KEY]
 trials = context.trials
 cache = st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False)
 cached_job_kinds = cache(data.load_draft_job_kinds)
+cached_runs = cache(trial_compare.load_runs)
 
 
 def show_table(table: pd.DataFrame, file_name: str) -> None:
@@ -65,3 +66,28 @@ except data.StoreUnavailable as error:
     st.warning(f"Cannot read the training jobs: {error}")
     job_kinds = {}
 show_table(tables.kd_acceptance_table(trials, job_kinds, policy), "kd_acceptance.csv")
+
+st.subheader("Every trial with its 95% intervals")
+st.caption(
+    "Seeded bootstrap over the trial's prompts (2000 resamples, percentile interval); the "
+    "speedup's interval resamples the same prompts for the trial and its AR baseline. A trial "
+    "of one prompt has none."
+)
+show_table(tables.trial_interval_table(trials), "trial_intervals.csv")
+
+st.subheader("Provenance")
+st.caption(
+    "The runs that measured these trials: code commit (dirty: uncommitted changes), library "
+    "versions, device and the driver's torch threads."
+)
+try:
+    runs = cached_runs(context.url, tuple(trials["run_id"].dropna().astype(int)))
+except data.StoreUnavailable as error:
+    st.warning(f"Cannot read the runs: {error}")
+else:
+    unknown = int(trials["run_id"].isna().sum())
+    if unknown:
+        st.info(f"{unknown} trial(s) ran before provenance was recorded.")
+    if len(runs) > 1:
+        st.warning(f"These trials come from {len(runs)} runs: check that they are comparable.")
+    st.dataframe(runs, hide_index=True)

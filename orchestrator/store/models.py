@@ -143,6 +143,18 @@ class TrialRow(Base):
     draft_seconds: Mapped[float | None] = mapped_column(Float)
     verify_seconds: Mapped[float | None] = mapped_column(Float)
     metrics: Mapped[dict[str, Any] | None]
+    #: Seeded bootstrap 95% intervals over prompts (``orchestrator.stats``); the speedup's is
+    #: paired with the AR baseline's same prompts. None with fewer than two samples.
+    tokens_per_s_low: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s_high: Mapped[float | None] = mapped_column(Float)
+    speedup_low: Mapped[float | None] = mapped_column(Float)
+    speedup_high: Mapped[float | None] = mapped_column(Float)
+    acceptance_rate_low: Mapped[float | None] = mapped_column(Float)
+    acceptance_rate_high: Mapped[float | None] = mapped_column(Float)
+    mean_accepted_low: Mapped[float | None] = mapped_column(Float)
+    mean_accepted_high: Mapped[float | None] = mapped_column(Float)
+    #: The ``runs`` row (provenance) of the sweep run that measured this trial.
+    run_id: Mapped[int | None] = mapped_column(BigId, index=True)
 
     __table_args__ = (
         _status_check("ck_trials_status", TRIAL_STATUSES),
@@ -174,6 +186,9 @@ class SampleResultRow(Base):
     accepted: Mapped[int] = mapped_column(Integer)
     n_rounds: Mapped[int] = mapped_column(Integer)
     stopped_on_eos: Mapped[bool]
+    #: generated tokens / seconds of this sample, and that over the AR baseline's same prompt.
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    speedup: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("trial_id", "sample_index", name="uq_sample_results"),)
 
@@ -205,6 +220,61 @@ class RoundRow(Base):
         ),
         UniqueConstraint("trial_id", "sample_index", "round_index", name="uq_rounds"),
     )
+
+
+class PositionAcceptanceRow(Base):
+    """Per trial and draft position i (1-based): rounds that drafted a token at i, and how many
+    of those had it accepted (vLLM's per-position acceptance rate = accepted / drafted)."""
+
+    __tablename__ = "position_acceptance"
+
+    trial_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("trials.trial_id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    drafted: Mapped[int] = mapped_column(Integer)
+    accepted: Mapped[int] = mapped_column(Integer)
+    rate: Mapped[float] = mapped_column(Float)
+
+
+class AcceptedLengthRow(Base):
+    """Per trial: the number of rounds that accepted exactly ``length`` draft tokens."""
+
+    __tablename__ = "accepted_lengths"
+
+    trial_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("trials.trial_id", ondelete="CASCADE"), primary_key=True
+    )
+    length: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    rounds: Mapped[int] = mapped_column(Integer)
+
+
+class RunRow(Base):
+    """The provenance of one sweep run: code, library versions, device, threads.
+
+    ``fingerprint`` hashes everything but the time and the sweep, so two runs under the same
+    provenance have the same fingerprint.
+    """
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    sweep: Mapped[str] = mapped_column(String(128), index=True)
+    fingerprint: Mapped[str] = mapped_column(String(32))
+    commit: Mapped[str | None] = mapped_column(String(64))
+    dirty: Mapped[bool | None]
+    specsweep_version: Mapped[str | None] = mapped_column(String(64))
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    transformers_version: Mapped[str | None] = mapped_column(String(64))
+    ray_version: Mapped[str | None] = mapped_column(String(64))
+    deepspeed_version: Mapped[str | None] = mapped_column(String(64))
+    python_version: Mapped[str] = mapped_column(String(64))
+    cpu: Mapped[str] = mapped_column(String(256))
+    gpu_name: Mapped[str | None] = mapped_column(String(256))
+    gpu_driver: Mapped[str | None] = mapped_column(String(64))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    torch_threads: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 
 class TrainingJobRow(Base):
@@ -281,6 +351,17 @@ class CostFitRow(Base):
     check_tokens_per_s: Mapped[float | None] = mapped_column(Float)
     check_projected_tokens_per_s: Mapped[float | None] = mapped_column(Float)
     check_error: Mapped[float | None] = mapped_column(Float)
+    #: The run-level fit in SpecDec++'s form over the group's done trials: trial seconds ≈
+    #: run_t_draft·N_draft + run_t_target·N_target; its R² and mean relative error on trial
+    #: seconds, beside the same two figures of the round-level fit (plus the overhead per
+    #: sample); ``projection_fit`` ("round" or "run") is the one with the lower error.
+    run_t_draft: Mapped[float | None] = mapped_column(Float)
+    run_t_target: Mapped[float | None] = mapped_column(Float)
+    run_r2: Mapped[float | None] = mapped_column(Float)
+    run_mre: Mapped[float | None] = mapped_column(Float)
+    round_trial_r2: Mapped[float | None] = mapped_column(Float)
+    round_trial_mre: Mapped[float | None] = mapped_column(Float)
+    projection_fit: Mapped[str | None] = mapped_column(String(8))
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
     __table_args__ = (UniqueConstraint("sweep", "group_key", name="uq_cost_fits"),)

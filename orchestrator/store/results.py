@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,13 +21,25 @@ from sqlalchemy import ColumnElement, Engine, and_, delete, insert, or_, select,
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
-from orchestrator.metrics import speedup
+from orchestrator.metrics import (
+    PositionAcceptance,
+    SampleCounts,
+    ratio,
+    rounds_position_acceptance,
+    sample_tokens_per_s,
+    speedup,
+    trial_intervals,
+)
+from orchestrator.pairing import SampleSpeed, paired_ratio, sample_speedups
 from orchestrator.store.db import check_readable, default_url, make_engine, upgrade_to_head
 from orchestrator.store.models import (
+    AcceptedLengthRow,
     ArtifactRow,
     Base,
     CostFitRow,
+    PositionAcceptanceRow,
     RoundRow,
+    RunRow,
     SampleResultRow,
     SweepRow,
     SweepTrialRow,
@@ -39,6 +52,7 @@ from orchestrator.store.models import (
 if TYPE_CHECKING:
     from orchestrator.metrics import TrialMetrics
     from orchestrator.planner import Plan, TrainingJob, Trial
+    from orchestrator.provenance import Provenance
     from orchestrator.spec import SweepSpec
     from workers.records import GenerationResult
 
@@ -62,6 +76,8 @@ _METRIC_COLUMNS = (
     "draft_seconds",
     "verify_seconds",
 )
+#: TrialMetrics intervals stored as ``<name>_low`` / ``<name>_high`` trial columns.
+_INTERVAL_COLUMNS = ("tokens_per_s", "acceptance_rate", "mean_accepted")
 
 
 def open_store(url: str | None = None, read_only: bool = False) -> Store:
@@ -95,6 +111,9 @@ class Store:
 
     engine: Engine
     read_only: bool = False
+    #: The ``runs`` row of the sweep run in progress; trials recorded through this handle
+    #: point to it (set by :meth:`record_run`).
+    run_id: int | None = None
 
     def close(self) -> None:
         """Release the database connections."""
@@ -219,7 +238,12 @@ class Store:
             )
             for column in _METRIC_COLUMNS:
                 setattr(row, column, getattr(metrics, column))
+            for name in _INTERVAL_COLUMNS:
+                interval = getattr(metrics, f"{name}_interval")
+                setattr(row, f"{name}_low", interval.low if interval else None)
+                setattr(row, f"{name}_high", interval.high if interval else None)
             row.metrics = _extra_metrics(metrics)
+            row.run_id = self.run_id
             row.status = "done"
             row.error = None
             row.attempts = max(row.attempts, 1)
@@ -240,6 +264,12 @@ class Store:
             rounds = _round_values(trial.trial_id, results) if record_rounds else []
             if rounds:
                 session.execute(insert(RoundRow), rounds)
+            _replace_position_rows(
+                session,
+                trial.trial_id,
+                metrics.position_acceptance,
+                metrics.accepted_length_histogram,
+            )
             condition = or_(
                 TrialRow.trial_id == trial.trial_id, TrialRow.baseline_id == trial.trial_id
             )
@@ -270,6 +300,26 @@ class Store:
             condition = TrialRow.trial_id.in_(_sweep_trial_ids(sweep))
         with self._transaction() as session:
             return _apply_speedups(session, condition)
+
+    def refresh_statistics(self, sweep: str | None = None) -> int:
+        """Recompute, from the stored samples and rounds, every done trial's (of one sweep, or
+        all) intervals, per-sample tokens/s and speedups, per-position acceptance and
+        accepted lengths; return how many trials were refreshed.
+
+        Exists for trials stored before these were recorded (revision 0005); per-position
+        acceptance needs stored rounds (``record_rounds: true``).
+        """
+        condition: ColumnElement[bool] = true()
+        if sweep is not None:
+            condition = TrialRow.trial_id.in_(_sweep_trial_ids(sweep))
+        with self._transaction() as session:
+            query = select(TrialRow).where(TrialRow.status == "done", condition)
+            rows = list(session.scalars(query))
+            for row in rows:
+                _refresh_trial(session, row)
+            session.flush()
+            _apply_speedups(session, condition)
+        return len(rows)
 
     def trials_frame(self, sweep: str | None = None) -> list[dict[str, Any]]:
         """Return one dict per trial (every trials column), in plan order when ``sweep`` is given.
@@ -356,6 +406,53 @@ class Store:
                 )
                 found += [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
         return found
+
+    def sample_speeds(self, trial_id: str) -> list[SampleSpeed]:
+        """Return one trial's samples (prompt, tokens, seconds) in sample order."""
+        with self._transaction() as session:
+            speeds, _ids = _sample_speeds(session, [trial_id])
+        return sorted(speeds.get(trial_id, []), key=lambda sample: sample.sample_index)
+
+    def position_acceptance(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Return the per-position acceptance rows of these trials, by trial and position."""
+        return self._rows_of(PositionAcceptanceRow, trial_ids, PositionAcceptanceRow.position)
+
+    def accepted_lengths(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Return the accepted-length histogram rows of these trials, by trial and length."""
+        return self._rows_of(AcceptedLengthRow, trial_ids, AcceptedLengthRow.length)
+
+    def _rows_of(self, model: Any, trial_ids: Iterable[str], order: Any) -> list[dict[str, Any]]:
+        """Return every row of ``model`` for these trial ids as dicts, by trial then ``order``."""
+        wanted = list(dict.fromkeys(trial_ids))
+        columns = [column.key for column in model.__table__.columns]
+        found: list[dict[str, Any]] = []
+        with self._transaction() as session:
+            for start in range(0, len(wanted), _ID_CHUNK):
+                query = (
+                    select(model)
+                    .where(model.trial_id.in_(wanted[start : start + _ID_CHUNK]))
+                    .order_by(model.trial_id, order)
+                )
+                found += [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
+        return found
+
+    def record_run(self, sweep: str, provenance: Provenance) -> int:
+        """Store a sweep run's provenance; trials recorded through this handle point to it."""
+        with self._transaction() as session:
+            row = RunRow(sweep=sweep, fingerprint=provenance.fingerprint(), **provenance.columns())
+            session.add(row)
+            session.flush()
+            self.run_id = row.id
+        return row.id
+
+    def runs(self, run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """Return stored runs (all, or those of ``run_ids``) as dicts, oldest first."""
+        query = select(RunRow).order_by(RunRow.id)
+        if run_ids is not None:
+            query = query.where(RunRow.id.in_(list(run_ids)))
+        columns = [column.key for column in RunRow.__table__.columns]
+        with self._transaction() as session:
+            return [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
 
     def record_cost_fit(self, values: dict[str, Any]) -> None:
         """Store a sweep's cost fit of one group (``CostFitRow`` columns), replacing an old one."""
@@ -499,11 +596,16 @@ def _sweep_trial_ids(sweep: str) -> Any:
 
 
 def _apply_speedups(session: Session, condition: ColumnElement[bool]) -> int:
-    """Set ``speedup`` on done trials matching ``condition``; return how many were updated."""
+    """Set ``speedup`` and its paired interval on done trials matching ``condition``, and each
+    of their samples' speedup; return how many trials were updated."""
     baseline = aliased(TrialRow)
     query = (
         select(
-            TrialRow.trial_id, TrialRow.tokens_per_s, TrialRow.is_baseline, baseline.tokens_per_s
+            TrialRow.trial_id,
+            TrialRow.tokens_per_s,
+            TrialRow.is_baseline,
+            baseline.trial_id,
+            baseline.tokens_per_s,
         )
         .outerjoin(
             baseline,
@@ -511,16 +613,119 @@ def _apply_speedups(session: Session, condition: ColumnElement[bool]) -> int:
         )
         .where(TrialRow.status == "done", condition)
     )
-    updates = [
-        {
-            "trial_id": trial_id,
-            "speedup": speedup(tokens_per_s, tokens_per_s if is_baseline else baseline_tps),
-        }
-        for trial_id, tokens_per_s, is_baseline, baseline_tps in session.execute(query)
-    ]
+    found = list(session.execute(query))
+    wanted = {trial_id for trial_id, *_ in found} | {row[3] for row in found if row[3]}
+    samples, sample_ids = _sample_speeds(session, wanted)
+    updates, sample_updates = [], []
+    for trial_id, tokens_per_s, is_baseline, baseline_id, baseline_tps in found:
+        base_id = trial_id if is_baseline else baseline_id
+        values: dict[str, Any] = {"trial_id": trial_id, "speedup_low": None, "speedup_high": None}
+        values["speedup"] = speedup(tokens_per_s, tokens_per_s if is_baseline else baseline_tps)
+        per_sample: dict[int, float | None] = {}
+        if base_id is not None:
+            compared = paired_ratio(samples.get(trial_id, []), samples.get(base_id, []))
+            if compared.ratio is not None:
+                values["speedup_low"] = compared.ratio.low
+                values["speedup_high"] = compared.ratio.high
+            per_sample = sample_speedups(samples.get(trial_id, []), samples.get(base_id, []))
+        updates.append(values)
+        sample_updates += [
+            {
+                "id": sample_ids[(trial_id, sample.sample_index)],
+                "speedup": per_sample.get(sample.sample_index),
+            }
+            for sample in samples.get(trial_id, [])
+        ]
     if updates:
         session.execute(update(TrialRow), updates)
+    if sample_updates:
+        session.execute(update(SampleResultRow), sample_updates)
     return len(updates)
+
+
+def _sample_speeds(
+    session: Session, trial_ids: Iterable[str]
+) -> tuple[dict[str, list[SampleSpeed]], dict[tuple[str, int], int]]:
+    """Return the samples of these trials as SampleSpeed lists, and their row ids."""
+    wanted = list(trial_ids)
+    speeds: dict[str, list[SampleSpeed]] = {}
+    ids: dict[tuple[str, int], int] = {}
+    columns = (
+        SampleResultRow.id,
+        SampleResultRow.trial_id,
+        SampleResultRow.sample_index,
+        SampleResultRow.prompt_id,
+        SampleResultRow.generated_tokens,
+        SampleResultRow.seconds,
+    )
+    for start in range(0, len(wanted), _ID_CHUNK):
+        query = select(*columns).where(
+            SampleResultRow.trial_id.in_(wanted[start : start + _ID_CHUNK])
+        )
+        for row_id, trial_id, index, prompt, tokens, seconds in session.execute(query):
+            speeds.setdefault(trial_id, []).append(SampleSpeed(prompt, index, tokens, seconds))
+            ids[(trial_id, index)] = row_id
+    return speeds, ids
+
+
+def _replace_position_rows(
+    session: Session,
+    trial_id: str,
+    positions: Sequence[PositionAcceptance],
+    lengths: dict[int, int],
+) -> None:
+    """Store the trial's per-position acceptance and accepted-length histogram."""
+    for model in (PositionAcceptanceRow, AcceptedLengthRow):
+        session.execute(delete(model).where(model.trial_id == trial_id))
+    position_rows = [
+        {
+            "trial_id": trial_id,
+            "position": p.position,
+            "drafted": p.drafted,
+            "accepted": p.accepted,
+            "rate": p.rate,
+        }
+        for p in positions
+    ]
+    length_rows = [
+        {"trial_id": trial_id, "length": length, "rounds": rounds}
+        for length, rounds in lengths.items()
+    ]
+    if position_rows:
+        session.execute(insert(PositionAcceptanceRow), position_rows)
+    if length_rows:
+        session.execute(insert(AcceptedLengthRow), length_rows)
+
+
+def _refresh_trial(session: Session, row: TrialRow) -> None:
+    """Recompute a stored trial's intervals, sample rates and position tables from its rows."""
+    samples = list(
+        session.scalars(
+            select(SampleResultRow)
+            .where(SampleResultRow.trial_id == row.trial_id)
+            .order_by(SampleResultRow.sample_index)
+        )
+    )
+    intervals = trial_intervals(
+        [
+            SampleCounts(s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds)
+            for s in samples
+        ]
+    )
+    for name in _INTERVAL_COLUMNS:
+        interval = getattr(intervals, name)
+        setattr(row, f"{name}_low", interval.low if interval else None)
+        setattr(row, f"{name}_high", interval.high if interval else None)
+    for sample in samples:
+        sample.tokens_per_s = ratio(sample.generated_tokens, sample.seconds)
+    rounds = list(session.scalars(select(RoundRow).where(RoundRow.trial_id == row.trial_id)))
+    stored = (row.metrics or {}).get("accepted_length_histogram", {})
+    lengths = (
+        dict(sorted(Counter(r.accepted for r in rounds).items()))
+        if rounds
+        else {int(length): count for length, count in stored.items()}
+    )
+    _replace_position_rows(session, row.trial_id, rounds_position_acceptance(rounds), lengths)
 
 
 def _trial_values(trial: Trial) -> dict[str, Any]:
@@ -611,6 +816,7 @@ def _sample_values(
         "accepted": result.n_accepted,
         "n_rounds": len(result.rounds),
         "stopped_on_eos": result.stopped_on_eos,
+        "tokens_per_s": sample_tokens_per_s(result),
     }
 
 

@@ -1,0 +1,43 @@
+"""Paired comparison of two trials on their shared prompts, and the runs' provenance.
+
+Both read the store read-only; the statistics are ``orchestrator.pairing`` (the same as the
+``compare`` command), so the page and the CLI give the same ratio, interval and verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+
+from dashboard.data import reader
+from orchestrator.pairing import Comparison, paired_ratio
+from orchestrator.report import PROVENANCE_FIELDS
+
+
+def compare_trials(url: str, trial_a: str, trial_b: str, seed: int = 0) -> Comparison:
+    """Return A's tokens/s over B's on their shared prompts (interval None: not comparable)."""
+    with reader(url) as store:
+        samples_a = store.sample_speeds(trial_a)
+        samples_b = store.sample_speeds(trial_b)
+    return paired_ratio(samples_a, samples_b, seed=seed)
+
+
+def load_runs(url: str, run_ids: Iterable[int]) -> pd.DataFrame:
+    """Return the provenance of these runs: id, sweep and every provenance field."""
+    ids = sorted({int(run_id) for run_id in run_ids})
+    with reader(url) as store:
+        rows = store.runs(ids) if ids else []
+    return pd.DataFrame(rows, columns=["id", "sweep", *PROVENANCE_FIELDS])
+
+
+def trial_choices(trials: pd.DataFrame) -> dict[str, str]:
+    """Return {trial_id: "policy params K=… pair dataset T=…"} labels for the pickers."""
+    labels = {}
+    for row in trials.to_dict("records"):
+        params = f" {row['params']}" if row["params"] else ""
+        labels[row["trial_id"]] = (
+            f"{row['policy']}{params} K={row['max_draft_len']} · {row['pair']} · "
+            f"{row['dataset']} · T={row['temperature']:g} · {row['trial_id'][:8]}"
+        )
+    return labels

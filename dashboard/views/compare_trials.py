@@ -1,0 +1,45 @@
+"""Compare two trials on their shared prompts: tokens/s ratio, paired 95% interval, verdict."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import data, trial_compare
+
+context: data.DashboardContext = st.session_state[data.CONTEXT_KEY]
+labels = trial_compare.trial_choices(context.trials)
+
+st.header("Compare two trials")
+st.caption(
+    "A's tokens/s over B's on the prompts both measured; the interval is a seeded bootstrap "
+    "over those prompts, the same prompts resampled for both (paired), as in "
+    "`python -m orchestrator compare A B`."
+)
+if len(labels) < 2:
+    st.info("Fewer than two finished trials in this selection.")
+    st.stop()
+ids = list(labels)
+left, right = st.columns(2)
+trial_a = left.selectbox("Trial A", ids, index=1, format_func=labels.get)
+trial_b = right.selectbox("Trial B", ids, index=0, format_func=labels.get)
+try:
+    compared = trial_compare.compare_trials(context.url, trial_a, trial_b)
+except data.StoreUnavailable as error:
+    st.warning(f"Cannot read the samples: {error}")
+    st.stop()
+if compared.ratio is None:
+    st.error(
+        f"These trials share {compared.n_prompts} prompt(s): a paired comparison needs at least "
+        "two prompts measured by both (pick trials of the same dataset slice)."
+    )
+    st.stop()
+columns = st.columns(3)
+columns[0].metric("tokens/s A / B", f"{compared.ratio.estimate:.3f}")
+columns[1].metric("95% interval", f"[{compared.ratio.low:.3f}, {compared.ratio.high:.3f}]")
+columns[2].metric(
+    "verdict",
+    f"A is {compared.verdict}"
+    if compared.verdict != "not distinguishable"
+    else "not distinguishable",
+)
+st.caption(f"Over {compared.n_prompts} shared prompts.")

@@ -1,0 +1,158 @@
+"""What a sweep run ran on: code commit, library versions, device, threads.
+
+:func:`collect_provenance` reads the git files, the installed distributions, ``/proc/cpuinfo``
+and torch (the side effects); :class:`Provenance` and :func:`provenance_differences` are plain
+data and pure functions, so the resubmission note ("measured under a different provenance") is
+testable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.git_state import git_state
+
+if TYPE_CHECKING:
+    from orchestrator.store import Store
+
+_REPO = Path(__file__).resolve().parent.parent
+#: Distributions whose versions are recorded (None when not installed).
+_LIBRARIES = ("specsweep", "torch", "transformers", "ray", "deepspeed")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """One run's provenance; the field names are the ``runs`` table's columns."""
+
+    commit: str | None
+    dirty: bool | None
+    specsweep_version: str | None
+    torch_version: str | None
+    transformers_version: str | None
+    ray_version: str | None
+    deepspeed_version: str | None
+    python_version: str
+    cpu: str
+    gpu_name: str | None
+    gpu_driver: str | None
+    gpu_count: int
+    torch_threads: int
+
+    def columns(self) -> dict[str, Any]:
+        """Return the fields as a dict of ``runs`` column values."""
+        return asdict(self)
+
+    def fingerprint(self) -> str:
+        """Return a short hash of every field (equal provenances, equal fingerprints)."""
+        data = json.dumps(self.columns(), sort_keys=True)
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def provenance_differences(old: Mapping[str, Any], new: Provenance) -> list[str]:
+    """Return "field old → new" for every provenance field where a stored run differs."""
+    changes = []
+    for key, value in new.columns().items():
+        if old.get(key) != value:
+            changes.append(f"{key} {old.get(key)} → {value}")
+    return changes
+
+
+def provenance_note(
+    stored_runs: Mapping[int, Mapping[str, Any]],
+    counts: Mapping[int | None, int],
+    new: Provenance,
+) -> list[str]:
+    """Return a line per stored run whose provenance differs from ``new``.
+
+    ``counts`` maps a run id (None: measured before runs were recorded) to how many of the
+    sweep's done trials it measured; the lines say that those results were kept although they
+    were measured under another provenance.
+    """
+    lines = []
+    if counts.get(None):
+        lines.append(f"{counts[None]} done trial(s) kept from a run with no recorded provenance")
+    for run_id, run in stored_runs.items():
+        changes = provenance_differences(run, new)
+        if changes:
+            lines.append(
+                f"{counts.get(run_id, 0)} done trial(s) kept from run {run_id} measured under a "
+                f"different provenance: {'; '.join(changes)}"
+            )
+    return lines
+
+
+def stored_provenance_notes(
+    store: Store, trial_ids: Iterable[str], provenance: Provenance
+) -> list[str]:
+    """Return :func:`provenance_note`'s lines for the runs that measured these stored trials."""
+    counts = Counter(row["run_id"] for row in store.trial_rows(trial_ids))
+    runs = {run["id"]: run for run in store.runs(key for key in counts if key is not None)}
+    return provenance_note(runs, counts, provenance)
+
+
+def _version(name: str) -> str | None:
+    """Return an installed distribution's version, None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    """Return the CPU model name (``/proc/cpuinfo`` on Linux, else the platform's)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu() -> tuple[str | None, str | None, int]:
+    """Return (GPU name, driver version, count) when CUDA is available, else (None, None, 0)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, None, 0
+    driver = None
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        driver = str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:  # the driver version is optional; fall back to the CUDA version
+        driver = f"cuda {torch.version.cuda}"
+    return torch.cuda.get_device_name(0), driver, torch.cuda.device_count()
+
+
+def collect_provenance() -> Provenance:
+    """Return this process's provenance (git commit and dirtiness of the source tree)."""
+    import torch
+
+    git = git_state(_REPO)
+    versions = {name: _version(name) for name in _LIBRARIES}
+    gpu_name, gpu_driver, gpu_count = _gpu()
+    return Provenance(
+        commit=git.commit,
+        dirty=git.dirty,
+        specsweep_version=versions["specsweep"],
+        torch_version=versions["torch"],
+        transformers_version=versions["transformers"],
+        ray_version=versions["ray"],
+        deepspeed_version=versions["deepspeed"],
+        python_version=platform.python_version(),
+        cpu=_cpu_model(),
+        gpu_name=gpu_name,
+        gpu_driver=gpu_driver,
+        gpu_count=gpu_count,
+        torch_threads=torch.get_num_threads(),
+    )

@@ -1,0 +1,113 @@
+"""The run-level cost fit of a trial group beside its round-level fit, and which one projects.
+
+SpecDec++ fits trial seconds ≈ t_draft·N_draft + t_target·N_target over whole runs (N_draft:
+draft forwards, N_target: target calls, one per round). The runner's stored fit is round-level
+and block-aware (``cost_model.fit_round_costs``) plus a per-sample overhead. Both predict a
+trial's seconds; on the group's trials each gets an R² and a mean relative error, and the one
+with the lower error is the projection fit (pure functions; the runner stores the result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from orchestrator.cost_model import RoundCostFit, fit_cost_model, r_squared
+
+FitName = Literal["round", "run"]
+
+
+@dataclass(frozen=True)
+class TrialCounts:
+    """A done trial's hardware-independent counts and its measured seconds."""
+
+    draft_forwards: int
+    rounds: int
+    drafted: int
+    samples: int
+    tokens: int
+    seconds: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TrialCounts:
+        """Read the counts of a ``trials`` row (``Store.trial_rows``)."""
+        return cls(
+            draft_forwards=row["n_draft_forwards"] or 0,
+            rounds=row["n_rounds"] or 0,
+            drafted=row["n_drafted"] or 0,
+            samples=row["n_samples"] or 0,
+            tokens=row["generated_tokens"] or 0,
+            seconds=row["seconds"] or 0.0,
+        )
+
+
+@dataclass(frozen=True)
+class FitComparison:
+    """The run-level fit and how both fits predict the group's trial seconds."""
+
+    run_t_draft: float
+    run_t_target: float
+    run_r2: float
+    run_mre: float
+    round_trial_r2: float
+    round_trial_mre: float
+    n_trials: int
+
+    @property
+    def projection_fit(self) -> FitName:
+        """The fit with the lower mean relative error on trial seconds (round on a tie)."""
+        return "run" if self.run_mre < self.round_trial_mre else "round"
+
+    def columns(self) -> dict[str, Any]:
+        """Return the ``cost_fits`` columns of this comparison."""
+        return {
+            "run_t_draft": self.run_t_draft,
+            "run_t_target": self.run_t_target,
+            "run_r2": self.run_r2,
+            "run_mre": self.run_mre,
+            "round_trial_r2": self.round_trial_r2,
+            "round_trial_mre": self.round_trial_mre,
+            "projection_fit": self.projection_fit,
+        }
+
+
+def mean_relative_error(measured: Sequence[float], predicted: Sequence[float]) -> float:
+    """Return mean |predicted − measured| / measured (measured must be positive)."""
+    values = np.asarray(measured, dtype=float)
+    return float(np.mean(np.abs(np.asarray(predicted, dtype=float) - values) / values))
+
+
+def round_fit_seconds(fit: RoundCostFit, overhead_seconds: float, trial: TrialCounts) -> float:
+    """Return the round-level fit's prediction of a trial's seconds (rounds plus overhead)."""
+    return (
+        fit.t_draft * trial.draft_forwards
+        + fit.t_target * trial.rounds
+        + fit.t_per_verified * trial.drafted
+        + overhead_seconds * trial.samples
+    )
+
+
+def compare_fits(
+    round_fit: RoundCostFit, overhead_seconds: float, trials: Sequence[TrialCounts]
+) -> FitComparison:
+    """Fit the run-level model over ``trials`` and score both fits on their seconds.
+
+    Raises CostModelError when the trials cannot identify the run-level costs (fewer than two,
+    or N_draft proportional to N_target).
+    """
+    measured = [t.seconds for t in trials]
+    run = fit_cost_model([t.draft_forwards for t in trials], [t.rounds for t in trials], measured)
+    run_pred = run.predict([t.draft_forwards for t in trials], [t.rounds for t in trials])
+    round_pred = np.array([round_fit_seconds(round_fit, overhead_seconds, t) for t in trials])
+    return FitComparison(
+        run_t_draft=run.t_draft,
+        run_t_target=run.t_target,
+        run_r2=run.r2,
+        run_mre=mean_relative_error(measured, run_pred),
+        round_trial_r2=r_squared(measured, np.asarray(measured) - round_pred),
+        round_trial_mre=mean_relative_error(measured, round_pred),
+        n_trials=len(trials),
+    )
