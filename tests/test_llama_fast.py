@@ -154,3 +154,52 @@ def test_a_biased_lm_head_keeps_the_transformers_forward() -> None:
     target.set_output_embeddings(biased)
     assert "LM head" in llama_fast.unsupported_reason(target)
     assert not CachedLM(target).fast_path
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_padded_one_token_step_equals_the_plain_step(fast: bool) -> None:
+    """A one-token step run as a two-token block (the token twice, the second position
+    cropped) gives the plain step's logits and hidden state and leaves the same cache, on both
+    model paths; target-only and speculative decoding give the same tokens either way."""
+    _, target = build_tiny_pair()
+    plain = CachedLM(target, fast=fast, single_step="plain")
+    padded = CachedLM(target, fast=fast, single_step="padded")
+    prompt = prompts(1, seed=3)[0]
+    for lm in (plain, padded):
+        lm.reset()
+        lm.forward(prompt[:-1], last_only=True)
+    for token in [*prompt[-1:].tolist(), 5, 9, 17]:
+        a, b = (lm.forward(torch.tensor([token])) for lm in (plain, padded))
+        torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.hidden, a.hidden, atol=1e-5, rtol=0)
+        assert b.logits.shape == a.logits.shape and plain.cached_len == padded.cached_len
+    block = torch.tensor([3, 4, 5])
+    torch.testing.assert_close(padded.forward(block).logits, plain.forward(block).logits)
+    settings = RequestSettings(SamplingConfig(max_new_tokens=16))
+    outputs = [
+        autoregressive_generate(LocalTarget(lm), prompt, settings).output_ids
+        for lm in (plain, padded)
+    ]
+    assert outputs[0] == outputs[1]
+    draft, _ = build_tiny_pair()
+    result = speculative_generate(
+        CachedLM(draft, single_step="padded"),
+        LocalTarget(padded),
+        make_policy("static", 3),
+        prompt,
+        settings,
+        3,
+    )
+    assert result.output_ids == outputs[0]
+
+
+def test_calibration_times_both_steps_and_leaves_the_cache_empty() -> None:
+    _, target = build_tiny_pair()
+    lm = CachedLM(target)
+    calibration = lm.calibration
+    assert calibration is not None
+    assert calibration.one_token_s > 0 and calibration.two_tokens_s > 0
+    assert calibration.padded == (calibration.two_tokens_s < calibration.one_token_s)
+    assert lm.pad_single_step == calibration.padded
+    assert lm.cached_len == 0
+    assert CachedLM(target, single_step="plain").calibration is None

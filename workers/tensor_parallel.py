@@ -141,6 +141,20 @@ class RowsToSequenceHead(nn.Module):
         return self.head(hidden.unsqueeze(0)).squeeze(0)
 
 
+def agreed_single_step(lm: CachedLM) -> CachedLM:
+    """Calibrate ``lm``'s one-token step on every rank in lockstep and adopt rank 0's choice.
+
+    Each rank times its own shard; the ranks must still run the same kernels shapes (their
+    collectives pair up), so rank 0's choice is broadcast to all.
+    """
+    padded = torch.tensor([int(lm.calibrate_single_step().padded)], dtype=torch.int64)
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        padded = padded.cuda()
+    dist.broadcast(padded, src=0)
+    lm.pad_single_step = bool(padded.item())
+    return lm
+
+
 class TensorParallelTarget:
     """One rank of a tensor-parallel target: AutoTP-sharded model inside a ``LocalTarget``.
 
@@ -157,7 +171,7 @@ class TensorParallelTarget:
         )
         sharded = shard_with_autotp(whole, rank.world_size, DTYPES[model.dtype], tp_grain_size)
         self.rank = rank.rank
-        self.target = LocalTarget(CachedLM(sharded))
+        self.target = LocalTarget(agreed_single_step(CachedLM(sharded, single_step="plain")))
 
     @property
     def lm(self) -> CachedLM:
