@@ -37,7 +37,7 @@ EXIT_INTERRUPTED = 130
 PROG = "python -m orchestrator"
 #: ``training.zoo.PROFILES`` keys, repeated here so ``--help`` does not import torch
 #: (``tests/test_cli.py`` checks that the two agree).
-ZOO_PROFILES = ("demo", "micro")
+ZOO_PROFILES = ("demo", "micro", "smol")
 EXPORT_FORMATS = ("csv", "parquet")
 #: SQLSTATE of PostgreSQL's "cannot execute ... in a read-only transaction".
 PG_READ_ONLY_SQLSTATE = "25006"
