@@ -50,15 +50,58 @@ class PreparedInputs:
         """Return the target tokenizer of ``pair``."""
         return self.tokenizers[pair]
 
-    def token_ids(self, pair: str, key: PromptKey, max_new_tokens: int) -> list[list[int]]:
+    def token_ids(
+        self, pair: str, key: PromptKey, max_new_tokens: int, chat_template: bool | None = None
+    ) -> list[list[int]]:
         """Return the prompts of ``key`` tokenized for ``pair``, left-truncated to fit.
 
         A prompt keeps its last tokens so that prompt + output + a draft block fit in the
-        model's context.
+        model's context. ``chat_template`` is the dataset's setting (see ``uses_chat_template``).
         """
         budget = max(8, self.max_positions[pair] - max_new_tokens - 130)
         tokenizer = self.tokenizers[pair]
-        return [tokenizer(p.text)["input_ids"][-budget:] for p in self.prompts[key]]
+        chat = uses_chat_template(tokenizer, chat_template)
+        return [encode_prompt(tokenizer, p.text, chat, budget) for p in self.prompts[key]]
+
+
+def uses_chat_template(tokenizer: Any, setting: bool | None) -> bool:
+    """Return whether prompts go through ``tokenizer``'s chat template under ``setting``.
+
+    None (the default) means: when the tokenizer has a chat template.
+    """
+    return bool(getattr(tokenizer, "chat_template", None)) if setting is None else setting
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool, budget: int) -> list[int]:
+    """Return the token ids of prompt ``text``, at most ``budget`` of them.
+
+    A plain prompt keeps its last ``budget`` tokens. A chat prompt is one user turn through the
+    chat template followed by the assistant header; when it is too long, the user text loses
+    its first tokens, so that the template's markers stay whole.
+    """
+    if not chat:
+        return tokenizer(text)["input_ids"][-budget:]
+    ids = _chat_ids(tokenizer, text)
+    excess = len(ids) - budget
+    if excess > 0:
+        content = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = _chat_ids(tokenizer, tokenizer.decode(content[excess:]))[-budget:]
+    return ids
+
+
+def response_text(tokenizer: Any, output_ids: list[int]) -> str:
+    """Return the text of a generated response: its ids decoded without special tokens (the
+    EOS that ended it, chat markers)."""
+    return tokenizer.decode(output_ids, skip_special_tokens=True)
+
+
+def _chat_ids(tokenizer: Any, text: str) -> list[int]:
+    """Return the ids of ``text`` as one user turn plus the assistant header (template's own
+    special tokens only: the rendered template is tokenized without adding more)."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
 def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
@@ -95,6 +138,7 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
                     f"{where}: the draft's tokenizer ({draft_ref}) differs from the "
                     f"target's ({pair.target.model}); speculative decoding needs one vocabulary"
                 )
+    _check_chat_templates(plan, inputs, problems)
     for trial in plan.trials:
         key = (trial.dataset, trial.split, trial.samples, trial.local_path)
         if key in inputs.prompts or any(p.startswith(f"dataset {key[0]}") for p in problems):
@@ -108,6 +152,20 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     if problems:
         raise PreflightError(problems)
     return inputs
+
+
+def _check_chat_templates(plan: Plan, inputs: PreparedInputs, problems: list[str]) -> None:
+    """Record a problem for each dataset that asks for a chat template its target lacks."""
+    for trial in plan.trials:
+        tokenizer = inputs.tokenizers.get(trial.pair)
+        if not trial.chat_template or tokenizer is None or uses_chat_template(tokenizer, None):
+            continue
+        problem = (
+            f"dataset {trial.dataset}: chat_template is true but the target of pair "
+            f"{trial.pair} ({trial.target}) has no chat template"
+        )
+        if problem not in problems:
+            problems.append(problem)
 
 
 def _check_training_jobs(
