@@ -11,6 +11,9 @@ Each model directory loads with ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` and holds a ``model_card.json``. A build goes into a temporary
 directory that is renamed into place when complete, under a file lock, so interrupted or
 concurrent builds never leave a half-written zoo. ``zoo:<profile>/<model>`` refs resolve here.
+
+The ``smol`` profile (a ``PretrainedRecipe``) trains nothing: it imports SmolLM2-135M-Instruct
+from the GGUF inside a pinned PyPI wheel (``training.gguf_import``) into the same layout.
 """
 
 from __future__ import annotations
