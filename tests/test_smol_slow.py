@@ -57,6 +57,10 @@ def test_smollm2_speculative_greedy_equals_target_only(smol: Path) -> None:
     reference = model.generate(ids[None], max_new_tokens=NEW_TOKENS, do_sample=False)
     expected = reference[0, ids.numel() :].tolist()
 
+    slow = CachedLM(copy.deepcopy(model), fast=False).forward(ids).logits
+    fast_lm = CachedLM(copy.deepcopy(model))
+    assert fast_lm.fast_path  # tied head, GQA 9/3 heads, rope_theta 1e5 through the fast path
+    assert torch.allclose(fast_lm.forward(ids).logits, slow, atol=1e-3, rtol=1e-4)
     drafts = {"first layers": first_layers(model, DRAFT_LAYERS), "self": copy.deepcopy(model)}
     target = LocalTarget(CachedLM(model))
     assert target.lm.fast_path

@@ -976,7 +976,7 @@ def _import_into(recipe: PretrainedRecipe, directory: Path, progress: bool) -> Z
         "decoding_cost": cost,
         "cached_lm_cost": {
             "fast_path": fast,
-            **{f"t_forward_{n}_tokens_1_thread_s": seconds for n, seconds in blocks.items()},
+            **{f"t_forward_{n}_token{'s' * (n > 1)}_1_thread_s": t for n, t in blocks.items()},
             f"t_forward_1_token_{DEFAULT_TIMING_THREADS}_threads_s": single[1],
             "timing_repeats": repeats,
             "timing_context_tokens": context,
