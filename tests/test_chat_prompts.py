@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from gguf_files import write_tiny_llama_gguf
 from transformers import AutoTokenizer
 
 from orchestrator.planner import plan_sweep, replay_groups
@@ -17,7 +18,6 @@ from orchestrator.preflight import (
     uses_chat_template,
 )
 from orchestrator.spec import parse_sweep
-from tests.gguf_files import write_tiny_llama_gguf
 from training.gguf_import import convert_gguf
 from workers.datasets import Prompt
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf_files import write_tiny_llama_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.gguf_files import write_tiny_llama_gguf
 from training.gguf_import import (
     GGUFImportError,
     UnsupportedArchitecture,
