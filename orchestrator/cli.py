@@ -742,11 +742,15 @@ def write_parquet(path: Path, records: Sequence[dict[str, Any]]) -> None:
 
 def _zoo_build(args: argparse.Namespace, console: Console) -> int:
     """``zoo build``: build or find a zoo profile and print its model cards' key figures."""
+    from training.gguf_import import GGUFImportError
     from training.zoo import build_zoo
 
-    manifest = build_zoo(
-        args.profile, cache_dir=args.cache_dir, progress=not args.no_progress, force=args.force
-    )
+    try:
+        manifest = build_zoo(
+            args.profile, cache_dir=args.cache_dir, progress=not args.no_progress, force=args.force
+        )
+    except GGUFImportError as error:
+        raise UserError(f"error: zoo {args.profile}: {error}") from None
     rows = report.zoo_card_rows({name: manifest.card(name) for name in manifest.models})
     columns = report.zoo_columns(rows)
     title = f"zoo {manifest.profile}: model cards (val loss in nats/token on held-out text)"

