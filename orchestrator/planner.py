@@ -355,6 +355,7 @@ class _TrialGroup:
             "seed": self.seed,
             "warmup_samples": self.spec.execution.warmup_samples,
             "code_version": CODE_VERSION,
+            **_prompt_format(self.dataset.chat_template),
         }
 
     def _trial(
@@ -382,7 +383,6 @@ class _TrialGroup:
         }
         if mode != LIVE_MODE:
             identity["mode"] = mode
-        identity.update(_prompt_format(self.dataset.chat_template))
         threshold = dict(params).get(THRESHOLD_PARAMETER)
         return Trial(
             trial_id=config_id(identity),
