@@ -40,12 +40,7 @@ from orchestrator.planner import (
     fit_group_key,
     replay_groups,
 )
-from orchestrator.preflight import (
-    PreflightError,
-    PreparedInputs,
-    preflight_inputs,
-    response_text,
-)
+from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.replay_stage import (
     CrossCheck,
     GroupFit,
@@ -61,6 +56,7 @@ from orchestrator.store import Store
 from orchestrator.training_stage import attach_job_drafts, run_training_jobs
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, ModelSpec, RankSpec, TargetWorker
+from workers.prompt_format import response_text
 from workers.records import SamplingConfig
 from workers.trial import BASELINE_POLICY, TrialRequest
 

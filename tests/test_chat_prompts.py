@@ -10,16 +10,11 @@ from gguf_files import write_tiny_llama_gguf
 from transformers import AutoTokenizer
 
 from orchestrator.planner import plan_sweep, replay_groups
-from orchestrator.preflight import (
-    PreparedInputs,
-    _check_chat_templates,
-    encode_prompt,
-    response_text,
-    uses_chat_template,
-)
+from orchestrator.preflight import PreparedInputs, _check_chat_templates
 from orchestrator.spec import parse_sweep
 from training.gguf_import import convert_gguf
 from workers.datasets import Prompt
+from workers.prompt_format import encode_prompt, response_text, uses_chat_template
 
 SWEEP = """\
 name: chat

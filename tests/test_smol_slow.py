@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from orchestrator.preflight import encode_prompt, response_text, uses_chat_template
 from policies import make_policy
 from training.gguf_import import import_wheel, obtain_wheel
 from training.zoo import SMOL_RECIPE
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM, load_causal_lm
+from workers.prompt_format import encode_prompt, response_text, uses_chat_template
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
 
