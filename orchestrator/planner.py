@@ -127,6 +127,7 @@ class Trial:
     threshold: float | None
     code_version: str = CODE_VERSION
     mode: str = LIVE_MODE
+    chat_template: bool | None = None
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -354,6 +355,7 @@ class _TrialGroup:
             "seed": self.seed,
             "warmup_samples": self.spec.execution.warmup_samples,
             "code_version": CODE_VERSION,
+            **_prompt_format(self.dataset.chat_template),
         }
 
     def _trial(
@@ -413,6 +415,7 @@ class _TrialGroup:
             job_ids=job_ids,
             threshold=float(threshold) if threshold is not None else None,
             mode=mode,
+            chat_template=self.dataset.chat_template,
         )
 
     def baseline(self) -> Trial:
@@ -495,8 +498,18 @@ def fit_group_key(trial: Trial) -> str:
             "temperature": trial.temperature,
             "top_k": trial.top_k,
             "top_p": trial.top_p,
+            **_prompt_format(trial.chat_template),
         }
     )
+
+
+def _prompt_format(chat_template: bool | None) -> dict[str, bool]:
+    """Return the identity entry of an explicit ``chat_template`` setting (none for the default).
+
+    The default (None: the template is used when the target's tokenizer has one) adds nothing,
+    so the ids of trials that existed before the setting are unchanged.
+    """
+    return {} if chat_template is None else {"chat_template": chat_template}
 
 
 def trace_key(trial: Trial, cap: int) -> str:
@@ -525,6 +538,7 @@ def trace_key(trial: Trial, cap: int) -> str:
             "max_new_tokens": trial.max_new_tokens,
             "cap": cap,
             "code_version": trial.code_version,
+            **_prompt_format(trial.chat_template),
         }
     )
 

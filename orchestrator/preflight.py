@@ -15,8 +15,10 @@ from transformers import AutoConfig, AutoTokenizer
 
 from orchestrator.planner import Plan
 from orchestrator.spec import SweepSpec, job_base_reference
+from training.gguf_import import GGUFImportError
 from training.zoo import is_model_ref, resolve_model_ref
 from workers.datasets import DatasetSpec, DatasetUnavailable, Prompt, UnknownDataset, load_prompts
+from workers.prompt_format import encode_prompt, uses_chat_template
 
 PromptKey = tuple[str, str | None, int, str | None]
 
@@ -50,15 +52,18 @@ class PreparedInputs:
         """Return the target tokenizer of ``pair``."""
         return self.tokenizers[pair]
 
-    def token_ids(self, pair: str, key: PromptKey, max_new_tokens: int) -> list[list[int]]:
+    def token_ids(
+        self, pair: str, key: PromptKey, max_new_tokens: int, chat_template: bool | None = None
+    ) -> list[list[int]]:
         """Return the prompts of ``key`` tokenized for ``pair``, left-truncated to fit.
 
         A prompt keeps its last tokens so that prompt + output + a draft block fit in the
-        model's context.
+        model's context. ``chat_template`` is the dataset's setting (see ``uses_chat_template``).
         """
         budget = max(8, self.max_positions[pair] - max_new_tokens - 130)
         tokenizer = self.tokenizers[pair]
-        return [tokenizer(p.text)["input_ids"][-budget:] for p in self.prompts[key]]
+        chat = uses_chat_template(tokenizer, chat_template)
+        return [encode_prompt(tokenizer, p.text, chat, budget) for p in self.prompts[key]]
 
 
 def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
@@ -95,6 +100,7 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
                     f"{where}: the draft's tokenizer ({draft_ref}) differs from the "
                     f"target's ({pair.target.model}); speculative decoding needs one vocabulary"
                 )
+    _check_chat_templates(plan, inputs, problems)
     for trial in plan.trials:
         key = (trial.dataset, trial.split, trial.samples, trial.local_path)
         if key in inputs.prompts or any(p.startswith(f"dataset {key[0]}") for p in problems):
@@ -108,6 +114,20 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     if problems:
         raise PreflightError(problems)
     return inputs
+
+
+def _check_chat_templates(plan: Plan, inputs: PreparedInputs, problems: list[str]) -> None:
+    """Record a problem for each dataset that asks for a chat template its target lacks."""
+    for trial in plan.trials:
+        tokenizer = inputs.tokenizers.get(trial.pair)
+        if not trial.chat_template or tokenizer is None or uses_chat_template(tokenizer, None):
+            continue
+        problem = (
+            f"dataset {trial.dataset}: chat_template is true but the target of pair "
+            f"{trial.pair} ({trial.target}) has no chat template"
+        )
+        if problem not in problems:
+            problems.append(problem)
 
 
 def _check_training_jobs(
@@ -168,7 +188,7 @@ def _resolve(ref: str, where: str, problems: list[str]) -> Path | None:
     """Return the local directory of model ``ref``, or record a problem naming the field."""
     try:
         return resolve_model_path(ref)
-    except ValueError as exc:
+    except (ValueError, GGUFImportError) as exc:
         problems.append(f"{where}: {exc}")
         return None
 

@@ -58,6 +58,7 @@ from orchestrator.store import Store
 from orchestrator.training_stage import attach_job_drafts, run_training_jobs
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, ModelSpec, RankSpec, TargetWorker
+from workers.prompt_format import response_text
 from workers.records import SamplingConfig
 from workers.trial import BASELINE_POLICY, TrialRequest
 
@@ -369,7 +370,8 @@ class _PairRunner:
             prepared = self.inputs.prompts[
                 (trial.dataset, trial.split, trial.samples, trial.local_path)
             ]
-            texts = [self.inputs.tokenizer(self.pair.name).decode(r.output_ids) for r in results]
+            tokenizer = self.inputs.tokenizer(self.pair.name)
+            texts = [response_text(tokenizer, r.output_ids) for r in results]
             self.store.record_trial(
                 trial,
                 results,
@@ -437,7 +439,9 @@ class _PairRunner:
             return [trace_from_json(t) for t in stored["traces"]], False
         trial = group.trials[0]
         key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        prompts = self.inputs.token_ids(self.pair.name, key, trial.max_new_tokens)
+        prompts = self.inputs.token_ids(
+            self.pair.name, key, trial.max_new_tokens, trial.chat_template
+        )
         eos = self.inputs.tokenizer(self.pair.name).eos_token_id
         self._start()
         start = time.perf_counter()
@@ -480,14 +484,16 @@ class _PairRunner:
             trial_metrics(results),
             record_rounds=True,
             prompt_ids=[p.id for p in prepared],
-            output_texts=[tokenizer.decode(r.output_ids) for r in results],
+            output_texts=[response_text(tokenizer, r.output_ids) for r in results],
         )
         return None
 
     def _request(self, trial: Trial) -> TrialRequest:
         """Build the worker's request for ``trial`` from the prepared prompts."""
         key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        token_ids = self.inputs.token_ids(self.pair.name, key, trial.max_new_tokens)
+        token_ids = self.inputs.token_ids(
+            self.pair.name, key, trial.max_new_tokens, trial.chat_template
+        )
         return TrialRequest(
             prompts=token_ids,
             sampling=SamplingConfig(

@@ -160,6 +160,9 @@ class DatasetEntry(_Frozen):
     """A prompt set: dataset name, split (None = the dataset's default), size and output length.
 
     The name is stored in its canonical form (``openai/gsm8k`` becomes ``gsm8k``).
+    ``chat_template``: give each prompt to the target as one user turn through its tokenizer's
+    chat template (followed by the assistant header); None (default) does so when the tokenizer
+    has a chat template, False never, True requires one.
     """
 
     name: str = Field(min_length=1)
@@ -167,6 +170,7 @@ class DatasetEntry(_Frozen):
     samples: int = Field(64, ge=1, le=MAX_SAMPLES)
     max_new_tokens: int = Field(128, ge=1, le=MAX_NEW_TOKENS_LIMIT)
     local_path: str | None = None
+    chat_template: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

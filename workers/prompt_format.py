@@ -1,0 +1,50 @@
+"""How prompt text reaches a target as token ids, and how its output ids become response text.
+
+A target whose tokenizer has a chat template (an instruct model) gets each prompt as one user
+turn through that template, followed by the assistant header; other targets get the raw text.
+Used by the sweep preflight, and by whatever else prompts a target (zoo cards, benchmarks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def uses_chat_template(tokenizer: Any, setting: bool | None) -> bool:
+    """Return whether prompts go through ``tokenizer``'s chat template under ``setting``.
+
+    None (the default) means: when the tokenizer has a chat template.
+    """
+    return bool(getattr(tokenizer, "chat_template", None)) if setting is None else setting
+
+
+def encode_prompt(tokenizer: Any, text: str, chat: bool, budget: int) -> list[int]:
+    """Return the token ids of prompt ``text``, at most ``budget`` of them.
+
+    A plain prompt keeps its last ``budget`` tokens. A chat prompt is one user turn through the
+    chat template followed by the assistant header; when it is too long, the user text loses
+    its first tokens, so that the template's markers stay whole.
+    """
+    if not chat:
+        return tokenizer(text)["input_ids"][-budget:]
+    ids = _chat_ids(tokenizer, text)
+    excess = len(ids) - budget
+    if excess > 0:
+        content = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = _chat_ids(tokenizer, tokenizer.decode(content[excess:]))[-budget:]
+    return ids
+
+
+def response_text(tokenizer: Any, output_ids: list[int]) -> str:
+    """Return the text of a generated response: its ids decoded without special tokens (the
+    EOS that ended it, chat markers)."""
+    return tokenizer.decode(output_ids, skip_special_tokens=True)
+
+
+def _chat_ids(tokenizer: Any, text: str) -> list[int]:
+    """Return the ids of ``text`` as one user turn plus the assistant header (template's own
+    special tokens only: the rendered template is tokenized without adding more)."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
