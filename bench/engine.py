@@ -4,12 +4,12 @@ assisted generation, on one pair and prompt set, greedy, side by side in one run
 Reports tokens/s and acceptance per method, the speed ratio of our static K to transformers'
 assisted generation at the same K and of our target-only AR to transformers' plain
 ``generate()`` on the same model (the baseline must be as optimised as the method), the target's
-standalone cost t_target(n) of a block of n = 1..9 tokens per model path (a 1-token step must
+standalone cost t_target(n) of a block of n = 1..9 tokens per model path (one cached target
+forward of n tokens, then rollback, at a mid-generation context length; a 1-token step must
 not cost more than a 2-token block, or every speedup over AR is inflated), and the engine
-overhead: wall time minus
-(Σ prefill + N_draft·t_draft + Σ t_target(block)), with each prompt's prefill (target and
-draft), t_draft (one cached draft step) and t_target(n) (one cached target forward of n tokens,
-then rollback, at a mid-generation context length) measured standalone in the same run.
+overhead: the share of each method's wall time spent outside the models' forward calls
+(sampling, verification, policy, cache bookkeeping, Python), measured in a second pass over
+the prompts with every ``CachedLM.forward`` call timed.
 Our rows run twice: on the plain-torch Llama path (``workers.llama_fast``, the default) and,
 suffixed "(transformers modules)", on the transformers forward (``CachedLM(fast=False)``), so
 the report separates what the engine loop gains from what the model path gains. Within a path,
@@ -33,14 +33,17 @@ import torch
 from transformers import AutoTokenizer
 
 from orchestrator.preflight import resolve_model_path
+from policies import make_policy
 from workers.datasets import DatasetSpec, load_prompts
-from workers.engine import RequestSettings
+from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM, load_causal_lm
 from workers.records import GenerationResult, SamplingConfig
 from workers.static_comparison import compare_static_k
 from workers.target import LocalTarget
 
 STATIC_KS = (2, 4, 8)
+#: Timed forwards of each block size n (the sizes take turns, after two untimed rounds).
+BLOCK_REPEATS = 25
 #: Name suffix of the rows run with ``CachedLM(fast=False)``: the transformers module forward.
 TRANSFORMERS_MODULES = " (transformers modules)"
 #: The row of transformers' plain ``generate()`` on the target (the AR baseline's reference).
@@ -75,16 +78,14 @@ def _median_seconds(step, repeats: int) -> float:
 
 @dataclass(frozen=True)
 class StandaloneCosts:
-    """Model costs measured alone: one draft step, one target block of n tokens, prefills.
+    """Model costs measured alone: one draft step and one target block of n tokens.
 
-    ``t_target[n]`` and ``t_draft`` are measured at a context as long as the middle of a
-    generation (prompt + half the new tokens), ``prefill[i]`` is prompt i's target plus draft
-    prefill, so the modelled time covers every forward a generation runs.
+    Both are measured at a context as long as the middle of a generation (prompt + half the
+    new tokens).
     """
 
     t_draft: float
     t_target: dict[int, float]
-    prefill: list[float]
 
 
 def standalone_costs(
@@ -108,48 +109,78 @@ def standalone_costs(
         draft.crop(base)
 
     t_draft = _median_seconds(draft_step, 60)
-    t_target = {}
-    for n in range(1, max_block + 1):
-        block = context[-n:]
-
-        def target_step(block: torch.Tensor = block) -> None:
-            target.forward(block)
+    samples: dict[int, list[float]] = {n: [] for n in range(1, max_block + 1)}
+    for repeat in range(BLOCK_REPEATS + 2):
+        for n, times in samples.items():
+            start = time.perf_counter()
+            target.forward(context[-n:])
             target.crop(base)
+            if repeat >= 2:
+                times.append(time.perf_counter() - start)
+    t_target = {n: statistics.median(times) for n, times in samples.items()}
+    return StandaloneCosts(t_draft, t_target)
 
-        t_target[n] = _median_seconds(target_step, 20)
-    prefill = []
-    for prompt in prompts:
 
-        def prefill_both(prompt: torch.Tensor = prompt) -> None:
-            for lm in (target, draft):
-                lm.reset()
-                lm.forward(prompt[:-1], last_only=True)
+class ForwardClock:
+    """Adds up the seconds spent inside the ``forward`` calls of the given models."""
 
-        prefill.append(_median_seconds(prefill_both, 3))
-    return StandaloneCosts(t_draft, t_target, prefill)
+    def __init__(self, *lms: CachedLM) -> None:
+        self.seconds = 0.0
+        for lm in lms:
+            lm.forward = self._timed(lm.forward)
+
+    def _timed(self, forward):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = forward(*args, **kwargs)
+            self.seconds += time.perf_counter() - start
+            return out
+
+        return timed
+
+
+def engine_overheads(
+    draft: CachedLM, target: LocalTarget, prompts: list[torch.Tensor], settings: RequestSettings
+) -> dict[int, float]:
+    """Return, for AR (key 0) and each static K, the share of wall time outside model forwards.
+
+    Each method runs over all prompts in turn with the models' forwards timed; the models are
+    restored afterwards.
+    """
+    originals = draft.forward, target.lm.forward
+    clock = ForwardClock(draft, target.lm)
+    overheads = {}
+    try:
+        for k in (0, *STATIC_KS):
+            clock.seconds, wall = 0.0, 0.0
+            for prompt in prompts:
+                if k == 0:
+                    result = autoregressive_generate(target, prompt, settings)
+                else:
+                    policy = make_policy("static", k)
+                    result = speculative_generate(draft, target, policy, prompt, settings, k)
+                wall += result.seconds
+            overheads[k] = 1.0 - clock.seconds / wall
+    finally:
+        draft.forward, target.lm.forward = originals
+    return overheads
 
 
 def _summarise(
     method: str,
     results: list[GenerationResult],
-    costs: StandaloneCosts | None = None,
+    overhead: float | None = None,
     reference: list[list[int]] | None = None,
 ) -> MethodResult:
-    """Aggregate per-sample results of one method, with overhead when costs are given."""
+    """Aggregate per-sample results of one method (with its measured engine overhead)."""
     tokens = sum(r.n_generated for r in results)
     seconds = sum(r.seconds for r in results)
     drafted = sum(r.n_drafted for r in results)
     rounds = [round_ for r in results for round_ in r.rounds]
-    summary = MethodResult(method, tokens, seconds, tokens / seconds)
+    summary = MethodResult(method, tokens, seconds, tokens / seconds, overhead_fraction=overhead)
     if drafted:
         summary.acceptance_rate = sum(r.n_accepted for r in results) / drafted
         summary.mean_accepted = sum(r.accepted for r in rounds) / len(rounds)
-    if costs is not None:
-        modelled = sum(costs.prefill[: len(results)])
-        modelled += sum(
-            r.draft_forwards * costs.t_draft + costs.t_target[r.drafted + 1] for r in rounds
-        )
-        summary.overhead_fraction = (seconds - modelled) / seconds
     if reference is not None:
         summary.matches_ar = [r.output_ids for r in results] == reference
     return summary
@@ -160,7 +191,6 @@ def _run_ours(
     target: LocalTarget,
     ids: list[torch.Tensor],
     settings: RequestSettings,
-    costs: StandaloneCosts,
     suffix: str = "",
     reference: list[list[int]] | None = None,
 ) -> tuple[list[MethodResult], list[list[int]]]:
@@ -172,12 +202,13 @@ def _run_ours(
     runs = compare_static_k(
         target, {"": draft}, ids, settings, STATIC_KS, f"AR and static K, interleaved{suffix}"
     )
+    overheads = engine_overheads(draft, target, ids, settings)
     outputs = [r.output_ids for r in runs.ar]
     reference = reference or outputs
-    results = [_summarise(f"target-only AR{suffix}", runs.ar, costs, reference)]
+    results = [_summarise(f"target-only AR{suffix}", runs.ar, overheads[0], reference)]
     for k in STATIC_KS:
         results.append(
-            _summarise(f"ours static K={k}{suffix}", runs.static["", k], costs, reference)
+            _summarise(f"ours static K={k}{suffix}", runs.static["", k], overheads[k], reference)
         )
     return results, outputs
 
@@ -307,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         costs = standalone_costs(draft, target_lm, ids, max(STATIC_KS) + 1, args.max_new_tokens)
         paths["plain_torch" if fast else "transformers_modules"] = costs
         path_results, outputs = _run_ours(
-            draft, LocalTarget(target_lm), ids, settings, costs, suffix, reference
+            draft, LocalTarget(target_lm), ids, settings, suffix, reference
         )
         reference = reference or outputs
         results += path_results
