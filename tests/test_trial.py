@@ -141,3 +141,29 @@ def test_the_baseline_of_a_remote_target_runs_its_token_loop_inside_the_worker(
     local = run_trial(None, LocalTarget(CachedLM(load_causal_lm(path))), request)
     assert [r.output_ids for r in remote] == [r.output_ids for r in local]
     assert all(len(r.rounds) == GREEDY.max_new_tokens for r in remote)
+
+
+def test_a_verify_request_pickles_to_the_same_request():
+    """Requests cross to the target actor pickled as lists; they must come back equal, dtypes
+    included (an AR step's empty block and float probabilities too)."""
+    import pickle
+
+    from workers.target import VerifyRequest
+
+    sampled = VerifyRequest(
+        pending=torch.tensor([5, 6]),
+        draft_tokens=torch.tensor([1, 2, 3]),
+        draft_token_probs=torch.tensor([0.25, 0.5, 0.125]),
+        want_hidden=True,
+    )
+    empty = VerifyRequest(
+        pending=torch.tensor([5]),
+        draft_tokens=torch.empty(0, dtype=torch.long),
+        draft_token_probs=torch.empty(0),
+    )
+    for request in (sampled, empty):
+        copy = pickle.loads(pickle.dumps(request))
+        for name in ("pending", "draft_tokens", "draft_token_probs"):
+            a, b = getattr(request, name), getattr(copy, name)
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        assert copy.want_hidden == request.want_hidden

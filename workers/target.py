@@ -38,6 +38,34 @@ class VerifyRequest:
     draft_token_probs: torch.Tensor | None = None
     want_hidden: bool = False
 
+    def __reduce__(self):
+        """Pickle the few ids and probabilities as lists: a round sends one request to the
+        target actor, and pickling a small tensor costs about 100 times more than its list."""
+        probs = self.draft_token_probs
+        if probs is not None:
+            probs = (probs.tolist(), str(probs.dtype).removeprefix("torch."))
+        return (
+            _verify_request,
+            (self.pending.tolist(), self.draft_tokens.tolist(), probs, self.want_hidden),
+        )
+
+
+def _verify_request(
+    pending: list[int],
+    draft_tokens: list[int],
+    probs: tuple[list[float], str] | None,
+    want_hidden: bool,
+) -> VerifyRequest:
+    """Rebuild a pickled :class:`VerifyRequest` (the inverse of its ``__reduce__``)."""
+    return VerifyRequest(
+        pending=torch.tensor(pending, dtype=torch.long),
+        draft_tokens=torch.tensor(draft_tokens, dtype=torch.long),
+        draft_token_probs=None
+        if probs is None
+        else torch.tensor(probs[0], dtype=getattr(torch, probs[1])),
+        want_hidden=want_hidden,
+    )
+
 
 @dataclass(frozen=True)
 class VerifyResponse:
