@@ -18,16 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
 from dashboard.pareto import pareto_mask
-from orchestrator.store import Store, StoreError, default_url, open_store
-from orchestrator.store.models import RoundRow, TrainingJobRow
+from orchestrator.store import Store, StoreError, default_url, display_url, open_store
+from orchestrator.store.models import (
+    HEADLINE_METRICS,
+    INTERVAL_COLUMNS,
+    INTERVAL_FIGURES,
+    TRIAL_METRIC_COLUMNS,
+)
+from workers.records import BASELINE_POLICY
 
 __all__ = [
+    "BASELINE_POLICY",
     "CACHE_TTL_S",
     "CONTEXT_KEY",
     "FILL_COMMAND",
@@ -62,23 +66,9 @@ CONTEXT_KEY = "specsweep_dashboard"
 CACHE_TTL_S = 30
 FILL_COMMAND = "python -m orchestrator submit sweeps/demo.yaml"
 ORACLE_POLICY = "oracle"
-#: The planner's policy name of the target-only AR baseline trials.
-BASELINE_POLICY = "ar"
-METRIC_COLUMNS = (
-    "tokens_per_s",
-    "speedup",
-    "acceptance_rate",
-    "mean_accepted",
-    "mean_drafted",
-    "discard_rate",
-    "verification_rate",
-)
+#: The figures the pages compare settings by (the store's headline trial metrics).
+METRIC_COLUMNS = HEADLINE_METRICS
 SETTING_COLUMNS = ("threshold", "max_draft_len")
-#: Figures stored with a bootstrap 95% interval, and the columns of its bounds.
-INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
-INTERVAL_COLUMNS = tuple(
-    f"{figure}_{end}" for figure in INTERVAL_FIGURES for end in ("low", "high")
-)
 #: Trial columns the dashboard keeps (JSON columns other than params are dropped).
 TRIAL_COLUMNS = (
     "trial_id",
@@ -101,16 +91,8 @@ TRIAL_COLUMNS = (
     "mode",
     "baseline_id",
     "status",
-    "n_samples",
-    "generated_tokens",
-    "seconds",
-    *METRIC_COLUMNS,
-    "n_rounds",
-    "n_drafted",
-    "n_accepted",
-    "n_draft_forwards",
-    "draft_seconds",
-    "verify_seconds",
+    *TRIAL_METRIC_COLUMNS,
+    "speedup",
     "params",
     *INTERVAL_COLUMNS,
     "run_id",
@@ -124,7 +106,6 @@ _NUMERIC_COLUMNS = (
     "draft_seconds",
     "verify_seconds",
 )
-_ID_CHUNK = 500
 
 
 class StoreUnavailable(RuntimeError):
@@ -150,14 +131,6 @@ class DashboardContext:
     sweeps: tuple[str, ...]
     filters: TrialFilters
     trials: pd.DataFrame = field(repr=False)
-
-
-def display_url(url: str) -> str:
-    """Return ``url`` with any password masked, for messages and captions."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
 
 
 def db_argument(argv: Sequence[str]) -> str | None:
@@ -195,7 +168,7 @@ def reader(url: str) -> Iterator[Store]:
 def load_sweep_names(url: str) -> list[str]:
     """Return the names of the stored sweeps, oldest first (the sidebar's sweep choices)."""
     with reader(url) as store:
-        return [sweep["name"] for sweep in store.sweeps()]
+        return store.sweep_names()
 
 
 def load_trials(url: str, sweep: str | None = None) -> pd.DataFrame:
@@ -205,8 +178,7 @@ def load_trials(url: str, sweep: str | None = None) -> pd.DataFrame:
     metrics as NaN.
     """
     with reader(url) as store:
-        rows = store.trials_frame(sweep)
-    frame = pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
+        frame = store.trials_dataframe(sweep)[list(TRIAL_COLUMNS)].copy()
     frame["params"] = [_params_text(params) for params in frame["params"]]
     for column in _NUMERIC_COLUMNS:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
@@ -227,30 +199,14 @@ def load_round_counts(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
 
     Counted in the database, so the distribution views never pull every round.
     """
-    columns = ["trial_id", "drafted", "accepted", "rounds"]
-    query = select(RoundRow.trial_id, RoundRow.drafted, RoundRow.accepted, func.count()).group_by(
-        RoundRow.trial_id, RoundRow.drafted, RoundRow.accepted
-    )
-    return _rounds_query(url, trial_ids, query, columns)
-
-
-def _rounds_query(
-    url: str, trial_ids: Sequence[str], query: Any, columns: list[str]
-) -> pd.DataFrame:
-    """Run ``query`` restricted to ``trial_ids`` (in chunks) and return a DataFrame."""
-    wanted = list(dict.fromkeys(trial_ids))
-    rows: list[Any] = []
-    with reader(url) as store, Session(store.engine) as session:
-        for start in range(0, len(wanted), _ID_CHUNK):
-            chunk = wanted[start : start + _ID_CHUNK]
-            rows.extend(session.execute(query.where(RoundRow.trial_id.in_(chunk))).all())
-    return pd.DataFrame([tuple(row) for row in rows], columns=columns)
+    with reader(url) as store:
+        return store.round_counts(trial_ids)
 
 
 def load_draft_job_kinds(url: str) -> dict[str, str]:
     """Return {training job name: kind} (e.g. ``adaspec``), to label KD drafts by method."""
-    with reader(url) as store, Session(store.engine) as session:
-        return dict(session.execute(select(TrainingJobRow.name, TrainingJobRow.kind)).all())
+    with reader(url) as store:
+        return store.training_job_kinds()
 
 
 def done_trials(trials: pd.DataFrame) -> pd.DataFrame:

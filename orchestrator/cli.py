@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from orchestrator import report
 from orchestrator.planner import Plan, plan_sweep
 from orchestrator.spec import SweepError, SweepSpec, load_sweep
-from orchestrator.store import Store, StoreError, default_url, open_store
+from orchestrator.store import Store, StoreError, display_url, open_store
 
 if TYPE_CHECKING:
     from orchestrator.runner import SweepSummary
@@ -392,15 +391,6 @@ def _add_zoo(commands: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def display_url(url: str | None) -> str:
-    """Return the store URL as shown to users (the default filled in, password hidden)."""
-    url = url or default_url()
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
-
-
 def _load_sweep(path: str) -> SweepSpec:
     """Return the validated sweep at ``path``; a SweepError becomes a UserError listing problems."""
     try:
@@ -496,17 +486,18 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
-    """``submit``: validate, plan, preflight, then register and run the sweep."""
+    """``submit``: validate, plan, preflight, register and run the sweep (``api.run_sweep``)."""
     spec = _load_sweep(args.sweep)
     plan = plan_sweep(spec)
     if args.dry_run:
         _print_plan(console, plan, all_trials=False)
         console.print("dry run: nothing was run and the store was not opened")
         return EXIT_OK
-    from orchestrator import runner
+    from orchestrator import api, runner
 
+    spec_yaml = Path(args.sweep).read_text(encoding="utf-8")
     try:
-        inputs = runner.preflight(spec, plan)
+        prepared = api.prepare(spec, plan, spec_yaml=spec_yaml)
     except runner.PreflightError as error:
         raise UserError(
             [
@@ -516,20 +507,14 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         ) from None
     shown = display_url(args.db)
     with _opened_store(args.db, read_only=False) as store:
-        spec_yaml = Path(args.sweep).read_text(encoding="utf-8")
-        store.register_sweep(spec, plan, spec_yaml=spec_yaml)
-        done = store.completed_trial_ids(trial.trial_id for trial in plan.trials)
-        if len(done) == len(plan.trials):
-            _print_results(console, store.trials_frame(spec.name), spec.name)
-            for line in _provenance_lines(store, done):
-                console.print(line, markup=False)
-            console.print(_nothing_to_run(len(plan.trials), spec.name, shown), markup=False)
-            return EXIT_OK
-        options = runner.RunOptions(
-            address=args.address, retries=args.retries, progress=not args.no_progress
-        )
         try:
-            summary = runner.run_sweep(spec, plan, store, options, inputs=inputs)
+            result = api.run_sweep(
+                prepared,
+                store,
+                address=args.address,
+                retries=args.retries,
+                progress=not args.no_progress,
+            )
         except KeyboardInterrupt:
             print(
                 f"interrupted: finished trials are stored in {shown}; resubmit to continue "
@@ -538,7 +523,7 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
             )
             return EXIT_INTERRUPTED
         rows = store.trials_frame(spec.name)
-    return _report_run(console, summary, rows, args.sweep, shown)
+    return _report_run(console, result.summary, rows, args.sweep, shown)
 
 
 def _report_run(
@@ -575,13 +560,6 @@ def _report_run(
         markup=False,
     )
     return EXIT_TRIALS_FAILED
-
-
-def _provenance_lines(store: Store, done: set[str]) -> list[str]:
-    """Return a line per earlier run of these done trials measured under another provenance."""
-    from orchestrator.provenance import collect_provenance, stored_provenance_notes
-
-    return stored_provenance_notes(store, done, collect_provenance())
 
 
 def _fit_lines(summary: SweepSummary) -> list[str]:

@@ -34,11 +34,11 @@ from orchestrator.spec import (
     job_base_reference,
 )
 from policies import POLICIES
+from workers.records import BASELINE_POLICY
 
 #: Bump when a change to the engine, workers or metrics changes what a trial measures; it is
 #: part of every trial and job id, so old results are then no longer reused.
 CODE_VERSION = "2"
-BASELINE_POLICY = "ar"
 ID_LENGTH = 16
 LIVE_MODE = "live"
 REPLAY_MODE = "replay"

@@ -55,12 +55,13 @@ from orchestrator.replay_stage import (
 from orchestrator.run_fit import TrialCounts, compare_fits
 from orchestrator.spec import PairSpec, SweepSpec
 from orchestrator.store import Store
-from orchestrator.training_stage import attach_job_drafts, run_training_jobs
+from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
 from policies.replay import GreedyTrace
-from workers.actors import DraftWorker, ModelSpec, RankSpec, TargetWorker
+from workers.actors import DraftWorker, TargetWorker
+from workers.model_spec import ModelSpec, RankSpec
 from workers.prompt_format import response_text
-from workers.records import SamplingConfig
-from workers.trial import BASELINE_POLICY, TrialRequest
+from workers.records import BASELINE_POLICY, SamplingConfig
+from workers.trial import TrialRequest
 
 #: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
 WARMUP_TOKENS = 8
@@ -132,14 +133,41 @@ def run_sweep(
     inputs = inputs or preflight(spec, plan)
     _ensure_ray(options.address)
     retries = spec.execution.retries if options.retries is None else options.retries
-    jobs = run_training_jobs(plan.jobs, store, retries, options.progress)
+    jobs = _train_jobs(plan, store, retries, options.progress, summary)
+    artifacts = attach_job_drafts(spec, inputs, jobs)
+    by_pair = _trials_by_pair(pending, jobs, store, summary)
+    progress = tqdm(
+        total=len(pending),
+        desc=f"sweep {plan.sweep}",
+        unit="trial",
+        disable=not options.progress,
+        dynamic_ncols=True,
+    )
+    run = _SweepRun(spec, plan, store, inputs, artifacts, retries, summary, progress)
+    run.run_pairs(by_pair)
+    replayed = {group.fit_key for group in run.groups}
+    summary.fit_notes += _store_live_fits(spec, plan, store, replayed)
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _train_jobs(
+    plan: Plan, store: Store, retries: int, progress: bool, summary: SweepSummary
+) -> dict[str, JobOutcome]:
+    """Run (or reuse) the plan's training jobs; count them and their failures in ``summary``."""
+    jobs = run_training_jobs(plan.jobs, store, retries, progress)
     summary.jobs_reused = sum(outcome.reused for outcome in jobs.values())
     summary.jobs_trained = sum(not outcome.reused for outcome in jobs.values())
     for outcome in jobs.values():
         if outcome.error is not None:
             summary.job_failures.append(f"training job {outcome.job.name}: {outcome.error}")
-    artifacts = attach_job_drafts(spec, inputs, jobs)
-    pairs = {pair.name: pair for pair in spec.pairs}
+    return jobs
+
+
+def _trials_by_pair(
+    pending: Sequence[Trial], jobs: dict[str, JobOutcome], store: Store, summary: SweepSummary
+) -> dict[str, list[Trial]]:
+    """Group ``pending`` by pair; store as failed (and count) the trials a failed job blocks."""
     by_pair: dict[str, list[Trial]] = {}
     for trial in pending:
         blocked = [name for name in trial.requires_jobs if jobs[name].artifact_path is None]
@@ -150,69 +178,93 @@ def run_sweep(
             summary.failed += 1
             continue
         by_pair.setdefault(trial.pair, []).append(trial)
-    progress = tqdm(
-        total=len(pending),
-        desc=f"sweep {plan.sweep}",
-        unit="trial",
-        disable=not options.progress,
-        dynamic_ncols=True,
-    )
-    lock = Lock()
-    stop = Event()
+    return by_pair
 
-    groups = replay_groups(plan)
 
-    def finish(trial: Trial, error: str | None) -> None:
-        with lock:
-            summary.ran += 1
-            if error is not None:
-                summary.failed += 1
-                summary.failures.append(f"{trial.trial_id} ({trial.policy}): {error}")
-            progress.set_postfix_str(f"{trial.policy} {trial.dataset}")
-            progress.update()
+class _SweepRun:
+    """The pending trials of one run, spread over one thread per pair's worker group.
 
-    def run_pair(pair_name: str) -> None:
+    Threads share the summary and the progress bar under a lock; ``stop`` tells them to start
+    no new trial (Ctrl-C or an error in another thread).
+    """
+
+    def __init__(
+        self,
+        spec: SweepSpec,
+        plan: Plan,
+        store: Store,
+        inputs: PreparedInputs,
+        artifacts: dict[str, str],
+        retries: int,
+        summary: SweepSummary,
+        progress: tqdm,
+    ) -> None:
+        self.spec, self.plan, self.store, self.inputs = spec, plan, store, inputs
+        self.artifacts, self.retries = artifacts, retries
+        self.summary, self.progress = summary, progress
+        self.pairs = {pair.name: pair for pair in spec.pairs}
+        self.groups = replay_groups(plan)
+        self.lock = Lock()
+        self.stop = Event()
+
+    def run_pairs(self, by_pair: dict[str, list[Trial]]) -> None:
+        """Run each pair's trials in its own thread, ``max_concurrent_pairs`` at a time."""
+        workers = max(1, min(self.spec.execution.max_concurrent_pairs, len(by_pair)))
+        pool = ThreadPoolExecutor(max_workers=workers)
+        try:
+            for future in [pool.submit(self.run_pair, name, by_pair[name]) for name in by_pair]:
+                future.result()
+        except BaseException:
+            # Ctrl-C (or any error): start no new trial; the ones in flight finish and are stored.
+            self.stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.progress.close()
+            raise
+        pool.shutdown()
+        self.progress.close()
+
+    def run_pair(self, pair_name: str, trials: list[Trial]) -> None:
+        """Run one pair's live trials, then replay its replay groups; free its workers."""
         runner = _PairRunner(
-            pairs[pair_name], inputs, spec.execution.record_rounds, store, artifacts
+            self.pairs[pair_name],
+            self.inputs,
+            self.spec.execution.record_rounds,
+            self.store,
+            self.artifacts,
         )
         try:
-            for trial in by_pair[pair_name]:
-                if stop.is_set():
+            for trial in trials:
+                if self.stop.is_set():
                     return
                 if trial.mode == LIVE_MODE:
-                    finish(trial, runner.run_with_retries(trial, retries))
-            pending_ids = {trial.trial_id for trial in by_pair[pair_name]}
-            for group in groups:
-                if stop.is_set():
-                    return
-                todo = [t for t in group.replayed if t.trial_id in pending_ids]
-                if group.trials[0].pair == pair_name and todo:
-                    notes = runner.replay_group(plan.sweep, group, todo, finish)
-                    with lock:
-                        summary.fit_notes.append(notes.fit)
-                        summary.cross_checks += notes.checks
-                        summary.traces_recorded += notes.recorded
-                        summary.traces_reused += not notes.recorded
+                    self.finish(trial, runner.run_with_retries(trial, self.retries))
+            self._replay_pair(runner, pair_name, {trial.trial_id for trial in trials})
         finally:
             runner.close()
 
-    workers = max(1, min(spec.execution.max_concurrent_pairs, len(by_pair)))
-    pool = ThreadPoolExecutor(max_workers=workers)
-    try:
-        for future in [pool.submit(run_pair, name) for name in by_pair]:
-            future.result()
-    except BaseException:
-        # Ctrl-C (or any error): start no new trial; the ones in flight finish and are stored.
-        stop.set()
-        pool.shutdown(wait=False, cancel_futures=True)
-        progress.close()
-        raise
-    pool.shutdown()
-    progress.close()
-    replayed = {group.fit_key for group in groups}
-    summary.fit_notes += _store_live_fits(spec, plan, store, replayed)
-    summary.seconds = time.perf_counter() - start
-    return summary
+    def _replay_pair(self, runner: _PairRunner, pair_name: str, pending_ids: set[str]) -> None:
+        """Replay the pending trials of the pair's replay groups; note fits and cross-checks."""
+        for group in self.groups:
+            if self.stop.is_set():
+                return
+            todo = [t for t in group.replayed if t.trial_id in pending_ids]
+            if group.trials[0].pair == pair_name and todo:
+                notes = runner.replay_group(self.plan.sweep, group, todo, self.finish)
+                with self.lock:
+                    self.summary.fit_notes.append(notes.fit)
+                    self.summary.cross_checks += notes.checks
+                    self.summary.traces_recorded += notes.recorded
+                    self.summary.traces_reused += not notes.recorded
+
+    def finish(self, trial: Trial, error: str | None) -> None:
+        """Count a finished trial (failed when ``error`` is set) and advance the progress bar."""
+        with self.lock:
+            self.summary.ran += 1
+            if error is not None:
+                self.summary.failed += 1
+                self.summary.failures.append(f"{trial.trial_id} ({trial.policy}): {error}")
+            self.progress.set_postfix_str(f"{trial.policy} {trial.dataset}")
+            self.progress.update()
 
 
 def _store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:

@@ -475,3 +475,34 @@ def test_a_writer_opens_a_fresh_sqlite_database_while_another_holds_its_write_lo
         holder.close()
     with closing(sqlite3.connect(path)) as reader:
         assert reader.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_the_shared_column_lists_name_trials_columns_and_metrics_fields() -> None:
+    from dataclasses import fields
+
+    from orchestrator.metrics import TrialMetrics
+    from orchestrator.store.models import (
+        HEADLINE_METRICS,
+        INTERVAL_COLUMNS,
+        TRIAL_METRIC_COLUMNS,
+        TrialRow,
+    )
+
+    columns = {column.key for column in TrialRow.__table__.columns}
+    assert set(TRIAL_METRIC_COLUMNS) | set(HEADLINE_METRICS) | set(INTERVAL_COLUMNS) <= columns
+    metric_fields = {field.name for field in fields(TrialMetrics)}
+    assert set(TRIAL_METRIC_COLUMNS) <= metric_fields
+    # speedup is the store's (it divides by the baseline), every other headline is measured
+    assert set(HEADLINE_METRICS) - metric_fields == {"speedup"}
+
+
+def test_display_url_hides_the_password_and_fills_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orchestrator.store import display_url
+
+    shown = display_url("postgresql://alice:secret@db.example/specsweep")
+    assert "secret" not in shown and "alice" in shown
+    monkeypatch.setenv("SPECSWEEP_DB", "sqlite:///elsewhere.db")
+    assert display_url(None) == "sqlite:///elsewhere.db"
+    assert display_url("not a url") == "not a url"

@@ -8,39 +8,26 @@ AutoTP rank of ``tp_size``). ``DraftWorker`` hosts the draft model, drives the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import ray
 import torch
 
 from workers.lm import CachedLM, StepOutput, load_causal_lm
+from workers.model_spec import ModelSpec, RankSpec
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 from workers.trace import GreedyTrace, record_trace
 from workers.trial import TrialRequest, run_trial
 
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Where a model is and how to load it."""
-
-    path: str
-    dtype: str = "float32"
-    trust_remote_code: bool = False
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """This rank's place in a tensor-parallel target group.
-
-    An empty ``master_addr`` means this node's address (all ranks of a group are packed on one
-    node, so every rank resolves the same one).
-    """
-
-    rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
+__all__ = [
+    "DraftWorker",
+    "ModelSpec",
+    "RankSpec",
+    "RemoteLM",
+    "RemoteTargetGroup",
+    "TargetWorker",
+]
 
 
 def _device() -> str:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: The policy name of target-only autoregressive decoding (the baseline trial of each group).
+BASELINE_POLICY = "ar"
+
 
 @dataclass(frozen=True)
 class SamplingConfig:

@@ -13,7 +13,6 @@ DeepSpeed is an optional dependency: it is imported only when a group is built.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -21,11 +20,9 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from workers.lm import DTYPES, CachedLM, load_causal_lm
+from workers.model_spec import ModelSpec, RankSpec
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
-
-if TYPE_CHECKING:
-    from workers.actors import ModelSpec, RankSpec
 
 SHM_COMM_OP = "deepspeed_shm_comm"
 DEEPSPEED_TP_GRAIN_SIZE = 64
@@ -158,7 +155,7 @@ def agreed_single_step(lm: CachedLM) -> CachedLM:
 class TensorParallelTarget:
     """One rank of a tensor-parallel target: AutoTP-sharded model inside a ``LocalTarget``.
 
-    ``model`` and ``rank`` are :class:`workers.actors.ModelSpec` and ``RankSpec`` (or anything
+    ``model`` and ``rank`` are :class:`workers.model_spec.ModelSpec` and ``RankSpec`` (or anything
     with their fields); ``tp_grain_size`` is passed to :func:`shard_with_autotp`.
     """
 

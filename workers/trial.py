@@ -15,10 +15,9 @@ from workers.engine import (
     speculative_generate,
 )
 from workers.lm import CachedLM
-from workers.records import GenerationResult, SamplingConfig
+from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 
-#: The policy name of target-only autoregressive decoding (the baseline trial of each group).
-BASELINE_POLICY = "ar"
+__all__ = ["BASELINE_POLICY", "TrialRequest", "run_trial", "sample_seed"]
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 
 DEFAULT_URL = "sqlite:///results.db"
@@ -35,6 +36,15 @@ class StoreError(RuntimeError):
 def default_url() -> str:
     """Return the store URL from ``$SPECSWEEP_DB``, else ``sqlite:///results.db``."""
     return os.environ.get(URL_ENV) or DEFAULT_URL
+
+
+def display_url(url: str | None) -> str:
+    """Return the store URL as shown to users (the default filled in, password hidden)."""
+    url = url or default_url()
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return url
 
 
 def normalise_url(url: str) -> URL:

@@ -162,6 +162,41 @@ class TrialRow(Base):
     )
 
 
+#: TrialMetrics fields stored as plain ``trials`` columns (the rest goes to the ``metrics`` JSON).
+TRIAL_METRIC_COLUMNS = (
+    "n_samples",
+    "generated_tokens",
+    "seconds",
+    "tokens_per_s",
+    "acceptance_rate",
+    "mean_accepted",
+    "mean_drafted",
+    "discard_rate",
+    "verification_rate",
+    "n_rounds",
+    "n_drafted",
+    "n_accepted",
+    "n_draft_forwards",
+    "draft_seconds",
+    "verify_seconds",
+)
+#: The headline figures of a trial (people filter and plot these): TrialMetrics' and speedup.
+HEADLINE_METRICS = (
+    "tokens_per_s",
+    "speedup",
+    "acceptance_rate",
+    "mean_accepted",
+    "mean_drafted",
+    "discard_rate",
+    "verification_rate",
+)
+#: Figures stored with a bootstrap 95% interval as ``<name>_low`` / ``<name>_high`` columns.
+INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
+INTERVAL_COLUMNS = tuple(
+    f"{figure}_{end}" for figure in INTERVAL_FIGURES for end in ("low", "high")
+)
+
+
 class SampleResultRow(Base):
     """One generated sample of a trial.
 

@@ -16,8 +16,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import yaml
-from sqlalchemy import ColumnElement, Engine, and_, delete, insert, or_, select, true, update
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    and_,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
@@ -33,6 +45,8 @@ from orchestrator.metrics import (
 from orchestrator.pairing import SampleSpeed, paired_ratio, sample_speedups
 from orchestrator.store.db import check_readable, default_url, make_engine, upgrade_to_head
 from orchestrator.store.models import (
+    INTERVAL_FIGURES,
+    TRIAL_METRIC_COLUMNS,
     AcceptedLengthRow,
     ArtifactRow,
     Base,
@@ -58,26 +72,8 @@ if TYPE_CHECKING:
 
 _MIGRATION_LOCK = threading.Lock()
 _ID_CHUNK = 500
-#: TrialMetrics fields stored as plain trial columns (the rest goes to the ``metrics`` JSON).
-_METRIC_COLUMNS = (
-    "n_samples",
-    "generated_tokens",
-    "seconds",
-    "tokens_per_s",
-    "acceptance_rate",
-    "mean_accepted",
-    "mean_drafted",
-    "discard_rate",
-    "verification_rate",
-    "n_rounds",
-    "n_drafted",
-    "n_accepted",
-    "n_draft_forwards",
-    "draft_seconds",
-    "verify_seconds",
-)
 #: TrialMetrics intervals stored as ``<name>_low`` / ``<name>_high`` trial columns.
-_INTERVAL_COLUMNS = ("tokens_per_s", "acceptance_rate", "mean_accepted")
+_INTERVAL_COLUMNS = tuple(name for name in INTERVAL_FIGURES if name != "speedup")
 
 
 def open_store(url: str | None = None, read_only: bool = False) -> Store:
@@ -236,18 +232,7 @@ class Store:
             session.execute(
                 delete(SampleResultRow).where(SampleResultRow.trial_id == trial.trial_id)
             )
-            for column in _METRIC_COLUMNS:
-                setattr(row, column, getattr(metrics, column))
-            for name in _INTERVAL_COLUMNS:
-                interval = getattr(metrics, f"{name}_interval")
-                setattr(row, f"{name}_low", interval.low if interval else None)
-                setattr(row, f"{name}_high", interval.high if interval else None)
-            row.metrics = _extra_metrics(metrics)
-            row.run_id = self.run_id
-            row.status = "done"
-            row.error = None
-            row.attempts = max(row.attempts, 1)
-            row.finished_at = utc_now()
+            _set_done(row, metrics, self.run_id)
             session.flush()
             samples = [
                 _sample_values(
@@ -324,7 +309,7 @@ class Store:
     def trials_frame(self, sweep: str | None = None) -> list[dict[str, Any]]:
         """Return one dict per trial (every trials column), in plan order when ``sweep`` is given.
 
-        ``pandas.DataFrame(store.trials_frame())`` gives a frame; pandas is not required.
+        :meth:`trials_dataframe` gives the same as a DataFrame.
         """
         query = select(TrialRow)
         if sweep is None:
@@ -339,6 +324,41 @@ class Store:
         columns = [column.key for column in TrialRow.__table__.columns]
         with self._transaction() as session:
             return [{key: getattr(row, key) for key in columns} for row in session.scalars(query)]
+
+    def trials_dataframe(self, sweep: str | None = None) -> pd.DataFrame:
+        """Return :meth:`trials_frame` as a DataFrame, one column per ``trials`` column.
+
+        The columns are there also when no trial is stored.
+        """
+        columns = [column.key for column in TrialRow.__table__.columns]
+        return pd.DataFrame(self.trials_frame(sweep), columns=columns)
+
+    def sweep_names(self) -> list[str]:
+        """Return the names of the stored sweeps, oldest first."""
+        with self._transaction() as session:
+            return list(session.scalars(select(SweepRow.name).order_by(SweepRow.created_at)))
+
+    def round_counts(self, trial_ids: Iterable[str]) -> pd.DataFrame:
+        """Return the number of rounds per (trial_id, drafted, accepted) of these trials.
+
+        Counted in the database, so a distribution never pulls every round.
+        """
+        wanted = list(dict.fromkeys(trial_ids))
+        query = select(RoundRow.trial_id, RoundRow.drafted, RoundRow.accepted, func.count())
+        query = query.group_by(RoundRow.trial_id, RoundRow.drafted, RoundRow.accepted)
+        rows: list[tuple[Any, ...]] = []
+        with self._transaction() as session:
+            for start in range(0, len(wanted), _ID_CHUNK):
+                chunk = wanted[start : start + _ID_CHUNK]
+                rows += [
+                    tuple(row) for row in session.execute(query.where(RoundRow.trial_id.in_(chunk)))
+                ]
+        return pd.DataFrame(rows, columns=["trial_id", "drafted", "accepted", "rounds"])
+
+    def training_job_kinds(self) -> dict[str, str]:
+        """Return {training job name: kind} of every stored training job."""
+        with self._transaction() as session:
+            return dict(session.execute(select(TrainingJobRow.name, TrainingJobRow.kind)).all())
 
     def trial_rows(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
         """Return the trials rows (every column) of these ids, in the order given."""
@@ -576,6 +596,22 @@ def _insert_ignore(session: Session, model: type[Base], rows: list[dict[str, Any
     else:
         raise NotImplementedError(f"the store supports SQLite and PostgreSQL, not {dialect}")
     session.execute(statement, rows)
+
+
+def _set_done(row: TrialRow, metrics: TrialMetrics, run_id: int | None) -> None:
+    """Fill a trial row's metric and interval columns from ``metrics`` and mark it done."""
+    for column in TRIAL_METRIC_COLUMNS:
+        setattr(row, column, getattr(metrics, column))
+    for name in _INTERVAL_COLUMNS:
+        interval = getattr(metrics, f"{name}_interval")
+        setattr(row, f"{name}_low", interval.low if interval else None)
+        setattr(row, f"{name}_high", interval.high if interval else None)
+    row.metrics = _extra_metrics(metrics)
+    row.run_id = run_id
+    row.status = "done"
+    row.error = None
+    row.attempts = max(row.attempts, 1)
+    row.finished_at = utc_now()
 
 
 def _locked_trial(session: Session, trial: Trial) -> TrialRow:

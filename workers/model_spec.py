@@ -1,0 +1,32 @@
+"""What a worker is asked to load: a model's location and a tensor-parallel rank's place.
+
+Plain data with no Ray or torch import, so the actors and the tensor-parallel target (and the
+orchestrator that builds both) share it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model is and how to load it."""
+
+    path: str
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """This rank's place in a tensor-parallel target group.
+
+    An empty ``master_addr`` means this node's address (all ranks of a group are packed on one
+    node, so every rank resolves the same one).
+    """
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
