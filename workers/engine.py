@@ -78,19 +78,7 @@ def speculative_generate(
         raise ValueError(f"policy {policy.name!r} needs the target's greedy output as reference")
     start = time.perf_counter()
     prompt = prompt_ids.to(torch.long).cpu()
-    target.prefill(prompt, sampling, settings.seed)
-    draft.reset()
-    if prompt.numel() > 1:
-        draft.forward(prompt[:-1].to(draft.device), last_only=True)
-    generator = torch.Generator(device="cpu").manual_seed(side_seed(settings.seed, "draft"))
-    policy.reset(
-        RequestContext(
-            prompt_len=prompt.numel(),
-            max_draft_len=max_draft_len,
-            seed=settings.seed,
-            reference=tuple(reference) if reference is not None else None,
-        )
-    )
+    generator = _start_request(draft, target, policy, prompt, settings, max_draft_len, reference)
     sequence = prompt.tolist()
     output: list[int] = []
     rounds: list[RoundRecord] = []
@@ -103,38 +91,15 @@ def speculative_generate(
             draft, policy, sequence, len(output), cap, sampling, generator, target_hidden
         )
         drafted_at = time.perf_counter()
-        draft_tokens = _stack(block.tokens)
-        response = target.verify(
-            VerifyRequest(
-                pending=torch.tensor(sequence[-1:], dtype=torch.long),
-                draft_tokens=draft_tokens,
-                draft_token_probs=None if sampling.greedy else _stack(block.token_probs),
-                want_hidden="target_hidden" in policy.features,
-            )
+        want_hidden = "target_hidden" in policy.features
+        n_accepted, new_tokens, target_hidden = _verify_block(
+            target, sequence, block, sampling, want_hidden, generator
         )
-        n_accepted = response.n_accepted
-        next_token = response.next_token
-        if next_token is None:
-            residual = residual_distribution(response.rejected_row.cpu(), block.rows[n_accepted])
-            next_token = int(sample_token(residual, generator))
-        new_tokens = [*draft_tokens[:n_accepted].tolist(), next_token]
         draft.crop(min(draft.cached_len, len(sequence) + n_accepted))
         sequence.extend(new_tokens)
         output.extend(new_tokens)
-        target_hidden = response.hidden
         policy.update(RoundOutcome(len(block.tokens), n_accepted, max_draft_len))
-        rounds.append(
-            RoundRecord(
-                drafted=len(block.tokens),
-                accepted=n_accepted,
-                bonus=bool(block.tokens) and n_accepted == len(block.tokens),
-                draft_forwards=block.forwards,
-                draft_seconds=drafted_at - round_start,
-                verify_seconds=time.perf_counter() - drafted_at,
-                mean_entropy=_mean(block.entropies),
-                min_max_prob=min(block.max_probs) if block.max_probs else None,
-            )
-        )
+        rounds.append(_round_record(block, n_accepted, round_start, drafted_at))
         output, stopped_on_eos = truncate_at_eos(output, settings.eos_token_id)
         if on_round is not None:
             on_round(sequence)
@@ -144,6 +109,76 @@ def speculative_generate(
         rounds=rounds,
         seconds=time.perf_counter() - start,
         stopped_on_eos=stopped_on_eos,
+    )
+
+
+def _start_request(
+    draft: CachedLM,
+    target: TargetScorer,
+    policy: DraftPolicy,
+    prompt: torch.Tensor,
+    settings: RequestSettings,
+    max_draft_len: int,
+    reference: list[int] | None,
+) -> torch.Generator:
+    """Prefill both models and reset the policy for a request; return the draft's generator."""
+    target.prefill(prompt, settings.sampling, settings.seed)
+    draft.reset()
+    if prompt.numel() > 1:
+        draft.forward(prompt[:-1].to(draft.device), last_only=True)
+    policy.reset(
+        RequestContext(
+            prompt_len=prompt.numel(),
+            max_draft_len=max_draft_len,
+            seed=settings.seed,
+            reference=tuple(reference) if reference is not None else None,
+        )
+    )
+    return torch.Generator(device="cpu").manual_seed(side_seed(settings.seed, "draft"))
+
+
+def _verify_block(
+    target: TargetScorer,
+    sequence: list[int],
+    block: _Block,
+    sampling: SamplingConfig,
+    want_hidden: bool,
+    generator: torch.Generator,
+) -> tuple[int, list[int], torch.Tensor | None]:
+    """Have the target verify ``block``; return (accepted, the round's new tokens, hidden).
+
+    After a rejection under sampling the correction token is drawn here, on the draft side,
+    from the residual norm(max(0, p − q)) of the rejected position.
+    """
+    draft_tokens = _stack(block.tokens)
+    response = target.verify(
+        VerifyRequest(
+            pending=torch.tensor(sequence[-1:], dtype=torch.long),
+            draft_tokens=draft_tokens,
+            draft_token_probs=None if sampling.greedy else _stack(block.token_probs),
+            want_hidden=want_hidden,
+        )
+    )
+    n_accepted, next_token = response.n_accepted, response.next_token
+    if next_token is None:
+        residual = residual_distribution(response.rejected_row.cpu(), block.rows[n_accepted])
+        next_token = int(sample_token(residual, generator))
+    return n_accepted, [*draft_tokens[:n_accepted].tolist(), next_token], response.hidden
+
+
+def _round_record(
+    block: _Block, n_accepted: int, round_start: float, drafted_at: float
+) -> RoundRecord:
+    """Return the record of a verified round (its verify time ends now)."""
+    return RoundRecord(
+        drafted=len(block.tokens),
+        accepted=n_accepted,
+        bonus=bool(block.tokens) and n_accepted == len(block.tokens),
+        draft_forwards=block.forwards,
+        draft_seconds=drafted_at - round_start,
+        verify_seconds=time.perf_counter() - drafted_at,
+        mean_entropy=_mean(block.entropies),
+        min_max_prob=min(block.max_probs) if block.max_probs else None,
     )
 
 
