@@ -1,8 +1,9 @@
 """Actor overhead: the same trials in one process and split across Ray actors, side by side.
 
-Runs target-only AR and static-K speculative decoding on one pair and prompt set, greedy, first
-in process (draft and target in this process, one torch thread, as each actor has) and then
-with the target in a TargetWorker and the draft in a DraftWorker. Checks that outputs and
+Runs target-only AR and static-K speculative decoding on one pair and prompt set, greedy, in
+process (draft and target in this process, one torch thread, as each actor has) and with the
+target in a TargetWorker and the draft in a DraftWorker, the two placements taking turns trial by
+trial (``--repeats`` turns), so drift of a shared machine hits both alike. Checks that outputs and
 accepted counts are identical and reports tokens/s of both and their ratio as JSON.
 
     python bench/actors.py --target zoo:demo/target --draft zoo:demo/draft-s --out bench-actors.json
@@ -33,8 +34,8 @@ def _tokens_per_s(results: list[GenerationResult]) -> float:
     return sum(r.n_generated for r in results) / sum(r.seconds for r in results)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run both placements, print the comparison and write JSON; return the exit code."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Return the command-line options."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -44,8 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--k", type=int, default=4, help="static draft length")
+    parser.add_argument("--repeats", type=int, default=2, help="turns of both placements")
     parser.add_argument("--out", type=Path, default=Path("bench-actors.json"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _method_report(local: list[GenerationResult], split: list[GenerationResult]) -> dict:
+    """Return one method's figures in both placements and whether their rounds agree."""
+    in_process, actors = _tokens_per_s(local), _tokens_per_s(split)
+    return {
+        "in_process_tokens_per_s": in_process,
+        "actors_tokens_per_s": actors,
+        "actors_over_in_process": actors / in_process,
+        "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
+        "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both placements in turns, print the comparison and write JSON; return exit code."""
+    args = _parse_args(argv)
     torch.set_num_threads(1)
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
@@ -62,38 +81,30 @@ def main(argv: list[str] | None = None) -> int:
     }
     draft = CachedLM(load_causal_lm(draft_path))
     target = LocalTarget(CachedLM(load_causal_lm(target_path)))
-    local = {name: run_trial(draft, target, request) for name, request in requests.items()}
-
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     target_actor = TargetWorker.options(num_cpus=1).remote(ModelSpec(str(target_path)))
     draft_actor = DraftWorker.options(num_cpus=1).remote(ModelSpec(str(draft_path)), [target_actor])
-    split = {
-        name: ray.get(draft_actor.run_trial.remote(request)) for name, request in requests.items()
-    }
+    local: dict[str, list[GenerationResult]] = {name: [] for name in requests}
+    split: dict[str, list[GenerationResult]] = {name: [] for name in requests}
+    for _ in range(args.repeats):
+        for name, request in requests.items():
+            local[name] += run_trial(draft, target, request)
+            split[name] += ray.get(draft_actor.run_trial.remote(request))
     ray.shutdown()
-
     report = {
         "target": str(target_path),
         "draft": str(draft_path),
         "samples": len(prompts),
+        "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
-        "methods": {},
+        "methods": {name: _method_report(local[name], split[name]) for name in requests},
     }
-    for name in requests:
-        same_outputs = [r.output_ids for r in local[name]] == [r.output_ids for r in split[name]]
-        same_accepted = [r.n_accepted for r in local[name]] == [r.n_accepted for r in split[name]]
-        in_process, actors = _tokens_per_s(local[name]), _tokens_per_s(split[name])
-        report["methods"][name] = {
-            "in_process_tokens_per_s": in_process,
-            "actors_tokens_per_s": actors,
-            "actors_over_in_process": actors / in_process,
-            "same_outputs": same_outputs,
-            "same_accepted_counts": same_accepted,
-        }
+    for name, figures in report["methods"].items():
         print(
-            f"{name:14} in-process {in_process:7.1f} tok/s  actors {actors:7.1f} tok/s  "
-            f"ratio {actors / in_process:.2f}  same outputs {same_outputs}  "
-            f"same accepted {same_accepted}"
+            f"{name:14} in-process {figures['in_process_tokens_per_s']:7.1f} tok/s  actors "
+            f"{figures['actors_tokens_per_s']:7.1f} tok/s  ratio "
+            f"{figures['actors_over_in_process']:.2f}  same outputs {figures['same_outputs']}  "
+            f"same accepted {figures['same_accepted_counts']}"
         )
     args.out.write_text(json.dumps(report, indent=2))
     print(f"JSON: {args.out}")
