@@ -248,19 +248,22 @@ def static_speedups(
     ks: Sequence[int],
     new_tokens: int,
     threads: int = DEFAULT_TIMING_THREADS,
+    eos_token_id: int | None = None,
+    progress: str | None = None,
 ) -> dict[str, SpeedupStats]:
     """Return, per draft, how much faster static-K speculative decoding is than the target alone.
 
-    Every prompt is decoded greedily to exactly ``new_tokens`` tokens by AR and by each draft at
-    each K, taking turns prompt by prompt, with ``threads`` torch threads. The models are
+    Every prompt is decoded greedily to ``new_tokens`` tokens by AR and by each draft at
+    each K (stopping early at ``eos_token_id`` when given), taking turns prompt by prompt, with
+    ``threads`` torch threads; ``progress`` labels a progress bar over the prompts. The models are
     copied first: ``CachedLM`` fuses a Llama's projection weights in place, and the caller's
     models are the ones it saves.
     """
-    settings = RequestSettings(SamplingConfig(max_new_tokens=new_tokens))
+    settings = RequestSettings(SamplingConfig(max_new_tokens=new_tokens), eos_token_id=eos_token_id)
     with torch_threads(threads):
         target_side = LocalTarget(CachedLM(copy.deepcopy(target)))
         draft_lms = {name: CachedLM(copy.deepcopy(draft)) for name, draft in drafts.items()}
-        runs = compare_static_k(target_side, draft_lms, prompts, settings, ks)
+        runs = compare_static_k(target_side, draft_lms, prompts, settings, ks, progress)
     load = machine_load()
     ar_tokens_per_s = runs.tokens_per_second(runs.ar)
     stats = {}

