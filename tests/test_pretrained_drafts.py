@@ -29,6 +29,7 @@ from training.pretrained_drafts import (
     topk_forward_kl,
 )
 from training.zoo import (
+    SMOL_KD_RECIPE,
     SMOL_RECIPE,
     TEACHER_DATA_FILE,
     PretrainedRecipe,
@@ -213,9 +214,10 @@ def test_distillation_prompts_avoid_the_heldout_sets() -> None:
     assert not prompts & heldout_code and not prompts & heldout_math
 
 
-def test_smol_profile_has_the_draft_stage() -> None:
-    assert SMOL_RECIPE.model_names == ("target", "draft-s", "draft-exit")
-    assert parse_model_ref("zoo:smol/draft-exit") == ("smol", "draft-exit")
-    assert SMOL_RECIPE.main_draft == "draft-s"
-    smaller = replace(SMOL_RECIPE.drafts, exit_layers=3)
-    assert replace(SMOL_RECIPE, drafts=smaller).recipe_hash() != SMOL_RECIPE.recipe_hash()
+def test_smol_kd_profile_has_the_draft_stage_and_smol_does_not() -> None:
+    assert SMOL_KD_RECIPE.model_names == ("target", "draft-s", "draft-exit")
+    assert parse_model_ref("zoo:smol-kd/draft-exit") == ("smol-kd", "draft-exit")
+    assert SMOL_KD_RECIPE.main_draft == "draft-s"
+    assert SMOL_RECIPE.model_names == ("target",) and SMOL_RECIPE.main_draft is None
+    smaller = replace(SMOL_KD_RECIPE.drafts, exit_layers=3)
+    assert replace(SMOL_KD_RECIPE, drafts=smaller).recipe_hash() != SMOL_KD_RECIPE.recipe_hash()
