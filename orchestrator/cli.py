@@ -543,12 +543,20 @@ def _estimate(args: argparse.Namespace, spec: SweepSpec, plan: Plan) -> SweepEst
         if args.gpus is not None:
             cluster = estimate.gpus_cluster(args.gpus)
         else:
-            cluster = estimate.parse_cluster_yaml(Path(args.cluster))
+            cluster = estimate.parse_cluster_yaml(_shown_path(Path(args.cluster)))
         return estimate.estimate_sweep(
             plan, hardware_profile(args.profile), cluster, spec.execution.max_concurrent_pairs
         )
     except estimate.EstimateError as error:
         raise UserError([f"error: {error}"]) from None
+
+
+def _shown_path(path: Path) -> Path:
+    """Return ``path`` relative to the working directory when it lies under it."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def _print_estimate(console: Console, result: SweepEstimate) -> None:

@@ -69,6 +69,7 @@ class SweepEstimate:
     profile: str
     cluster: Cluster
     slots: int
+    groups_held: int
     pairs: tuple[PairEstimate, ...]
     wall_seconds_upper: float
     wall_seconds_lower: float
@@ -77,6 +78,11 @@ class SweepEstimate:
     def gpu_hours_upper(self) -> float:
         """Total GPU-hours at the upper bound."""
         return sum(pair.gpu_hours_upper for pair in self.pairs)
+
+    @property
+    def replay_saved_seconds_total(self) -> float:
+        """Worker-group seconds that replay mode saves (upper bound, summed over pairs)."""
+        return sum(p.replay_saved_seconds for p in self.pairs)
 
     @property
     def replay_saved_gpu_hours(self) -> float:
@@ -173,6 +179,7 @@ def estimate_sweep(
         profile=profile.name,
         cluster=cluster,
         slots=slots,
+        groups_held=held,
         pairs=tuple(pairs),
         wall_seconds_upper=makespan([p.seconds_upper for p in pairs], slots),
         wall_seconds_lower=makespan([p.seconds_lower for p in pairs], slots),
@@ -225,9 +232,11 @@ def estimate_lines(estimate: SweepEstimate) -> list[str]:
     """Return the estimate as printable lines: one per pair, then the totals."""
     cluster = estimate.cluster
     lines = [
-        f"estimate on profile {estimate.profile}, {cluster.gpus:g} GPUs ({cluster.source}), "
-        f"{estimate.slots} pair(s) at once; live speculation between AR speed (upper) and "
-        "full acceptance (lower); warm-up, loading and training not counted",
+        f"estimate on profile {estimate.profile}, {cluster.gpus:g} GPUs ({cluster.source}): "
+        f"{estimate.slots} pair(s) at once (the nodes hold {estimate.groups_held} worker "
+        "groups; execution.max_concurrent_pairs caps it)",
+        "  live speculation between full acceptance (lower) and AR speed (upper); "
+        "warm-up, loading and training not counted",
     ]
     for pair in estimate.pairs:
         lines.append(
@@ -241,7 +250,8 @@ def estimate_lines(estimate: SweepEstimate) -> list[str]:
     )
     if any(pair.replay_saved_seconds for pair in estimate.pairs):
         lines.append(
-            f"replay mode saves about {estimate.replay_saved_gpu_hours:,.0f} GPU-h "
-            "against running the replayed trials live at AR speed"
+            f"replay mode saves about {format_hours(estimate.replay_saved_seconds_total)} of "
+            f"worker-group time ({estimate.replay_saved_gpu_hours:,.0f} GPU-h) against running "
+            "the replayed trials live at AR speed"
         )
     return lines
