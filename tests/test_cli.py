@@ -677,3 +677,21 @@ def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
     fake_runner.run = interrupted  # the run starts: that is all this test needs
     assert cli.main([*argv, "--yes"]) == 130
     assert fake_runner.calls == ["preflight", "run_sweep"]
+
+
+def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
+    fake_runner: FakeRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    db = tmp_path / "results.db"
+    asked: list[str] = []
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
+    argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
+    assert cli.main(argv) == 0
+    assert asked and "run it?" in asked[0]
+    assert "not run" in capsys.readouterr().out
+    assert fake_runner.calls == [] and not db.exists()
