@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
-from orchestrator import report
+from orchestrator import estimate, report
+from orchestrator.estimate import SweepEstimate
 from orchestrator.planner import Plan, plan_sweep
 from orchestrator.spec import SweepError, SweepSpec, load_sweep
 from orchestrator.store import Store, StoreError, display_url, open_store
@@ -33,6 +34,8 @@ EXIT_OK = 0
 EXIT_TRIALS_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+DEFAULT_ESTIMATE_PROFILE = "specdecpp-70b-7b-2xa100"
+DEFAULT_CLUSTER_FILE = Path(__file__).resolve().parents[1] / "cluster.yaml"
 PROG = "python -m orchestrator"
 #: ``training.zoo.PROFILES`` keys, repeated here so ``--help`` does not import torch
 #: (``tests/test_cli.py`` checks that the two agree).
@@ -205,6 +208,42 @@ def _add_submit(commands: Any, db: list[Any]) -> None:
         help="retries per failed trial (default: the sweep's execution.retries)",
     )
     command.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_estimate_options(command)
+    command.add_argument(
+        "--confirm-above",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="ask before running when the estimated wall time exceeds HOURS (default: 24)",
+    )
+    command.add_argument(
+        "--yes", action="store_true", help="run without asking, whatever the estimate"
+    )
+
+
+def _add_estimate_options(command: argparse.ArgumentParser) -> None:
+    """Add the options the estimate reads: ``--profile``, ``--gpus`` and ``--cluster``."""
+    from orchestrator.cost_model import HARDWARE_PROFILES
+
+    command.add_argument(
+        "--profile",
+        choices=sorted(HARDWARE_PROFILES),
+        default=DEFAULT_ESTIMATE_PROFILE,
+        help=f"hardware profile of the estimate (default: {DEFAULT_ESTIMATE_PROFILE})",
+    )
+    command.add_argument(
+        "--gpus",
+        type=float,
+        metavar="N",
+        help="GPUs the estimate assumes (default: the nodes of --cluster)",
+    )
+    command.add_argument(
+        "--cluster",
+        metavar="CLUSTER.yaml",
+        default=str(DEFAULT_CLUSTER_FILE),
+        help="Ray cluster-launcher file whose GPU node types the estimate assumes "
+        "(default: the repository's cluster.yaml)",
+    )
 
 
 def _add_plan(commands: Any, db: list[Any]) -> None:
@@ -224,6 +263,12 @@ def _add_plan(commands: Any, db: list[Any]) -> None:
     command.add_argument(
         "--all", action="store_true", help="list every trial (default: counts per group)"
     )
+    command.add_argument(
+        "--estimate",
+        action="store_true",
+        help="also print the projected wall time and GPU-hours per pair and in total",
+    )
+    _add_estimate_options(command)
 
 
 def _add_status(commands: Any, db: list[Any]) -> None:
@@ -481,9 +526,63 @@ def _print_plan(console: Console, plan: Plan, all_trials: bool) -> None:
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
-    """``plan``: print what a sweep expands to."""
-    _print_plan(console, plan_sweep(_load_sweep(args.sweep)), args.all)
+    """``plan``: print what a sweep expands to (and, with ``--estimate``, what it costs)."""
+    spec = _load_sweep(args.sweep)
+    plan = plan_sweep(spec)
+    _print_plan(console, plan, args.all)
+    if args.estimate:
+        _print_estimate(console, _estimate(args, spec, plan))
     return EXIT_OK
+
+
+def _estimate(args: argparse.Namespace, spec: SweepSpec, plan: Plan) -> SweepEstimate:
+    """Return the plan's estimate on ``--profile`` over ``--gpus`` or ``--cluster``'s nodes."""
+    from orchestrator.cost_model import hardware_profile
+
+    try:
+        if args.gpus is not None:
+            cluster = estimate.gpus_cluster(args.gpus)
+        else:
+            cluster = estimate.parse_cluster_yaml(_shown_path(Path(args.cluster)))
+        return estimate.estimate_sweep(
+            plan, hardware_profile(args.profile), cluster, spec.execution.max_concurrent_pairs
+        )
+    except estimate.EstimateError as error:
+        raise UserError([f"error: {error}"]) from None
+
+
+def _shown_path(path: Path) -> Path:
+    """Return ``path`` relative to the working directory when it lies under it."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def _print_estimate(console: Console, result: SweepEstimate) -> None:
+    """Print an estimate's lines."""
+    for line in estimate.estimate_lines(result):
+        console.print(line, markup=False)
+
+
+def _confirm_estimate(args: argparse.Namespace, result: SweepEstimate) -> bool:
+    """Return whether to run: below ``--confirm-above``, with ``--yes``, or a TTY's yes.
+
+    Raises UserError naming ``--yes`` when the estimate is above the threshold and stdin is not
+    interactive.
+    """
+    hours = result.wall_seconds_upper / estimate.SECONDS_PER_HOUR
+    if args.yes or hours <= args.confirm_above:
+        return True
+    if not sys.stdin.isatty():
+        raise UserError(
+            [
+                f"error: {args.sweep} is estimated at up to {hours:,.1f} h of wall time, above "
+                f"--confirm-above {args.confirm_above:g} h; pass --yes to run it anyway"
+            ]
+        )
+    answer = input(f"estimated up to {hours:,.1f} h of wall time; run it? [y/N] ")
+    return answer.strip().lower() in {"y", "yes"}
 
 
 def _submit(args: argparse.Namespace, console: Console) -> int:
@@ -493,6 +592,11 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         _print_plan(console, plan, all_trials=False)
         console.print("dry run: nothing was run and the store was not opened")
+        return EXIT_OK
+    result = _estimate(args, spec, plan)
+    _print_estimate(console, result)
+    if not _confirm_estimate(args, result):
+        console.print("not run: the store was not opened")
         return EXIT_OK
     from orchestrator import api, runner
 

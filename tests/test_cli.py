@@ -651,3 +651,47 @@ def test_zoo_build_prints_the_cards_of_a_cached_zoo(
         f"{draft['cost_ratio']:.4g}",
         f"{draft['static_speedup_code']:.4g}",
     ]
+
+
+def test_plan_estimate_prints_pairs_and_total(capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["plan", str(DEMO), "--estimate", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "estimate on profile specdecpp-70b-7b-2xa100, 8 GPUs (--gpus)" in out
+    assert "total: wall" in out and "GPU-h" in out
+
+
+def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
+    fake_runner: FakeRunner, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    db = tmp_path / "results.db"
+    argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "--yes" in captured.err and "estimate on profile" in captured.out
+    assert fake_runner.calls == [] and not db.exists()
+
+    def interrupted(*_args: Any) -> None:
+        raise KeyboardInterrupt
+
+    fake_runner.run = interrupted  # the run starts: that is all this test needs
+    assert cli.main([*argv, "--yes"]) == 130
+    assert fake_runner.calls == ["preflight", "run_sweep"]
+
+
+def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
+    fake_runner: FakeRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    db = tmp_path / "results.db"
+    asked: list[str] = []
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
+    argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
+    assert cli.main(argv) == 0
+    assert asked and "run it?" in asked[0]
+    assert "not run" in capsys.readouterr().out
+    assert fake_runner.calls == [] and not db.exists()
