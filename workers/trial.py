@@ -59,8 +59,9 @@ def run_trial(
         from workers.heads import load_runtime_inputs
 
         runtime_inputs.update(load_runtime_inputs(request.policy, request.artifact_path))
-    warmup_policy = _trial_policy(request, runtime_inputs)
-    for prompt in request.prompts[: request.warmup_samples]:
+    warmup = request.prompts[: request.warmup_samples]
+    warmup_policy = _trial_policy(request, runtime_inputs) if warmup else None
+    for prompt in warmup:
         _decode(draft, target, request, warmup_policy, prompt, seed=request.seed)
     policy = _trial_policy(request, runtime_inputs)
     return [
