@@ -1,0 +1,100 @@
+"""Work units of a sweep and the scheduler's dispatch rule (pure: no Ray, no I/O).
+
+A trial's unit is a shard of its prompts, so one trial spreads over several replicas of its
+pair's worker group; a training job is one unit. The live scheduler and the scheduling
+simulation (``bench/scheduler.py``) both dispatch with :func:`pick_next`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+JOB_GROUP = "training"
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One schedulable piece of work.
+
+    ``group`` names the kind of replica that can run it (a pair's worker group, or
+    :data:`JOB_GROUP` for training jobs); ``after`` holds the keys of units that must be done
+    first (a trial's training jobs). For a trial shard, ``prompts`` are the indices into the
+    trial's prompt list and ``shard``/``shards`` its position among the trial's shards.
+    """
+
+    key: str
+    group: str
+    trial_id: str | None = None
+    job: str | None = None
+    shard: int = 0
+    shards: int = 1
+    prompts: tuple[int, ...] = ()
+    after: tuple[str, ...] = ()
+
+
+def shard_key(trial_id: str, shard: int) -> str:
+    """Return the unit key of shard ``shard`` of trial ``trial_id``."""
+    return f"{trial_id}/{shard}"
+
+
+def job_key(name: str) -> str:
+    """Return the unit key of the training job ``name``."""
+    return f"job:{name}"
+
+
+def prompt_shards(samples: int, shard_prompts: int) -> list[tuple[int, ...]]:
+    """Split prompt indices 0..samples-1 into consecutive shards of at most ``shard_prompts``.
+
+    Every index appears in exactly one shard, in order; ``samples == 0`` gives no shard.
+    """
+    if shard_prompts < 1:
+        raise ValueError(f"shard_prompts must be >= 1, got {shard_prompts}")
+    return [
+        tuple(range(start, min(start + shard_prompts, samples)))
+        for start in range(0, samples, shard_prompts)
+    ]
+
+
+def trial_units(
+    trial_id: str,
+    group: str,
+    samples: int,
+    shard_prompts: int,
+    after: Iterable[str] = (),
+    ordered: bool = False,
+) -> list[WorkUnit]:
+    """Return the shard units of one trial.
+
+    ``ordered`` trials (a policy whose state persists across requests) are one unit: their
+    prompts must run in order through one policy object, so they cannot be spread.
+    """
+    size = max(samples, 1) if ordered else shard_prompts
+    shards = prompt_shards(samples, size) or [()]
+    deps = tuple(after)
+    return [
+        WorkUnit(
+            key=shard_key(trial_id, index),
+            group=group,
+            trial_id=trial_id,
+            shard=index,
+            shards=len(shards),
+            prompts=prompts,
+            after=deps,
+        )
+        for index, prompts in enumerate(shards)
+    ]
+
+
+def pick_next(
+    pending: Sequence[WorkUnit], done: Collection[str], serves: Collection[str]
+) -> WorkUnit | None:
+    """Return the first pending unit a replica serving ``serves`` groups may start, else None.
+
+    Units are taken in plan order (``pending`` keeps it); a unit is ready when every key in its
+    ``after`` is in ``done``.
+    """
+    for unit in pending:
+        if unit.group in serves and all(key in done for key in unit.after):
+            return unit
+    return None
