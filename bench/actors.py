@@ -4,7 +4,8 @@ Runs target-only AR and static-K speculative decoding on one pair and prompt set
 process (draft and target in this process, one torch thread, as each actor has) and with the
 target in a TargetWorker and the draft in a DraftWorker, the two placements taking turns trial by
 trial (``--repeats`` turns), so drift of a shared machine hits both alike. Checks that outputs and
-accepted counts are identical and reports tokens/s of both and their ratio as JSON.
+accepted counts are identical and reports tokens/s of both and their ratio, with a paired
+bootstrap 95% interval over (prompt, repeat) samples, as JSON.
 
     python bench/actors.py --target zoo:demo/target --draft zoo:demo/draft-s --out bench-actors.json
 """
@@ -21,6 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from orchestrator.preflight import resolve_model_path
+from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
 from workers.datasets import DatasetSpec, load_prompts
 from workers.lm import CachedLM, load_causal_lm
@@ -51,15 +53,30 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _method_report(local: list[GenerationResult], split: list[GenerationResult]) -> dict:
-    """Return one method's figures in both placements and whether their rounds agree."""
+    """Return one method's figures in both placements and whether their rounds agree.
+
+    The ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples.
+    """
     in_process, actors = _tokens_per_s(local), _tokens_per_s(split)
+    ratio = paired_speed_ratio(
+        [r.n_generated for r in split],
+        [r.seconds for r in split],
+        [r.n_generated for r in local],
+        [r.seconds for r in local],
+    )
     return {
         "in_process_tokens_per_s": in_process,
         "actors_tokens_per_s": actors,
         "actors_over_in_process": actors / in_process,
+        "ratio_ci95": None if ratio is None else [ratio.low, ratio.high],
         "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
         "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
     }
+
+
+def _ci(bounds: list[float] | None) -> str:
+    """Return an interval as text ("n/a" when there is none)."""
+    return "n/a" if bounds is None else f"{bounds[0]:.3f}-{bounds[1]:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:14} in-process {figures['in_process_tokens_per_s']:7.1f} tok/s  actors "
             f"{figures['actors_tokens_per_s']:7.1f} tok/s  ratio "
-            f"{figures['actors_over_in_process']:.2f}  same outputs {figures['same_outputs']}  "
+            f"{figures['actors_over_in_process']:.3f} (95% CI {_ci(figures['ratio_ci95'])})  "
+            f"same outputs {figures['same_outputs']}  "
             f"same accepted {figures['same_accepted_counts']}"
         )
     args.out.write_text(json.dumps(report, indent=2))

@@ -4,15 +4,19 @@
 AutoTP rank of ``tp_size``). ``DraftWorker`` hosts the draft model, drives the rounds through
 :func:`workers.trial.run_trial`, and calls the target group once per round through
 :class:`RemoteTargetGroup`, which fans each call out to every rank and returns rank 0's answer.
+The per-request calls (``prefill``, ``verify``) travel over each rank's direct channel
+(:mod:`workers.channel`); the rest, and the actors' lifecycle, go through Ray.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from threading import Lock
 
 import ray
 import torch
 
+from workers.channel import ChannelAddress, ChannelClient, serve_channel
 from workers.lm import CachedLM, StepOutput, load_causal_lm
 from workers.model_spec import ModelSpec, RankSpec
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
@@ -51,32 +55,48 @@ class TargetWorker:
             if not rank.master_addr:
                 rank = replace(rank, master_addr=ray.util.get_node_ip_address())
             self.target = TensorParallelTarget(model, rank)
+        self.lock = Lock()
+        self.channel: ChannelAddress | None = None
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> float:
+    def _call(self, method: str, args: tuple):
+        """Run one of the target's methods; Ray's calls and the channel's take turns."""
+        with self.lock:
+            return getattr(self.target, method)(*args)
+
+    def open_channel(self) -> ChannelAddress:
+        """Return this rank's direct channel (started on first use) for prefill and verify."""
+        if self.channel is None:
+            self.channel = serve_channel(ray.util.get_node_ip_address(), self._call)
+        return self.channel
+
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         """Start a request on this rank."""
-        return self.target.prefill(prompt_ids, sampling, seed)
+        self._call("prefill", (prompt_ids, sampling, seed))
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block on this rank."""
-        return self.target.verify(request)
+        return self._call("verify", (request,))
 
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
         """Decode one request with the target alone, the token loop inside this actor."""
-        return self.target.generate(prompt_ids, settings)
+        return self._call("generate", (prompt_ids, settings))
 
     def lm_forward(self, ids: torch.Tensor, last_only: bool) -> tuple[torch.Tensor, int]:
         """Forward ``ids`` through the target's cached LM; return CPU logits and cached length."""
-        out = self.target.lm.forward(ids, last_only=last_only)
-        return out.logits.cpu(), self.target.lm.cached_len
+        with self.lock:
+            out = self.target.lm.forward(ids, last_only=last_only)
+            return out.logits.cpu(), self.target.lm.cached_len
 
     def lm_crop(self, length: int) -> int:
         """Crop the target's cache to ``length`` tokens; return the cached length."""
-        self.target.lm.crop(length)
-        return self.target.lm.cached_len
+        with self.lock:
+            self.target.lm.crop(length)
+            return self.target.lm.cached_len
 
     def lm_reset(self) -> None:
         """Drop the target's cache."""
-        self.target.lm.reset()
+        with self.lock:
+            self.target.lm.reset()
 
     def node_id(self) -> str:
         """Return the Ray node this actor runs on (placement checks)."""
@@ -84,18 +104,51 @@ class TargetWorker:
 
 
 class RemoteTargetGroup:
-    """The target group as the engine sees it: every call goes to all ranks, rank 0 answers."""
+    """The target group as the engine sees it: every call goes to all ranks, rank 0 answers.
+
+    ``prefill`` and ``verify`` use the ranks' direct channels, opened on first use; ``prefill``
+    returns once sent, and the next call first collects its answers (re-raising a failure),
+    so the draft prefills while the target does. When a channel breaks, the ranks are asked
+    through Ray whether they are alive, so a dead rank raises Ray's actor error (the runner
+    then replaces the worker group) and a live one a ``ConnectionError``.
+    """
 
     def __init__(self, ranks: list) -> None:
         self.ranks = ranks
+        self.channels: list[ChannelClient] = []
+        self.unanswered: str | None = None
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> float:
-        """Start a request on every rank; return rank 0's seconds."""
-        return ray.get([rank.prefill.remote(prompt_ids, sampling, seed) for rank in self.ranks])[0]
+    def _on_channels(self, method: str, *args, wait: bool = True) -> object:
+        """Call ``method`` on every rank over its channel; return rank 0's answer (``wait``)."""
+        try:
+            if not self.channels:
+                addresses = ray.get([rank.open_channel.remote() for rank in self.ranks])
+                self.channels = [ChannelClient(address) for address in addresses]
+            self._collect()
+            for channel in self.channels:
+                channel.send(method, *args)
+            self.unanswered = method
+            return self._collect() if wait else None
+        except (EOFError, OSError) as exc:
+            self.channels, self.unanswered = [], None
+            ray.get([rank.node_id.remote() for rank in self.ranks])
+            raise ConnectionError(f"target channel broke during {method}: {exc!r}") from exc
+
+    def _collect(self) -> object:
+        """Receive every rank's answer to the call in flight, if any; return rank 0's."""
+        if self.unanswered is None:
+            return None
+        self.unanswered = None
+        answers = [channel.receive() for channel in self.channels]  # drain every rank
+        return answers[0]
+
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
+        """Start a request on every rank; its answers are collected by the next call."""
+        self._on_channels("prefill", prompt_ids, sampling, seed, wait=False)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Verify on every rank (they compute in lockstep); return rank 0's response."""
-        return ray.get([rank.verify.remote(request) for rank in self.ranks])[0]
+        return self._on_channels("verify", request)
 
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
         """Decode with the target alone: one call per rank for the whole request."""

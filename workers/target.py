@@ -94,18 +94,13 @@ class LocalTarget:
         self.sampling = SamplingConfig()
         self.generator = torch.Generator(device="cpu")
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> float:
-        """Start a request: reset the cache, process all but the last prompt token, reseed.
-
-        Returns the seconds spent.
-        """
-        start = _now()
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
+        """Start a request: reset the cache, process all but the last prompt token, reseed."""
         self.sampling = sampling
         self.generator.manual_seed(side_seed(seed, "target"))
         self.lm.reset()
         if prompt_ids.numel() > 1:
             self.lm.forward(prompt_ids[:-1], last_only=True)
-        return _now() - start
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score pending + drafted tokens in one forward, judge the block, roll the cache back."""

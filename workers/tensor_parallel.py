@@ -175,9 +175,9 @@ class TensorParallelTarget:
         """The sharded model with its KV cache (full logits on every rank)."""
         return self.target.lm
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> float:
-        """Start a request on this rank; return the seconds spent."""
-        return self.target.prefill(prompt_ids, sampling, seed)
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
+        """Start a request on this rank."""
+        self.target.prefill(prompt_ids, sampling, seed)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block on this rank (all ranks must get the same call)."""

@@ -1,0 +1,91 @@
+"""The direct draft-to-target channel: calls, errors, authentication, and overlap of prefill."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from multiprocessing import AuthenticationError
+
+import pytest
+
+from workers.channel import ChannelClient, serve_channel
+
+
+class _Recorder:
+    """A stand-in target that records its calls (the channel only moves data)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self, method: str, args: tuple) -> object:
+        self.release.wait(timeout=10)
+        self.calls.append((method, args))
+        if args and args[0] == "boom":
+            raise ValueError("target says boom")
+        return (method, *args)
+
+
+@pytest.fixture
+def served():
+    recorder = _Recorder()
+    address = serve_channel("127.0.0.1", recorder)
+    client = ChannelClient(address)
+    yield recorder, address, client
+    client.close()
+
+
+def test_a_call_returns_the_targets_answer_in_order(served):
+    recorder, _, client = served
+    for index in range(3):
+        client.send("verify", index, [1, 2])
+        assert client.receive() == ("verify", index, [1, 2])
+    assert [args[0] for _, args in recorder.calls] == [0, 1, 2]
+
+
+def test_the_targets_exception_is_raised_on_the_calling_side(served):
+    _, _, client = served
+    client.send("prefill", "boom")
+    with pytest.raises(ValueError, match="target says boom"):
+        client.receive()
+    client.send("prefill", "fine")
+    assert client.receive() == ("prefill", "fine")
+
+
+def test_only_prefill_and_verify_are_served(served):
+    recorder, _, client = served
+    client.send("generate", 1)
+    with pytest.raises(ValueError, match="'generate' is not served"):
+        client.receive()
+    assert recorder.calls == []
+
+
+def test_a_client_without_the_key_is_refused_and_the_target_keeps_serving(served):
+    recorder, address, client = served
+    with pytest.raises(AuthenticationError):
+        ChannelClient(replace(address, authkey=b"not the key"))
+    client.send("verify", 7)
+    assert client.receive() == ("verify", 7)
+    assert len(recorder.calls) == 1
+
+
+def test_send_returns_before_the_target_is_done(served):
+    recorder, _, client = served
+    recorder.release.clear()
+    client.send("prefill", "slow")
+    assert recorder.calls == []  # the caller is free while the target works
+    recorder.release.set()
+    assert client.receive() == ("prefill", "slow")
+
+
+def test_two_clients_are_served_independently(served):
+    _, address, client = served
+    other = ChannelClient(address)
+    try:
+        client.send("verify", "a")
+        other.send("verify", "b")
+        assert other.receive() == ("verify", "b")
+        assert client.receive() == ("verify", "a")
+    finally:
+        other.close()
