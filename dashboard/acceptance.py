@@ -17,15 +17,13 @@ from dashboard.data import reader
 def load_position_acceptance(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
     """Return trial_id, position, drafted, accepted, rate rows of these trials."""
     with reader(url) as store:
-        rows = store.position_acceptance(trial_ids)
-    return pd.DataFrame(rows, columns=["trial_id", "position", "drafted", "accepted", "rate"])
+        return store.position_acceptance(trial_ids)
 
 
 def load_accepted_lengths(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
     """Return trial_id, length, rounds rows of these trials."""
     with reader(url) as store:
-        rows = store.accepted_lengths(trial_ids)
-    return pd.DataFrame(rows, columns=["trial_id", "length", "rounds"])
+        return store.accepted_lengths(trial_ids)
 
 
 def _with_policy(frame: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:

@@ -7,6 +7,8 @@ chart (pure once loaded).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from dashboard.data import reader
@@ -37,13 +39,13 @@ FIT_COLUMNS = (
 def load_cost_fits(url: str, sweep: str | None) -> pd.DataFrame:
     """Return the stored cost fits (of one sweep, or all) with every ``cost_fits`` column."""
     with reader(url) as store:
-        rows = store.cost_fits(sweep)
-    return pd.DataFrame(rows)
+        return store.cost_fits_dataframe(sweep)
 
 
-def _group_key(record: dict) -> tuple:
-    """Return a record's fit-group values, NaN read as None (pandas turns NULL into NaN)."""
-    return tuple(None if pd.isna(record[name]) else record[name] for name in FIT_GROUP)
+def _group_key(row: Any) -> tuple[Any, ...]:
+    """Return a DataFrame row's fit-group values, NaN read as None (pandas turns NULL into NaN)."""
+    values = (getattr(row, name) for name in FIT_GROUP)
+    return tuple(None if pd.isna(value) else value for value in values)
 
 
 def fit_totals(fits: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
@@ -55,22 +57,22 @@ def fit_totals(fits: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     columns = ["trial_id", "policy", "fit", "measured_s", "predicted_s", "relative_error"]
     rows = []
     live = trials[trials["mode"] != "replay"]
-    for fit in fits.to_dict("records"):
-        for trial in live.to_dict("records"):
-            if _group_key(trial) != _group_key(fit) or not trial["seconds"]:
+    for fit in fits.itertuples(index=False):
+        for trial in live.itertuples(index=False):
+            if _group_key(trial) != _group_key(fit) or not trial.seconds:
                 continue
             for which in ("round", "run"):
-                if which == "run" and pd.isna(fit.get("run_t_draft")):
+                if which == "run" and pd.isna(fit.run_t_draft):
                     continue
-                predicted = fit_seconds({**fit, "projection_fit": which}, trial)
+                predicted = fit_seconds(fit, trial, which)
                 rows.append(
                     {
-                        "trial_id": trial["trial_id"],
-                        "policy": trial["policy"],
+                        "trial_id": trial.trial_id,
+                        "policy": trial.policy,
                         "fit": which,
-                        "measured_s": trial["seconds"],
+                        "measured_s": trial.seconds,
                         "predicted_s": predicted,
-                        "relative_error": (predicted - trial["seconds"]) / trial["seconds"],
+                        "relative_error": (predicted - trial.seconds) / trial.seconds,
                     }
                 )
     return pd.DataFrame(rows, columns=columns)

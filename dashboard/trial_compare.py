@@ -27,8 +27,11 @@ def load_runs(url: str, run_ids: Iterable[int]) -> pd.DataFrame:
     """Return the provenance of these runs: id, sweep and every provenance field."""
     ids = sorted({int(run_id) for run_id in run_ids})
     with reader(url) as store:
-        rows = store.runs(ids) if ids else []
-    return pd.DataFrame(rows, columns=["id", "sweep", *PROVENANCE_FIELDS])
+        runs = store.runs(ids) if ids else []
+    columns = ["id", "sweep", *PROVENANCE_FIELDS]
+    return pd.DataFrame(
+        [[getattr(run, column) for column in columns] for run in runs], columns=columns
+    )
 
 
 def trial_choices(trials: pd.DataFrame) -> dict[str, str]:

@@ -25,7 +25,7 @@ from orchestrator import estimate, report
 from orchestrator.estimate import SweepEstimate
 from orchestrator.planner import Plan, plan_sweep
 from orchestrator.spec import SweepError, SweepSpec, load_sweep
-from orchestrator.store import Store, StoreError, display_url, open_store
+from orchestrator.store import Store, StoredTrial, StoreError, display_url, open_store
 
 if TYPE_CHECKING:
     from orchestrator.runner import SweepSummary
@@ -478,7 +478,7 @@ _STORE_HINT = "submit a sweep to create it, or point --db (or $SPECSWEEP_DB) at 
 
 def _require_sweep(store: Store, name: str) -> None:
     """Raise UserError unless a sweep called ``name`` is stored."""
-    names = [sweep["name"] for sweep in store.sweeps()]
+    names = store.sweep_names()
     if name not in names:
         known = ", ".join(names) or "none"
         raise UserError(f"error: no sweep named {name!r} in the store (stored sweeps: {known})")
@@ -627,12 +627,16 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                 file=sys.stderr,
             )
             return EXIT_INTERRUPTED
-        rows = store.trials_frame(spec.name)
+        rows = store.trials(spec.name)
     return _report_run(console, result.summary, rows, args.sweep, shown)
 
 
 def _report_run(
-    console: Console, summary: SweepSummary, rows: Sequence[Any], sweep_file: str, shown_url: str
+    console: Console,
+    summary: SweepSummary,
+    rows: Sequence[StoredTrial],
+    sweep_file: str,
+    shown_url: str,
 ) -> int:
     """Print the end-of-run table, the one-line summary and any failures; return the exit code."""
     _print_results(console, rows, summary.sweep)
@@ -683,7 +687,7 @@ def _nothing_to_run(n_trials: int, sweep: str, shown_url: str) -> str:
     return f"nothing to run: all {n_trials} trials of sweep {sweep} are already in DB ({shown_url})"
 
 
-def _print_results(console: Console, rows: Sequence[Any], sweep: str) -> None:
+def _print_results(console: Console, rows: Sequence[StoredTrial], sweep: str) -> None:
     """Print the end-of-run summary table of a sweep's trial rows."""
     _print_table(
         console,
@@ -693,7 +697,7 @@ def _print_results(console: Console, rows: Sequence[Any], sweep: str) -> None:
     )
 
 
-def _print_failures(console: Console, rows: Sequence[Any], sweep: str) -> None:
+def _print_failures(console: Console, rows: Sequence[StoredTrial], sweep: str) -> None:
     """Print the failed trials among ``rows`` with their errors' last lines."""
     failed = report.failed_rows(rows)
     if not failed:
@@ -714,8 +718,8 @@ def _status(args: argparse.Namespace, console: Console) -> int:
             _require_sweep(store, args.sweep)
             names = [args.sweep]
         else:
-            names = [sweep["name"] for sweep in store.sweeps()]
-        frames = {name: store.trials_frame(name) for name in names}
+            names = store.sweep_names()
+        frames = {name: store.trials(name) for name in names}
         jobs = store.training_jobs()
     if not frames:
         console.print(f"no sweeps in {display_url(args.db)} yet", markup=False)
@@ -766,7 +770,7 @@ def _fits(args: argparse.Namespace, console: Console) -> int:
     with _opened_store(args.db, read_only=True) as store:
         _require_sweep(store, args.sweep)
         fits = store.cost_fits(args.sweep)
-        rows = store.trials_frame(args.sweep)
+        rows = store.trials(args.sweep)
     if fits:
         _print_table(
             console, report.cost_fit_rows(fits), report.FIT_COLUMNS, f"cost fits of {args.sweep}"
@@ -796,12 +800,12 @@ def _compare(args: argparse.Namespace, console: Console) -> int:
     from orchestrator.pairing import paired_ratio
 
     with _opened_store(args.db, read_only=True) as store:
-        rows = {row["trial_id"]: row for row in store.trial_rows([args.trial_a, args.trial_b])}
+        rows = {row.trial_id: row for row in store.trial_rows([args.trial_a, args.trial_b])}
         for trial_id in (args.trial_a, args.trial_b):
             if trial_id not in rows:
                 raise UserError(f"error: no trial {trial_id!r} in the store")
-            if rows[trial_id]["status"] != "done":
-                raise UserError(f"error: trial {trial_id} is {rows[trial_id]['status']}, not done")
+            if rows[trial_id].status != "done":
+                raise UserError(f"error: trial {trial_id} is {rows[trial_id].status}, not done")
         samples_a = store.sample_speeds(args.trial_a)
         samples_b = store.sample_speeds(args.trial_b)
     compared = paired_ratio(samples_a, samples_b, seed=args.seed)
@@ -863,8 +867,8 @@ def _export(args: argparse.Namespace, console: Console) -> int:
     file_format = _export_format(args.out, args.format)
     with _opened_store(args.db, read_only=True) as store:
         _require_sweep(store, args.sweep)
-        rows = store.trials_frame(args.sweep)
-        runs = store.runs({row["run_id"] for row in rows if row["run_id"] is not None})
+        rows = store.trials(args.sweep)
+        runs = store.runs({row.run_id for row in rows if row.run_id is not None})
     records = report.export_records(report.with_provenance(rows, runs))
     try:
         if file_format == "csv":

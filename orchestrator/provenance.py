@@ -22,6 +22,7 @@ from orchestrator.git_state import git_state
 
 if TYPE_CHECKING:
     from orchestrator.store import Store
+    from orchestrator.store.records import StoredRun
 
 _REPO = Path(__file__).resolve().parent.parent
 #: Distributions whose versions are recorded (None when not installed).
@@ -56,17 +57,18 @@ class Provenance:
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
-def provenance_differences(old: Mapping[str, Any], new: Provenance) -> list[str]:
+def provenance_differences(old: StoredRun, new: Provenance) -> list[str]:
     """Return "field old → new" for every provenance field where a stored run differs."""
     changes = []
     for key, value in new.columns().items():
-        if old.get(key) != value:
-            changes.append(f"{key} {old.get(key)} → {value}")
+        stored = getattr(old, key)
+        if stored != value:
+            changes.append(f"{key} {stored} → {value}")
     return changes
 
 
 def provenance_note(
-    stored_runs: Mapping[int, Mapping[str, Any]],
+    stored_runs: Mapping[int, StoredRun],
     counts: Mapping[int | None, int],
     new: Provenance,
 ) -> list[str]:
@@ -93,8 +95,8 @@ def stored_provenance_notes(
     store: Store, trial_ids: Iterable[str], provenance: Provenance
 ) -> list[str]:
     """Return :func:`provenance_note`'s lines for the runs that measured these stored trials."""
-    counts = Counter(row["run_id"] for row in store.trial_rows(trial_ids))
-    runs = {run["id"]: run for run in store.runs(key for key in counts if key is not None)}
+    counts = Counter(trial.run_id for trial in store.trial_rows(trial_ids))
+    runs = {run.id: run for run in store.runs(key for key in counts if key is not None)}
     return provenance_note(runs, counts, provenance)
 
 

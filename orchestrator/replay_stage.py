@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.cost_model import CostModelError, RoundCostFit, fit_round_costs
 from orchestrator.planner import Trial
@@ -22,6 +22,9 @@ from policies import make_policy
 from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
 from workers.records import GenerationResult, RoundRecord
 from workers.trial import sample_seed
+
+if TYPE_CHECKING:
+    from orchestrator.store.records import StoredRound, StoredTrial
 
 #: Round fields that must agree between a replayed and a live round.
 ROUND_KEY = ("drafted", "accepted", "draft_forwards")
@@ -59,10 +62,10 @@ class GroupFit:
     n_trials: int
 
 
-def fit_group(rounds: Sequence[dict[str, Any]], trials: Sequence[dict[str, Any]]) -> GroupFit:
-    """Return the cost fit over ``rounds`` (store rows) of the group's done live ``trials``.
+def fit_group(rounds: Sequence[StoredRound], trials: Sequence[StoredTrial]) -> GroupFit:
+    """Return the cost fit over the stored ``rounds`` of the group's done live ``trials``.
 
-    ``trials`` are trial rows (``Store.trials_frame``); the overhead is the mean of
+    The overhead is the mean of
     seconds − draft seconds − verify seconds per sample over the speculative ones (the AR
     baselines when there is none). Raises CostModelError when the rounds cannot identify the
     costs (``fit_round_costs``) or no trial is given.
@@ -70,14 +73,14 @@ def fit_group(rounds: Sequence[dict[str, Any]], trials: Sequence[dict[str, Any]]
     if not trials:
         raise CostModelError("no done live trial in the group")
     fit = fit_round_costs(
-        [r["draft_forwards"] for r in rounds],
-        [r["drafted"] for r in rounds],
-        [r["draft_seconds"] for r in rounds],
-        [r["verify_seconds"] for r in rounds],
+        [r.draft_forwards for r in rounds],
+        [r.drafted for r in rounds],
+        [r.draft_seconds for r in rounds],
+        [r.verify_seconds for r in rounds],
     )
-    speculative = [t for t in trials if not t["is_baseline"]] or list(trials)
-    outside = sum(t["seconds"] - t["draft_seconds"] - t["verify_seconds"] for t in speculative)
-    samples = sum(t["n_samples"] for t in speculative)
+    speculative = [t for t in trials if not t.is_baseline] or list(trials)
+    outside = sum(t.seconds - t.draft_seconds - t.verify_seconds for t in speculative)
+    samples = sum(t.n_samples for t in speculative)
     return GroupFit(fit, outside / samples, len(trials))
 
 
@@ -155,7 +158,7 @@ class CrossCheck:
 
 def cross_check(
     trial: Trial,
-    live_rounds: Sequence[dict[str, Any]],
+    live_rounds: Sequence[StoredRound],
     live_tokens_per_s: float,
     traces: Sequence[GreedyTrace],
     group: GroupFit,
@@ -169,7 +172,9 @@ def cross_check(
     results = replayed_results(replayed, traces, group)
     live_by_sample: dict[int, list[tuple[int, ...]]] = {}
     for row in live_rounds:
-        live_by_sample.setdefault(row["sample_index"], []).append(tuple(row[k] for k in ROUND_KEY))
+        live_by_sample.setdefault(row.sample_index, []).append(
+            tuple(getattr(row, k) for k in ROUND_KEY)
+        )
     matched = total = 0
     for index, rounds in enumerate(replayed):
         ours = [tuple(getattr(r, k) for k in ROUND_KEY) for r in rounds]

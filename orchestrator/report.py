@@ -1,8 +1,9 @@
-"""Tables the CLI prints: pure functions from store rows, plans and model cards to row dicts.
+"""Tables the CLI prints: pure functions from stored trials, plans and model cards to row dicts.
 
-Every ``*_rows`` function returns a list of plain dicts (one per table row, keys are column
-names) so the same data can be printed with :func:`render_table`, written as CSV, or tested
-without a terminal. Only :func:`render_table` knows about ``rich``.
+Inputs are typed (the store's ``Stored*`` records, plans, model cards); every ``*_rows``
+function returns a list of plain dicts (one per table row, keys are column names) so the same
+data can be printed with :func:`render_table`, written as CSV, or tested without a terminal.
+Only :func:`render_table` knows about ``rich``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.table import Table
 from rich.text import Text
@@ -26,7 +28,9 @@ from orchestrator.run_fit import TrialCounts, round_fit_seconds
 
 if TYPE_CHECKING:
     from orchestrator.pairing import Comparison
+    from orchestrator.store.records import StoredCostFit, StoredJob, StoredRun, StoredTrial
 
+#: A table row as printed or exported: column name → value.
 Row = Mapping[str, Any]
 
 #: How the end-of-run summary groups trials: one row per pair × dataset × temperature × policy ×
@@ -162,6 +166,7 @@ HEADERS = {
 }
 
 MISSING = "-"
+T = TypeVar("T")
 MAX_ERROR_CHARS = 160
 
 
@@ -174,18 +179,18 @@ def mean_or_none(values: Iterable[float | None]) -> float | None:
     return math.fsum(present) / len(present) if present else None
 
 
-def group_rows(rows: Iterable[Row], keys: Sequence[str]) -> dict[tuple[Hashable, ...], list[Row]]:
-    """Return ``rows`` grouped by their values of ``keys``, groups in order of first appearance."""
-    groups: dict[tuple[Hashable, ...], list[Row]] = {}
+def group_rows(rows: Iterable[T], keys: Sequence[str]) -> dict[tuple[Hashable, ...], list[T]]:
+    """Return ``rows`` grouped by their attributes ``keys``, groups in order of first appearance."""
+    groups: dict[tuple[Hashable, ...], list[T]] = {}
     for row in rows:
-        groups.setdefault(tuple(row[key] for key in keys), []).append(row)
+        groups.setdefault(tuple(getattr(row, key) for key in keys), []).append(row)
     return groups
 
 
 def summary_rows(
-    rows: Iterable[Row], group_by: Sequence[str] = SUMMARY_GROUP
+    rows: Iterable[StoredTrial], group_by: Sequence[str] = SUMMARY_GROUP
 ) -> list[dict[str, Any]]:
-    """Return one summary row per group of trial rows (``Store.trials_frame`` dicts).
+    """Return one summary row per group of stored trials (``Store.trials``).
 
     Columns: the ``group_by`` values, ``trials`` (in the group), ``done``, and over the group's
     done trials the mean ``tokens_per_s``, mean ``speedup``, ``best_speedup`` with the best
@@ -195,11 +200,11 @@ def summary_rows(
     """
     summary = []
     for values, members in group_rows(rows, group_by).items():
-        done = [row for row in members if row["status"] == "done"]
-        speedups = [row["speedup"] for row in done if row["speedup"] is not None]
+        done = [row for row in members if row.status == "done"]
+        speedups = [row.speedup for row in done if row.speedup is not None]
         best = max(
-            (row for row in done if row["speedup"] is not None),
-            key=lambda row: row["speedup"],
+            (row for row in done if row.speedup is not None),
+            key=lambda row: row.speedup,
             default=None,
         )
         summary.append(
@@ -207,34 +212,34 @@ def summary_rows(
                 **dict(zip(group_by, values, strict=True)),
                 "trials": len(members),
                 "done": len(done),
-                "tokens_per_s": mean_or_none(row["tokens_per_s"] for row in done),
+                "tokens_per_s": mean_or_none(row.tokens_per_s for row in done),
                 "speedup": mean_or_none(speedups),
                 "best_speedup": max(speedups) if speedups else None,
                 "best_speedup_ci": interval_text(best, "speedup") if best else MISSING,
-                "acceptance_rate": mean_or_none(row["acceptance_rate"] for row in done),
+                "acceptance_rate": mean_or_none(row.acceptance_rate for row in done),
             }
         )
     return summary
 
 
-def interval_text(row: Row, figure: str) -> str:
+def interval_text(row: StoredTrial, figure: str) -> str:
     """Return a trial's stored 95% interval of ``figure`` as "[low, high]" ("-" when absent)."""
-    low, high = row.get(f"{figure}_low"), row.get(f"{figure}_high")
+    low, high = getattr(row, f"{figure}_low"), getattr(row, f"{figure}_high")
     if low is None or high is None:
         return MISSING
     return f"[{format_value(float(low))}, {format_value(float(high))}]"
 
 
-def trial_label(row: Row) -> str:
+def trial_label(row: StoredTrial) -> str:
     """Return "id (policy params, max DL n, pair, dataset, temp t)" for messages."""
-    params = format_params(row.get("params") or {})
+    params = format_params(row.params or {})
     return (
-        f"{row['trial_id']} ({row['policy']} {params}, max DL {row['max_draft_len']}, "
-        f"{row['pair']}, {row['dataset']}, temp {format_value(row['temperature'])})"
+        f"{row.trial_id} ({row.policy} {params}, max DL {row.max_draft_len}, "
+        f"{row.pair}, {row.dataset}, temp {format_value(row.temperature)})"
     )
 
 
-def comparison_refusal(a: Row, b: Row, n_shared: int) -> list[str]:
+def comparison_refusal(a: StoredTrial, b: StoredTrial, n_shared: int) -> list[str]:
     """Return why two trials cannot be compared: fewer than two shared prompts."""
     if n_shared < 2:
         what = "share no prompts" if n_shared == 0 else "share only 1 prompt"
@@ -242,7 +247,7 @@ def comparison_refusal(a: Row, b: Row, n_shared: int) -> list[str]:
     else:
         what, why = f"share {n_shared} prompts", "but a trial's samples took no time"
     return [
-        f"error: trials {a['trial_id']} and {b['trial_id']} {what}: {why}",
+        f"error: trials {a.trial_id} and {b.trial_id} {what}: {why}",
         f"  A: {trial_label(a)}",
         f"  B: {trial_label(b)}",
     ]
@@ -252,7 +257,9 @@ def comparison_refusal(a: Row, b: Row, n_shared: int) -> list[str]:
 FEW_PROMPTS = 10
 
 
-def comparison_lines(a: Row, b: Row, compared: Comparison, n_a: int, n_b: int) -> list[str]:
+def comparison_lines(
+    a: StoredTrial, b: StoredTrial, compared: Comparison, n_a: int, n_b: int
+) -> list[str]:
     """Return the ``compare`` command's output lines for a paired comparison."""
     assert compared.ratio is not None
     ratio = compared.ratio
@@ -278,15 +285,15 @@ def comparison_lines(a: Row, b: Row, compared: Comparison, n_a: int, n_b: int) -
     return lines
 
 
-def status_counts(rows: Iterable[Row]) -> dict[str, int]:
-    """Return how many trial rows there are (``planned``) and how many have each status.
+def status_counts(rows: Iterable[StoredTrial]) -> dict[str, int]:
+    """Return how many trials there are (``planned``) and how many have each status.
 
     Exists for ``status``: a sweep's progress at a glance.
     """
     counts = {"planned": 0, "done": 0, "failed": 0, "pending": 0, "running": 0}
     for row in rows:
         counts["planned"] += 1
-        counts[row["status"]] += 1
+        counts[row.status] += 1
     return counts
 
 
@@ -302,22 +309,22 @@ def error_summary(error: str | None, limit: int = MAX_ERROR_CHARS) -> str:
     return last if len(last) <= limit else last[: limit - 3] + "..."
 
 
-def failed_rows(rows: Iterable[Row]) -> list[dict[str, Any]]:
+def failed_rows(rows: Iterable[StoredTrial]) -> list[dict[str, Any]]:
     """Return the failed trials among ``rows`` with their error's last line.
 
     Exists so ``status`` and ``submit`` can say which trials failed and why.
     """
     return [
         {
-            **{key: row[key] for key in FAILED_COLUMNS if key != "error"},
-            "error": error_summary(row["error"]),
+            **{key: getattr(row, key) for key in FAILED_COLUMNS if key != "error"},
+            "error": error_summary(row.error),
         }
         for row in rows
-        if row["status"] == "failed"
+        if row.status == "failed"
     ]
 
 
-def training_job_rows(jobs: Iterable[Row]) -> list[dict[str, Any]]:
+def training_job_rows(jobs: Iterable[StoredJob]) -> list[dict[str, Any]]:
     """Return the store's training jobs for ``status``: status, attempts, error's last line.
 
     Exists so ``status`` shows which jobs are pending (queued for resources), running, done
@@ -325,8 +332,8 @@ def training_job_rows(jobs: Iterable[Row]) -> list[dict[str, Any]]:
     """
     return [
         {
-            **{key: job[key] for key in TRAINING_JOB_STATUS_COLUMNS if key != "error"},
-            "error": error_summary(job["error"]) if job["error"] else MISSING,
+            **{key: getattr(job, key) for key in TRAINING_JOB_STATUS_COLUMNS if key != "error"},
+            "error": error_summary(job.error) if job.error else MISSING,
         }
         for job in jobs
     ]
@@ -345,13 +352,12 @@ def plan_group_rows(plan: Plan) -> list[dict[str, Any]]:
     ``settings`` counts distinct parameter settings and ``max_draft_lens`` lists the caps.
     Exists for ``plan`` without ``--all``: the grid's shape without one line per trial.
     """
-    trials = [trial.to_dict() for trial in plan.trials]
     result = []
     for (pair, dataset, temperature, policy), members in group_rows(
-        trials, ("pair", "dataset", "temperature", "policy")
+        plan.trials, ("pair", "dataset", "temperature", "policy")
     ).items():
-        settings = {json.dumps(member["params"], sort_keys=True) for member in members}
-        caps = sorted({member["max_draft_len"] for member in members})
+        settings = {json.dumps(member.params_dict, sort_keys=True) for member in members}
+        caps = sorted({member.max_draft_len for member in members})
         result.append(
             {
                 "pair": pair,
@@ -480,14 +486,15 @@ PROVENANCE_FIELDS = (
 )
 
 
-def with_provenance(rows: Iterable[Row], runs: Iterable[Row]) -> list[dict[str, Any]]:
-    """Return trial rows with their run's provenance as ``run_<field>`` columns (None if none)."""
-    by_id = {run["id"]: run for run in runs}
+def with_provenance(rows: Iterable[StoredTrial], runs: Iterable[StoredRun]) -> list[dict[str, Any]]:
+    """Return trials as dicts with their run's provenance as ``run_<field>`` columns (None if
+    none)."""
+    by_id = {run.id: run for run in runs}
     return [
         {
-            **row,
+            **asdict(row),
             **{
-                f"run_{name}": by_id.get(row.get("run_id"), {}).get(name)
+                f"run_{name}": getattr(by_id[row.run_id], name) if row.run_id in by_id else None
                 for name in PROVENANCE_FIELDS
             },
         }
@@ -552,7 +559,7 @@ def render_table(
     return table
 
 
-def cost_fit_rows(fits: Iterable[Row]) -> list[dict[str, Any]]:
+def cost_fit_rows(fits: Iterable[StoredCostFit]) -> list[dict[str, Any]]:
     """Return one row per stored cost fit (``Store.cost_fits``), costs in milliseconds.
 
     Exists for the ``fits`` command: each group's per-forward costs, the fits' R² and, for a
@@ -560,12 +567,12 @@ def cost_fit_rows(fits: Iterable[Row]) -> list[dict[str, Any]]:
     """
     return [
         {
-            **{key: fit[key] for key in FIT_COLUMNS if key in fit},
-            "t_draft_ms": fit["t_draft"] * 1e3,
-            "t_target_ms": fit["t_target"] * 1e3,
-            "t_per_verified_ms": fit["t_per_verified"] * 1e3,
-            "run_t_draft_ms": _ms(fit.get("run_t_draft")),
-            "run_t_target_ms": _ms(fit.get("run_t_target")),
+            **{key: getattr(fit, key) for key in FIT_COLUMNS if hasattr(fit, key)},
+            "t_draft_ms": fit.t_draft * 1e3,
+            "t_target_ms": fit.t_target * 1e3,
+            "t_per_verified_ms": fit.t_per_verified * 1e3,
+            "run_t_draft_ms": _ms(fit.run_t_draft),
+            "run_t_target_ms": _ms(fit.run_t_target),
         }
         for fit in fits
     ]
@@ -580,25 +587,29 @@ def _ms(seconds: float | None) -> float | None:
 FIT_GROUP = ("pair", "dataset", "split", "samples", "max_new_tokens", "temperature")
 
 
-def fit_seconds(fit: Row, row: Row) -> float | None:
-    """Return a trial's seconds predicted by its group's projection fit (None without one)."""
+def fit_seconds(fit: StoredCostFit, row: StoredTrial, which: str | None = None) -> float | None:
+    """Return a trial's seconds predicted by its group's fit ``which`` ("round" or "run";
+    default: the fit's ``projection_fit``).
+
+    Also takes the ``itertuples`` rows of cost-fit and trial DataFrames (the dashboard's).
+    """
     counts = TrialCounts.from_row(row)
-    if fit.get("projection_fit") == "run":
-        return fit["run_t_draft"] * counts.draft_forwards + fit["run_t_target"] * counts.rounds
+    if (which or fit.projection_fit) == "run":
+        return fit.run_t_draft * counts.draft_forwards + fit.run_t_target * counts.rounds
     round_fit = RoundCostFit(
-        **{key: fit[key] for key in ("t_draft", "t_target", "t_per_verified")},
-        **{key: fit[key] for key in ("r2_draft", "r2_verify", "r2_round", "n_rounds")},
+        **{key: getattr(fit, key) for key in ("t_draft", "t_target", "t_per_verified")},
+        **{key: getattr(fit, key) for key in ("r2_draft", "r2_verify", "r2_round", "n_rounds")},
     )
-    return round_fit_seconds(round_fit, fit["overhead_seconds"], counts)
+    return round_fit_seconds(round_fit, fit.overhead_seconds, counts)
 
 
-def fit_tokens_per_s(fits: Iterable[Row], row: Row) -> float | None:
+def fit_tokens_per_s(fits: Iterable[StoredCostFit], row: StoredTrial) -> float | None:
     """Return a done trial's tokens/s as its group's better fit projects it (None without)."""
-    key = tuple(row.get(name) for name in FIT_GROUP)
+    key = tuple(getattr(row, name) for name in FIT_GROUP)
     for fit in fits:
-        if tuple(fit.get(name) for name in FIT_GROUP) == key:
+        if tuple(getattr(fit, name) for name in FIT_GROUP) == key:
             seconds = fit_seconds(fit, row)
-            return (row["generated_tokens"] or 0) / seconds if seconds else None
+            return (row.generated_tokens or 0) / seconds if seconds else None
     return None
 
 
@@ -608,7 +619,9 @@ def profile_column(profile: HardwareProfile, what: str) -> str:
 
 
 def profile_projection_rows(
-    rows: Iterable[Row], profiles: Sequence[HardwareProfile], fits: Sequence[Row] = ()
+    rows: Iterable[StoredTrial],
+    profiles: Sequence[HardwareProfile],
+    fits: Sequence[StoredCostFit] = (),
 ) -> list[dict[str, Any]]:
     """Return one row per done trial with its tokens/s and speedup projected on ``profiles``.
 
@@ -621,17 +634,17 @@ def profile_projection_rows(
     """
     result = []
     for row in rows:
-        if row["status"] != "done":
+        if row.status != "done":
             continue
-        projected: dict[str, Any] = {key: row.get(key) for key in PROJECTION_LEADING_COLUMNS}
+        projected = {key: getattr(row, key, None) for key in PROJECTION_LEADING_COLUMNS}
         projected["fit_tokens_per_s"] = fit_tokens_per_s(fits, row)
         for profile in profiles:
             try:
                 projection = project_onto_profile(
                     profile,
-                    row["n_draft_forwards"] or 0,
-                    row["n_rounds"] or 0,
-                    row["generated_tokens"] or 0,
+                    row.n_draft_forwards or 0,
+                    row.n_rounds or 0,
+                    row.generated_tokens or 0,
                 )
             except CostModelError:
                 projection = None

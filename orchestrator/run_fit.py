@@ -9,13 +9,16 @@ with the lower error is the projection fit (pure functions; the runner stores th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from orchestrator.cost_model import RoundCostFit, fit_cost_model, r_squared
+
+if TYPE_CHECKING:
+    from orchestrator.store.records import StoredTrial
 
 FitName = Literal["round", "run"]
 
@@ -32,15 +35,15 @@ class TrialCounts:
     seconds: float
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> TrialCounts:
-        """Read the counts of a ``trials`` row (``Store.trial_rows``)."""
+    def from_row(cls, row: StoredTrial) -> TrialCounts:
+        """Read the counts of a stored trial (or of a trials DataFrame's ``itertuples`` row)."""
         return cls(
-            draft_forwards=row["n_draft_forwards"] or 0,
-            rounds=row["n_rounds"] or 0,
-            drafted=row["n_drafted"] or 0,
-            samples=row["n_samples"] or 0,
-            tokens=row["generated_tokens"] or 0,
-            seconds=row["seconds"] or 0.0,
+            draft_forwards=row.n_draft_forwards or 0,
+            rounds=row.n_rounds or 0,
+            drafted=row.n_drafted or 0,
+            samples=row.n_samples or 0,
+            tokens=row.generated_tokens or 0,
+            seconds=row.seconds or 0.0,
         )
 
 

@@ -51,7 +51,7 @@ def _outputs(url: str, trial_ids: list[str]) -> dict[str, list[list[int]]]:
     """Return each trial's stored output ids, per sample."""
     with open_store(url, read_only=True) as store:
         return {
-            trial_id: [sample["output_ids"] for sample in store.sample_outputs(trial_id)]
+            trial_id: [sample.output_ids for sample in store.sample_outputs(trial_id)]
             for trial_id in trial_ids
         }
 

@@ -452,8 +452,8 @@ def test_preflight_refuses_before_any_trial_runs(
     assert _files(db_dir) == before  # no database created, or the existing one untouched
     if db_exists:
         with open_store(url, read_only=True) as store:
-            assert {row["name"] for row in store.sweeps()} == {"already-there"}
-            assert all(row["status"] == "pending" for row in store.trials_frame())
+            assert {row.name for row in store.sweeps()} == {"already-there"}
+            assert all(row.status == "pending" for row in store.trials())
 
 
 def test_preflight_lists_every_problem_at_once(

@@ -145,7 +145,7 @@ def _table_row(output: str, first_cell: str) -> list[str]:
 
 def _statuses(url: str) -> dict[str, str]:
     with open_store(url, read_only=True) as store:
-        return {row["trial_id"]: row["status"] for row in store.trials_frame()}
+        return {row.trial_id: row.status for row in store.trials()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_query_refuses_writes(
     assert _statuses(filled.url) == before
     assert sorted(filled.path.parent.iterdir()) == files
     with open_store(filled.url, read_only=True) as store:
-        assert [sweep["name"] for sweep in store.sweeps()] == ["cli"]
+        assert [sweep.name for sweep in store.sweeps()] == ["cli"]
         with store.engine.connect() as connection:
             tables = connection.exec_driver_sql("SELECT name FROM sqlite_master").scalars().all()
     assert "notes" not in tables and "rounds" in tables
@@ -599,7 +599,7 @@ def test_submit_when_everything_is_done_says_so(
         "0.5",
     ]
     with open_store(url, read_only=True) as store:
-        assert [sweep["name"] for sweep in store.sweeps()] == ["done"]
+        assert [sweep.name for sweep in store.sweeps()] == ["done"]
 
 
 def test_submit_with_failed_trials_exits_1_and_says_how_to_retry(

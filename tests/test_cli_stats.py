@@ -15,7 +15,9 @@ from orchestrator.planner import plan_sweep
 from orchestrator.provenance import collect_provenance
 from orchestrator.spec import load_sweep
 from orchestrator.store import open_store
+from orchestrator.store.records import StoredTrial
 from tests import test_cli
+from tests.store_records import stored_trial
 from workers.records import GenerationResult, RoundRecord
 
 
@@ -110,8 +112,8 @@ def test_export_carries_provenance_and_intervals(stats_store, tmp_path, capsys) 
 
 def test_summary_table_shows_the_best_trial_interval() -> None:
     rows = [
-        {**_summary_row(1.5), "speedup_low": 1.2, "speedup_high": 1.7},
-        {**_summary_row(2.0), "speedup_low": 1.9, "speedup_high": 2.1},
+        _summary_row(1.5, speedup_low=1.2, speedup_high=1.7),
+        _summary_row(2.0, speedup_low=1.9, speedup_high=2.1),
     ]
     from orchestrator import report
 
@@ -119,18 +121,19 @@ def test_summary_table_shows_the_best_trial_interval() -> None:
     assert summary["best_speedup"] == 2.0 and summary["best_speedup_ci"] == "[1.9, 2.1]"
 
 
-def _summary_row(speedup: float) -> dict[str, object]:
-    return {
-        "pair": "p",
-        "dataset": "d",
-        "temperature": 0.0,
-        "policy": "static",
-        "max_draft_len": 4,
-        "status": "done",
-        "tokens_per_s": 10.0,
-        "speedup": speedup,
-        "acceptance_rate": 0.5,
-    }
+def _summary_row(speedup: float, **intervals: float) -> StoredTrial:
+    return stored_trial(
+        pair="p",
+        dataset="d",
+        temperature=0.0,
+        policy="static",
+        max_draft_len=4,
+        status="done",
+        tokens_per_s=10.0,
+        speedup=speedup,
+        acceptance_rate=0.5,
+        **intervals,
+    )
 
 
 fake_runner = test_cli.fake_runner
@@ -173,8 +176,8 @@ def test_refresh_fills_intervals_of_trials_stored_without_them(stats_store, caps
     assert "refreshed the statistics of 4 done trials of cli" in capsys.readouterr().out
     with open_store(url, read_only=True) as store:
         after = store.trial_rows([ids["static"]])[0]
-    assert (after["speedup_low"], after["speedup_high"]) == (
-        before["speedup_low"],
-        before["speedup_high"],
+    assert (after.speedup_low, after.speedup_high) == (
+        before.speedup_low,
+        before.speedup_high,
     )
     assert cli.main(["--db", url, "refresh", "nope"]) == 2

@@ -197,13 +197,13 @@ def test_two_writer_processes_on_a_fresh_database_store_every_trial_once(
             "links": len(ids["left"]) + len(ids["right"]),
         }
         for name, plan in plans.items():
-            rows = store.trials_frame(name)
-            assert [row["trial_id"] for row in rows] == [t.trial_id for t in plan.trials]
-            assert all(row["status"] == "done" for row in rows)
+            rows = store.trials(name)
+            assert [row.trial_id for row in rows] == [t.trial_id for t in plan.trials]
+            assert all(row.status == "done" for row in rows)
             for row in rows:
-                errors = row["attempt_errors"] or []
-                assert all(error.endswith(row["trial_id"]) for error in errors)
-                assert row["attempts"] >= 1 + len(errors)
+                errors = row.attempt_errors or []
+                assert all(error.endswith(row.trial_id) for error in errors)
+                assert row.attempts >= 1 + len(errors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,13 +283,13 @@ def test_two_submits_at_once_on_one_database_store_every_trial_once(
     with open_store(db_url, read_only=True) as store:
         counts = _counts(store)
         for name, plan in plans.items():
-            rows = store.trials_frame(name)
-            assert [row["trial_id"] for row in rows] == [t.trial_id for t in plan.trials]
-            assert all(row["status"] == "done" for row in rows), output[name]
+            rows = store.trials(name)
+            assert [row.trial_id for row in rows] == [t.trial_id for t in plan.trials]
+            assert all(row.status == "done" for row in rows), output[name]
         baseline_id = plans["left"].trials[0].trial_id
-        baseline = [s["output_ids"] for s in store.sample_outputs(baseline_id)]
+        baseline = [s.output_ids for s in store.sample_outputs(baseline_id)]
         for trial_id in union:  # greedy and lossless: every trial decodes the baseline's tokens
-            assert [s["output_ids"] for s in store.sample_outputs(trial_id)] == baseline
+            assert [s.output_ids for s in store.sample_outputs(trial_id)] == baseline
     assert counts["done"] == counts["trials"] == len(union)
     assert counts["samples"] == counts["distinct_samples"] == SAMPLES * len(union)
     assert counts["links"] == sum(len(plan.trials) for plan in plans.values())

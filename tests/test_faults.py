@@ -38,7 +38,7 @@ from orchestrator import runner as runner_module
 from orchestrator.planner import Plan, Trial, plan_sweep
 from orchestrator.runner import RunOptions, run_sweep
 from orchestrator.spec import parse_sweep
-from orchestrator.store import Store, open_store
+from orchestrator.store import Store, StoredTrial, open_store
 from orchestrator.store.models import RoundRow, SampleResultRow
 
 SAMPLES = 2
@@ -228,28 +228,28 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
     assert injector.starts == 1 + len(FAULTS)  # the first group, then one per actor death
     assert (summary.ran, summary.failed, summary.failures) == (len(plan.trials), 0, [])
 
-    rows = {row["trial_id"]: row for row in store.trials_frame("faults")}
+    rows = {row.trial_id: row for row in store.trials("faults")}
     assert list(rows) == [trial.trial_id for trial in plan.trials]
     for trial_id, row in rows.items():
-        assert row["status"] == "done", row["error"]
+        assert row.status == "done", row.error
         if trial_id in hit:
-            assert row["attempts"] == 2, (hit[trial_id], row["attempt_errors"])
-            (error,) = row["attempt_errors"]
+            assert row.attempts == 2, (hit[trial_id], row.attempt_errors)
+            (error,) = row.attempt_errors
             assert any(name in error for name in ACTOR_DEATH), (hit[trial_id], error)
         else:
-            assert (row["attempts"], row["attempt_errors"]) == (1, None)
+            assert (row.attempts, row.attempt_errors) == (1, None)
         samples = store.sample_outputs(trial_id)
-        assert [s["sample_index"] for s in samples] == list(range(SAMPLES))
-        assert _round_count(store, trial_id) == sum(s["n_rounds"] for s in samples)
+        assert [s.sample_index for s in samples] == list(range(SAMPLES))
+        assert _round_count(store, trial_id) == sum(s.n_rounds for s in samples)
     assert _sample_counts(store) == (SAMPLES * len(plan.trials), SAMPLES * len(plan.trials))
 
     # Greedy speculative decoding is lossless, so every retried trial must reproduce the
     # baseline's tokens: a retry that resumed a half-updated KV cache would not.
-    baseline = [s["output_ids"] for s in store.sample_outputs(plan.trials[0].trial_id)]
+    baseline = [s.output_ids for s in store.sample_outputs(plan.trials[0].trial_id)]
     for trial in plan.trials[1:]:
-        assert [s["output_ids"] for s in store.sample_outputs(trial.trial_id)] == baseline
+        assert [s.output_ids for s in store.sample_outputs(trial.trial_id)] == baseline
 
-    kinds = sorted({rows[i.trial_id]["attempt_errors"][0].split(":")[0] for i in injector.injected})
+    kinds = sorted({rows[i.trial_id].attempt_errors[0].split(":")[0] for i in injector.injected})
     with capsys.disabled():
         print(
             f"\n[faults] injected {len(injector.injected)} worker faults "
@@ -303,20 +303,20 @@ def test_a_model_error_fails_only_its_trials_with_the_reason_and_the_sweep_goes_
         # Cali-TS raises on the first prompt, before the empty one is reached.
         ("humaneval", "cali_ts"): "ZeroDivisionError: float division by zero",
     }
-    rows = store.trials_frame("model-error")
-    assert sorted((row["dataset"], row["policy"]) for row in rows) == sorted(expected)
+    rows = store.trials("model-error")
+    assert sorted((row.dataset, row.policy) for row in rows) == sorted(expected)
     for row in rows:
-        reason = expected[(row["dataset"], row["policy"])]
-        samples = store.sample_outputs(row["trial_id"])
+        reason = expected[(row.dataset, row.policy)]
+        samples = store.sample_outputs(row.trial_id)
         if reason is None:
-            assert (row["status"], row["attempts"], row["error"]) == ("done", 1, None)
+            assert (row.status, row.attempts, row.error) == ("done", 1, None)
             assert len(samples) == SAMPLES
         else:
-            assert row["status"] == "failed"
-            assert reason in row["error"]
-            assert row["attempts"] == 2  # retries: 1
-            assert len(row["attempt_errors"]) == 2
-            assert all(reason in error for error in row["attempt_errors"])
+            assert row.status == "failed"
+            assert reason in row.error
+            assert row.attempts == 2  # retries: 1
+            assert len(row.attempt_errors) == 2
+            assert all(reason in error for error in row.attempt_errors)
             assert samples == []
     assert (summary.ran, summary.failed) == (len(plan.trials), 4)
     assert injector.starts == 1  # a model error is not an actor death: the actors are kept
@@ -499,14 +499,14 @@ def _wait_collecting(process: subprocess.Popen, timeout_s: float) -> set[Proc]:
     return seen
 
 
-def _done_trials(url: str, sweep: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def _done_trials(url: str, sweep: str) -> tuple[dict[str, StoredTrial], dict[str, Any]]:
     """Return the sweep's trial rows and, per done trial, (finished_at, attempts, samples)."""
     with open_store(url, read_only=True) as store:
-        rows = {row["trial_id"]: row for row in store.trials_frame(sweep)}
+        rows = {row.trial_id: row for row in store.trials(sweep)}
         done = {
-            trial_id: (row["finished_at"], row["attempts"], store.sample_outputs(trial_id))
+            trial_id: (row.finished_at, row.attempts, store.sample_outputs(trial_id))
             for trial_id, row in rows.items()
-            if row["status"] == "done"
+            if row.status == "done"
         }
     return rows, done
 
@@ -539,8 +539,8 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
         assert not lingering, describe_processes(lingering)
 
         before, kept = _done_trials(url, "driver")
-        interrupted = [tid for tid, row in before.items() if row["status"] == "running"]
-        assert {row["status"] for row in before.values()} <= {"done", "running", "pending"}
+        interrupted = [tid for tid, row in before.items() if row.status == "running"]
+        assert {row.status for row in before.values()} <= {"done", "running", "pending"}
         assert kept and interrupted and len(kept) < len(plan.trials)
 
         second = subprocess.Popen(
@@ -574,11 +574,11 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
     for trial_id, untouched in kept.items():
         assert done[trial_id] == untouched  # same finish time, attempts and sample rows (ids)
     for trial_id in interrupted:
-        assert after[trial_id]["attempts"] == 2  # the killed attempt and the redone one
-    baseline = [s["output_ids"] for s in done[plan.trials[0].trial_id][2]]
+        assert after[trial_id].attempts == 2  # the killed attempt and the redone one
+    baseline = [s.output_ids for s in done[plan.trials[0].trial_id][2]]
     for _, _, samples in done.values():
-        assert [s["sample_index"] for s in samples] == list(range(SAMPLES))
-        assert [s["output_ids"] for s in samples] == baseline
+        assert [s.sample_index for s in samples] == list(range(SAMPLES))
+        assert [s.output_ids for s in samples] == baseline
     with open_store(url, read_only=True) as store:
         stored = _sample_counts(store)
     assert stored == (SAMPLES * len(plan.trials), SAMPLES * len(plan.trials))

@@ -68,9 +68,9 @@ class StatusWatcher(threading.Thread):
         while True:
             stopping = self.stopping.is_set()
             for row in self.store.training_jobs():
-                history = self.seen.setdefault(row["name"], [])
-                if not history or history[-1][0] != row["status"]:
-                    history.append((row["status"], time.monotonic()))
+                history = self.seen.setdefault(row.name, [])
+                if not history or history[-1][0] != row.status:
+                    history.append((row.status, time.monotonic()))
             if stopping:
                 return
             time.sleep(0.05)
@@ -115,15 +115,15 @@ def test_ranks_shard_batches_to_the_one_worker_weights_and_wait_queued(
         watcher.first(a, "running") > watcher.first(b, "done") for a in JOBS for b in JOBS
     ), watcher.seen
 
-    rows = {row["name"]: row for row in store.training_jobs()}
+    rows = {row.name: row for row in store.training_jobs()}
     weights = {}
     for name in JOBS:
         row, path = rows[name], outcomes[name].artifact_path
-        assert row["status"] == "done" and row["attempts"] == 1 and row["error"] is None
-        metrics = row["metrics"]
+        assert row.status == "done" and row.attempts == 1 and row.error is None
+        metrics = row.metrics
         assert metrics["steps"] == 6 and metrics["tokens_seen"] == 6 * 3 * 32
         assert metrics["heldout_kl"] < metrics["initial_heldout_kl"]
-        assert store.artifacts(row["job_id"])[0]["path"] == path
+        assert store.artifacts(row.job_id)[0].path == path
         AutoModelForCausalLM.from_pretrained(path)
         weights[name] = artifact_tensors(path)
         job_dir = job_env / row["job_id"]

@@ -24,7 +24,7 @@ from orchestrator.planner import REPLAY_MODE, plan_sweep, replay_groups
 from orchestrator.replay_stage import trace_from_json, trace_to_json
 from orchestrator.runner import RunOptions, preflight, run_sweep
 from orchestrator.spec import SweepError, load_sweep, parse_sweep
-from orchestrator.store import open_store
+from orchestrator.store import StoredRound, open_store
 from policies.replay import DraftPrediction, GreedyTrace
 from workers.records import GenerationResult, RoundRecord
 
@@ -356,13 +356,13 @@ def _run(text: str, url: str):
     return plan, summary
 
 
-def _round_key(rows: list[dict]) -> dict[tuple[int, int], tuple]:
+def _round_key(rows: list[StoredRound]) -> dict[tuple[int, int], tuple]:
     return {
-        (r["sample_index"], r["round_index"]): (
-            r["drafted"],
-            r["accepted"],
-            r["bonus"],
-            r["draft_forwards"],
+        (r.sample_index, r.round_index): (
+            r.drafted,
+            r.accepted,
+            r.bonus,
+            r.draft_forwards,
         )
         for r in rows
     }
@@ -378,32 +378,32 @@ def test_replayed_trials_equal_live_ones_and_traces_are_recorded_once(zoo_env, r
     live_plan, live_summary = _run(live_text, url)
     assert live_summary.failed == 0, live_summary.failures
     with open_store(url) as store:
-        rows = {r["trial_id"]: r for r in store.trials_frame("replay-test")}
+        rows = {r.trial_id: r for r in store.trials("replay-test")}
         replayed = [t for t in plan.trials if t.mode == REPLAY_MODE]
-        assert {rows[t.trial_id]["mode"] for t in replayed} == {"replay"}
-        assert all(rows[t.trial_id]["tokens_per_s"] > 0 for t in replayed)
-        assert all(rows[t.trial_id]["speedup"] is not None for t in replayed)
+        assert {rows[t.trial_id].mode for t in replayed} == {"replay"}
+        assert all(rows[t.trial_id].tokens_per_s > 0 for t in replayed)
+        assert all(rows[t.trial_id].speedup is not None for t in replayed)
         by_config = {(t.policy, t.params, t.max_draft_len): t for t in live_plan.trials}
         for trial in replayed:
             twin = by_config[(trial.policy, trial.params, trial.max_draft_len)]
             ours = _round_key(store.rounds([trial.trial_id]))
             theirs = _round_key(store.rounds([twin.trial_id]))
             assert ours == theirs, (trial.policy, trial.params, trial.max_draft_len)
-            outputs = [s["output_ids"] for s in store.sample_outputs(trial.trial_id)]
-            assert outputs == [s["output_ids"] for s in store.sample_outputs(twin.trial_id)]
+            outputs = [s.output_ids for s in store.sample_outputs(trial.trial_id)]
+            assert outputs == [s.output_ids for s in store.sample_outputs(twin.trial_id)]
             live_row = store.trial_rows([twin.trial_id])[0]
             for metric in ("n_rounds", "n_drafted", "n_accepted", "acceptance_rate"):
-                assert rows[trial.trial_id][metric] == live_row[metric], metric
+                assert getattr(rows[trial.trial_id], metric) == getattr(live_row, metric), metric
         (fit,) = store.cost_fits("replay-test")
-        assert all(0.0 <= fit[k] <= 1.0 for k in ("r2_draft", "r2_verify", "r2_round"))
-        assert fit["t_draft"] > 0 and fit["t_target"] > 0 and fit["n_trials"] == 2
-        assert fit["check_same_rounds"] == 1.0
-        assert fit["check_error"] == pytest.approx(
-            fit["check_projected_tokens_per_s"] / fit["check_tokens_per_s"] - 1
+        assert all(0.0 <= getattr(fit, k) <= 1.0 for k in ("r2_draft", "r2_verify", "r2_round"))
+        assert fit.t_draft > 0 and fit.t_target > 0 and fit.n_trials == 2
+        assert fit.check_same_rounds == 1.0
+        assert fit.check_error == pytest.approx(
+            fit.check_projected_tokens_per_s / fit.check_tokens_per_s - 1
         )
         (live_fit,) = store.cost_fits("live-test")
-        assert live_fit["n_trials"] == len(live_plan.trials)
-        assert live_fit["check_trial_id"] is None
+        assert live_fit.n_trials == len(live_plan.trials)
+        assert live_fit.check_trial_id is None
     more = SWEEP.replace("name: replay-test", "name: replay-more").replace(
         "grid: {threshold: [0.1]}", "grid: {threshold: [0.1, 0.2]}"
     )

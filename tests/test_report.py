@@ -14,12 +14,14 @@ from rich.console import Console
 from orchestrator import report
 from orchestrator.planner import plan_sweep
 from orchestrator.spec import load_sweep, parse_sweep
+from orchestrator.store.records import StoredTrial
+from tests.store_records import stored_trial
 
 DEMO = Path(__file__).resolve().parents[1] / "sweeps" / "demo.yaml"
 
 
-def _row(**values: Any) -> dict[str, Any]:
-    """A trials_frame-like row: defaults for every column the report reads."""
+def _row(**values: Any) -> StoredTrial:
+    """A stored trial: defaults for every column the report reads."""
     base = {
         "trial_id": "t",
         "pair": "p",
@@ -35,7 +37,7 @@ def _row(**values: Any) -> dict[str, Any]:
         "speedup": None,
         "acceptance_rate": None,
     }
-    return {**base, **values}
+    return stored_trial(**{**base, **values})
 
 
 def _text(table: Any) -> str:

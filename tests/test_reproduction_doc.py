@@ -63,6 +63,6 @@ def test_every_table_in_the_document_is_what_query_returns() -> None:
 def test_the_demo_database_holds_the_current_demo_sweep() -> None:
     plan = plan_sweep(load_sweep(REPO / "sweeps" / "demo.yaml"))
     with open_store(f"sqlite:///{DB}", read_only=True) as store:
-        rows = store.trials_frame("demo")
-    assert {row["trial_id"] for row in rows} == {trial.trial_id for trial in plan.trials}
-    assert {row["status"] for row in rows} == {"done"}
+        rows = store.trials("demo")
+    assert {row.trial_id for row in rows} == {trial.trial_id for trial in plan.trials}
+    assert {row.status for row in rows} == {"done"}

@@ -59,29 +59,29 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     inputs = preflight(spec, plan)
     summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
     assert (summary.ran, summary.failed, summary.already_done) == (len(plan.trials), 0, 0)
-    rows = {row["trial_id"]: row for row in store.trials_frame("runner-test")}
+    rows = {row.trial_id: row for row in store.trials("runner-test")}
     assert len(rows) == len(plan.trials)
-    assert all(row["status"] == "done" for row in rows.values())
-    assert all(row["tokens_per_s"] > 0 for row in rows.values())
+    assert all(row.status == "done" for row in rows.values())
+    assert all(row.tokens_per_s > 0 for row in rows.values())
     # provenance: one run, every trial points to it; intervals bracket their estimates
     (run,) = store.runs()
-    assert {row["run_id"] for row in rows.values()} == {run["id"]}
-    assert run["sweep"] == "runner-test" and run["torch_threads"] >= 1
+    assert {row.run_id for row in rows.values()} == {run.id}
+    assert run.sweep == "runner-test" and run.torch_threads >= 1
     for row in rows.values():
-        assert row["tokens_per_s_low"] <= row["tokens_per_s"] <= row["tokens_per_s_high"]
-        assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
-    drafting = [row["trial_id"] for row in rows.values() if row["n_drafted"]]
+        assert row.tokens_per_s_low <= row.tokens_per_s <= row.tokens_per_s_high
+        assert row.speedup_low <= row.speedup <= row.speedup_high
+    drafting = [row.trial_id for row in rows.values() if row.n_drafted]
     assert drafting
-    positions = store.position_acceptance(drafting)
-    assert {p["trial_id"] for p in positions} == set(drafting)
+    positions = list(store.position_acceptance(drafting).itertuples(index=False))
+    assert {p.trial_id for p in positions} == set(drafting)
     for trial_id in drafting:
         rounds = store.rounds([trial_id])
-        first = next(p for p in positions if p["trial_id"] == trial_id and p["position"] == 1)
-        assert first["drafted"] == sum(r["drafted"] >= 1 for r in rounds)
-        assert first["accepted"] == sum(r["accepted"] >= 1 for r in rounds)
+        first = next(p for p in positions if p.trial_id == trial_id and p.position == 1)
+        assert first.drafted == sum(r.drafted >= 1 for r in rounds)
+        assert first.accepted == sum(r.accepted >= 1 for r in rounds)
     fits = store.cost_fits("runner-test")
-    assert fits and all(fit["projection_fit"] in ("round", "run") for fit in fits)
-    assert all(fit["run_mre"] >= 0 and fit["round_trial_mre"] >= 0 for fit in fits)
+    assert fits and all(fit.projection_fit in ("round", "run") for fit in fits)
+    assert all(fit.run_mre >= 0 and fit.round_trial_mre >= 0 for fit in fits)
     assert len(summary.fit_notes) == len(fits)
     assert all("run-level fit R²" in note for note in summary.fit_notes)
 
@@ -95,8 +95,8 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     for trial in plan.trials:
         in_process = run_trial(draft, target, runner._request(trial))
         stored = store.sample_outputs(trial.trial_id)
-        assert [r.output_ids for r in in_process] == [s["output_ids"] for s in stored]
-        assert [r.n_accepted for r in in_process] == [s["accepted"] for s in stored]
+        assert [r.output_ids for r in in_process] == [s.output_ids for s in stored]
+        assert [r.n_accepted for r in in_process] == [s.accepted for s in stored]
 
     again = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
     assert (again.ran, again.already_done) == (0, len(plan.trials))
@@ -154,4 +154,4 @@ def test_deepspeed_target_group_on_actors_gives_the_unsharded_greedy_output(
     for trial in plan.trials:
         unsharded = run_trial(draft, target, runner._request(trial))
         stored = store.sample_outputs(trial.trial_id)
-        assert [r.output_ids for r in unsharded] == [s["output_ids"] for s in stored]
+        assert [r.output_ids for r in unsharded] == [s.output_ids for s in stored]

@@ -69,7 +69,7 @@ def _snapshot(url: str) -> dict[str, Any]:
     """Return every table's row count and every trial's status (what a write would change)."""
     with open_store(url, read_only=True) as store, store.engine.connect() as connection:
         counts = {t: connection.scalar(text(f"SELECT count(*) FROM {t}")) for t in TABLES}
-        statuses = {row["trial_id"]: row["status"] for row in store.trials_frame()}
+        statuses = {row.trial_id: row.status for row in store.trials()}
     return {"counts": counts, "statuses": statuses}
 
 

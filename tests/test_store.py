@@ -6,6 +6,7 @@ to run every test on PostgreSQL too.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sqlite3
@@ -25,17 +26,21 @@ from sqlalchemy.exc import DBAPIError
 from orchestrator.metrics import trial_metrics
 from orchestrator.planner import Plan, Trial, plan_sweep
 from orchestrator.spec import SweepSpec, parse_sweep
-from orchestrator.store import Store, StoreError, default_url, open_store, prompt_id
+from orchestrator.store import Store, StoreError, default_url, open_store, prompt_id, records
 from orchestrator.store.db import alembic_config, current_revision, head_revision, make_engine
 from orchestrator.store.models import (
     ArtifactRow,
     Base,
+    CostFitRow,
     RoundRow,
+    RunRow,
     SampleResultRow,
     SweepTrialRow,
+    TraceRow,
     TrainingJobRow,
     TrialRow,
 )
+from orchestrator.store.records import StoredTrial
 from workers.records import GenerationResult, RoundRecord
 
 PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
@@ -110,8 +115,8 @@ def _count(store: Store, model: type[Base], *conditions: object) -> int:
         return int(connection.scalar(query) or 0)
 
 
-def _row(store: Store, trial: Trial) -> dict[str, object]:
-    return next(row for row in store.trials_frame() if row["trial_id"] == trial.trial_id)
+def _row(store: Store, trial: Trial) -> StoredTrial:
+    return next(row for row in store.trials() if row.trial_id == trial.trial_id)
 
 
 def test_migration_from_empty_matches_models(db_url: str) -> None:
@@ -124,6 +129,25 @@ def test_migration_from_empty_matches_models(db_url: str) -> None:
         assert differences == []
     with open_store(db_url) as again:
         assert current_revision(again.engine) == head_revision()
+
+
+@pytest.mark.parametrize(
+    ("record_type", "model"),
+    [
+        (records.StoredTrial, TrialRow),
+        (records.StoredSample, SampleResultRow),
+        (records.StoredRound, RoundRow),
+        (records.StoredRun, RunRow),
+        (records.StoredJob, TrainingJobRow),
+        (records.StoredArtifact, ArtifactRow),
+        (records.StoredCostFit, CostFitRow),
+        (records.StoredTraces, TraceRow),
+    ],
+)
+def test_records_mirror_their_tables_in_column_order(record_type: type, model: type[Base]) -> None:
+    names = [field.name for field in dataclasses.fields(record_type)]
+    assert names == [column.key for column in model.__table__.columns]
+    assert record_type.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 
 def test_migration_downgrades_to_empty_and_back(db_url: str) -> None:
@@ -164,7 +188,7 @@ def test_replay_migration_keeps_every_row_both_ways(db_url: str) -> None:
                     command.downgrade(config, target)
                 connection.commit()
             assert {model: _count(store, model) for model in tables} == counts
-        assert {row["mode"] for row in store.trials_frame("store")} == {"live"}
+        assert {row.mode for row in store.trials("store")} == {"live"}
         assert store.cost_fits() == []
 
 
@@ -196,17 +220,20 @@ def test_cost_fits_replace_per_group_and_traces_store_once(store: Store) -> None
     store.record_cost_fit({**_fit_values(), "t_draft": 0.002})
     store.record_cost_fit({**_fit_values(), "group_key": "h"})
     fits = store.cost_fits("store")
-    assert [(f["group_key"], f["t_draft"]) for f in fits] == [("g", 0.002), ("h", 0.001)]
+    assert [(f.group_key, f.t_draft) for f in fits] == [("g", 0.002), ("h", 0.001)]
     assert store.cost_fits("other") == []
     assert store.traces("k") is None
     assert store.record_traces("k", 4, [{"a": 1}, {"b": 2}], 1.5)
     assert not store.record_traces("k", 8, [], 0.0)
-    assert store.traces("k") == {
-        "cap": 4,
-        "n_samples": 2,
-        "traces": [{"a": 1}, {"b": 2}],
-        "seconds": 1.5,
-    }
+    stored = store.traces("k")
+    assert stored is not None
+    assert (stored.trace_key, stored.cap, stored.n_samples, stored.traces, stored.seconds) == (
+        "k",
+        4,
+        2,
+        [{"a": 1}, {"b": 2}],
+        1.5,
+    )
 
 
 def test_default_url_comes_from_the_environment(
@@ -216,7 +243,7 @@ def test_default_url_comes_from_the_environment(
     monkeypatch.setenv("SPECSWEEP_DB", f"sqlite:///{path}")
     assert default_url() == f"sqlite:///{path}"
     with open_store() as store:
-        assert store.trials_frame() == []
+        assert store.trials() == []
     assert path.is_file()
     monkeypatch.delenv("SPECSWEEP_DB")
     assert default_url() == "sqlite:///results.db"
@@ -226,19 +253,19 @@ def test_register_sweep_stores_pending_trials_in_plan_order(store: Store) -> Non
     spec, plan = _spec_and_plan()
     store.register_sweep(spec, plan)
     store.register_sweep(spec, plan)
-    rows = store.trials_frame("store")
-    assert [row["trial_id"] for row in rows] == [t.trial_id for t in plan.trials]
-    assert {row["status"] for row in rows} == {"pending"}
+    rows = store.trials("store")
+    assert [row.trial_id for row in rows] == [t.trial_id for t in plan.trials]
+    assert {row.status for row in rows} == {"pending"}
     assert _count(store, TrialRow) == len(plan.trials) == 1 + 2 + 20
     assert _count(store, TrainingJobRow, TrainingJobRow.status == "pending") == 1
     first = rows[1]
     trial = plan.trials[1]
-    assert (first["policy"], first["max_draft_len"], first["baseline_id"]) == (
+    assert (first.policy, first.max_draft_len, first.baseline_id) == (
         trial.policy,
         trial.max_draft_len,
         plan.trials[0].trial_id,
     )
-    assert store.sweeps()[0]["n_trials"] == len(plan.trials)
+    assert store.sweeps()[0].n_trials == len(plan.trials)
 
 
 def test_trials_shared_by_two_sweeps_are_stored_once(store: Store) -> None:
@@ -251,13 +278,13 @@ def test_trials_shared_by_two_sweeps_are_stored_once(store: Store) -> None:
     store.register_sweep(spec, plan)
     store.register_sweep(small_spec, small_plan)
     assert _count(store, TrialRow) == len(plan.trials)
-    assert len(store.trials_frame("small")) == len(small_plan.trials) == 1 + 1 + 10
-    assert {s["name"]: s["n_trials"] for s in store.sweeps()} == {
+    assert len(store.trials("small")) == len(small_plan.trials) == 1 + 1 + 10
+    assert {s.name: s.n_trials for s in store.sweeps()} == {
         "store": len(plan.trials),
         "small": len(small_plan.trials),
     }
     store.register_sweep(spec, small_plan)  # re-registering replaces the membership
-    assert len(store.trials_frame("store")) == len(small_plan.trials)
+    assert len(store.trials("store")) == len(small_plan.trials)
     assert _count(store, SweepTrialRow) == 2 * len(small_plan.trials)
 
 
@@ -271,12 +298,12 @@ def test_record_trial_once_with_samples_and_rounds(store: Store) -> None:
     assert not store.record_trial(trial, results, trial_metrics(results))
     assert not store.mark_running(trial)
     row = _row(store, trial)
-    assert row["status"] == "done" and row["attempts"] == 1
-    assert row["generated_tokens"] == 12
-    assert row["tokens_per_s"] == pytest.approx(12 / 3.0)
-    assert row["acceptance_rate"] == pytest.approx(0.5)
-    assert row["verification_rate"] == pytest.approx(6 / 12)
-    assert row["metrics"]["draft_length_histogram"] == {"2": 6}
+    assert row.status == "done" and row.attempts == 1
+    assert row.generated_tokens == 12
+    assert row.tokens_per_s == pytest.approx(12 / 3.0)
+    assert row.acceptance_rate == pytest.approx(0.5)
+    assert row.verification_rate == pytest.approx(6 / 12)
+    assert row.metrics["draft_length_histogram"] == {"2": 6}
     assert _count(store, SampleResultRow) == 2
     assert _count(store, RoundRow) == 2 * 3
     assert _count(store, RoundRow, RoundRow.sample_index == 1, RoundRow.round_index == 2) == 1
@@ -290,7 +317,7 @@ def test_record_trial_without_rounds(store: Store) -> None:
     assert store.record_trial(trial, results, trial_metrics(results), record_rounds=False)
     assert _count(store, SampleResultRow) == 2
     assert _count(store, RoundRow) == 0
-    assert _row(store, trial)["status"] == "done"
+    assert _row(store, trial).status == "done"
 
 
 def test_samples_keep_dataset_prompt_ids_and_texts(store: Store) -> None:
@@ -330,16 +357,16 @@ def test_speedup_against_the_baseline_in_either_order(store: Store) -> None:
     fast = _results(tokens_per_sample=6, seconds=1.0)  # 12 tokens / 2 s = 6 tokens/s
     slow = _results(tokens_per_sample=6, seconds=3.0)  # 12 tokens / 6 s = 2 tokens/s
     store.record_trial(first, fast, trial_metrics(fast))
-    assert _row(store, first)["speedup"] is None
+    assert _row(store, first).speedup is None
     store.record_trial(baseline, slow, trial_metrics(slow))
-    assert _row(store, first)["speedup"] == pytest.approx(3.0)
-    assert _row(store, baseline)["speedup"] == pytest.approx(1.0)
+    assert _row(store, first).speedup == pytest.approx(3.0)
+    assert _row(store, baseline).speedup == pytest.approx(1.0)
     store.record_trial(second, slow, trial_metrics(slow))
-    assert _row(store, second)["speedup"] == pytest.approx(1.0)
+    assert _row(store, second).speedup == pytest.approx(1.0)
     with store.engine.begin() as connection:
         connection.execute(TrialRow.__table__.update().values(speedup=None))
     assert store.refresh_speedups("store") == 3
-    assert _row(store, first)["speedup"] == pytest.approx(3.0)
+    assert _row(store, first).speedup == pytest.approx(3.0)
     assert store.refresh_speedups("no-such-sweep") == 0
 
 
@@ -350,18 +377,18 @@ def test_failure_then_retry_then_success(store: Store) -> None:
     assert store.mark_running(trial)
     assert store.record_failure(trial, "RuntimeError: out of memory")
     row = _row(store, trial)
-    assert (row["status"], row["attempts"], row["error"]) == (
+    assert (row.status, row.attempts, row.error) == (
         "failed",
         1,
         "RuntimeError: out of memory",
     )
     assert store.mark_running(trial)
-    assert _row(store, trial)["attempts"] == 2
+    assert _row(store, trial).attempts == 2
     results = _results(tokens_per_sample=2, seconds=1.0)
     assert store.record_trial(trial, results, trial_metrics(results))
     assert not store.record_failure(trial, "late failure", attempts=5)
     row = _row(store, trial)
-    assert (row["status"], row["attempts"], row["error"]) == ("done", 2, None)
+    assert (row.status, row.attempts, row.error) == ("done", 2, None)
     assert store.completed_trial_ids([trial.trial_id, "unknown"]) == {trial.trial_id}
 
 
@@ -375,7 +402,7 @@ def test_training_jobs_and_artifacts(store: Store) -> None:
     assert store.completed_job_ids([job.job_id, "other"]) == {job.job_id}
     store.record_artifact(job.job_id, "specdecpp_head", "/runs/head.pt")
     store.record_artifact(job.job_id, "specdecpp_head", "/runs/head.pt")
-    assert [(a["kind"], a["path"]) for a in store.artifacts(job.job_id)] == [
+    assert [(a.kind, a.path) for a in store.artifacts(job.job_id)] == [
         ("specdecpp_head", "/runs/head.pt")
     ]
     assert _count(store, ArtifactRow) == 1
@@ -390,7 +417,7 @@ def test_read_only_store_reads_and_rejects_writes(db_url: str) -> None:
     with open_store(db_url) as writer:
         writer.register_sweep(spec, plan)
     with open_store(db_url, read_only=True) as reader:
-        assert len(reader.trials_frame("store")) == len(plan.trials)
+        assert len(reader.trials("store")) == len(plan.trials)
         with pytest.raises(DBAPIError):
             reader.mark_running(plan.trials[0])
         with pytest.raises(DBAPIError):
@@ -398,7 +425,7 @@ def test_read_only_store_reads_and_rejects_writes(db_url: str) -> None:
         results = _results(tokens_per_sample=2, seconds=1.0)
         with pytest.raises(DBAPIError):
             reader.record_trial(plan.trials[0], results, trial_metrics(results))
-        assert {row["status"] for row in reader.trials_frame()} == {"pending"}
+        assert {row.status for row in reader.trials()} == {"pending"}
         assert _count(reader, SampleResultRow) == 0
 
 
@@ -450,8 +477,8 @@ def test_concurrent_writers_lose_no_rows(db_url: str) -> None:
         assert _count(store, SampleResultRow) == 2 * len(trials)
         assert _count(store, RoundRow) == 2 * 2 * len(trials)
         assert _count(store, SweepTrialRow) == len(trials)
-        rows = store.trials_frame("store")
-        assert all(row["attempts"] in (1, 2) for row in rows)
+        rows = store.trials("store")
+        assert all(row.attempts in (1, 2) for row in rows)
 
 
 def test_a_writer_opens_a_fresh_sqlite_database_while_another_holds_its_write_lock(

@@ -72,28 +72,26 @@ def test_jobs_run_before_trials_are_recorded_and_reused(job_env, ray_local, tmp_
     by_name = {job.name: job for job in plan.jobs}
     for name, kind in (("kd", "draft"), ("head", "specdecpp_head")):
         artifacts = store.artifacts(by_name[name].job_id)
-        assert [a["kind"] for a in artifacts] == [kind]
-        assert Path(artifacts[0]["path"]).is_relative_to(job_env / by_name[name].job_id)
-        assert Path(artifacts[0]["path"]).exists()
-    kd_artifact = Path(store.artifacts(by_name["kd"].job_id)[0]["path"])
+        assert [a.kind for a in artifacts] == [kind]
+        assert Path(artifacts[0].path).is_relative_to(job_env / by_name[name].job_id)
+        assert Path(artifacts[0].path).exists()
+    kd_artifact = Path(store.artifacts(by_name["kd"].job_id)[0].path)
     assert inputs.model_paths["distilled"].draft == kd_artifact
     # The head was trained on the KD draft it is used with (base job:kd), after the KD job.
     head = finished_result(job_env / by_name["head"].job_id)
     head_config = json.loads((job_env / by_name["head"].job_id / RESULT_FILE).read_text())
     assert head is not None and head_config["config"]["base"] == str(kd_artifact)
-    rows = store.trials_frame("kd-stage")
-    assert {row["status"] for row in rows} == {"done"}
-    outputs = {row["policy"]: store.sample_outputs(row["trial_id"]) for row in rows}
+    rows = store.trials("kd-stage")
+    assert {row.status for row in rows} == {"done"}
+    outputs = {row.policy: store.sample_outputs(row.trial_id) for row in rows}
     # Greedy decoding is lossless: the distilled draft and the trained head change speed only.
-    assert [s["output_ids"] for s in outputs["static"]] == [s["output_ids"] for s in outputs["ar"]]
-    assert [s["output_ids"] for s in outputs["specdecpp"]] == [
-        s["output_ids"] for s in outputs["ar"]
-    ]
+    assert [s.output_ids for s in outputs["static"]] == [s.output_ids for s in outputs["ar"]]
+    assert [s.output_ids for s in outputs["specdecpp"]] == [s.output_ids for s in outputs["ar"]]
 
     again = run_training_jobs(plan.jobs, store, retries=0, progress=False)
     assert all(outcome.reused for outcome in again.values())
     assert {name: o.artifact_path for name, o in again.items()} == {
-        name: store.artifacts(job.job_id)[0]["path"] for name, job in by_name.items()
+        name: store.artifacts(job.job_id)[0].path for name, job in by_name.items()
     }
 
 
@@ -127,8 +125,8 @@ def test_job_killed_mid_epoch_resumes_from_its_checkpoint(job_env, ray_local, tm
     result = finished_result(job_env / kd.job_id)
     assert result is not None and result.resumed_from_step > 0
     assert (summary.failed, summary.ran) == (0, len(plan.trials))
-    assert {row["status"] for row in store.trials_frame("kd-stage")} == {"done"}
-    jobs = {row["name"]: row for row in store.training_jobs()}
-    assert jobs["kd"]["status"] == "done" and jobs["kd"]["attempts"] == 2
-    assert jobs["kd"]["error"] is None
-    assert any("died" in e or "crash" in e.lower() for e in jobs["kd"]["attempt_errors"])
+    assert {row.status for row in store.trials("kd-stage")} == {"done"}
+    jobs = {row.name: row for row in store.training_jobs()}
+    assert jobs["kd"].status == "done" and jobs["kd"].attempts == 2
+    assert jobs["kd"].error is None
+    assert any("died" in e or "crash" in e.lower() for e in jobs["kd"].attempt_errors)

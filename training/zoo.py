@@ -11,6 +11,7 @@ Each model directory loads with ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` and holds a ``model_card.json``. A build goes into a temporary
 directory that is renamed into place when complete, under a file lock, so interrupted or
 concurrent builds never leave a half-written zoo. ``zoo:<profile>/<model>`` refs resolve here.
+From the command line: ``python -m orchestrator zoo build --profile NAME``.
 
 The ``smol`` profile (a ``PretrainedRecipe``) trains nothing: it imports SmolLM2-135M-Instruct
 from the GGUF inside a pinned PyPI wheel (``training.gguf_import``) into the same layout.
@@ -18,7 +19,6 @@ from the GGUF inside a pinned PyPI wheel (``training.gguf_import``) into the sam
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -1212,25 +1212,3 @@ def _write_manifest(
 def _format_stages(stages: dict[str, float]) -> str:
     """Return 'stage 12 s, ...' for the build log."""
     return ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in stages.items())
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Build (or find cached) zoo profiles from the command line and print their model paths.
-
-    ``python -m training.zoo demo`` pre-builds the demo zoo so that a first sweep starts at once.
-    """
-    parser = argparse.ArgumentParser(description="Build SpecSweep's embedded model zoo.")
-    parser.add_argument("profiles", nargs="*", default=["demo"], choices=sorted(PROFILES))
-    parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    args = parser.parse_args(argv)
-    for profile in args.profiles:
-        manifest = build_zoo(profile, cache_dir=args.cache_dir, force=args.force)
-        state = "cached" if manifest.from_cache else f"built in {manifest.build_seconds:.0f} s"
-        print(f"zoo:{profile} ({state}) at {manifest.root}")
-        for name, path in manifest.models.items():
-            print(f"  {MODEL_REF_PREFIX}{profile}/{name}: {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,33 @@
 """The results store: SQLAlchemy models, Alembic migrations and the :class:`Store` API."""
 
 from orchestrator.store.db import StoreError, default_url, display_url
+from orchestrator.store.records import (
+    StoredArtifact,
+    StoredCostFit,
+    StoredJob,
+    StoredRound,
+    StoredRun,
+    StoredSample,
+    StoredTraces,
+    StoredTrial,
+    SweepInfo,
+)
 from orchestrator.store.results import Store, open_store, prompt_id
 
-__all__ = ["Store", "StoreError", "default_url", "display_url", "open_store", "prompt_id"]
+__all__ = [
+    "Store",
+    "StoreError",
+    "StoredArtifact",
+    "StoredCostFit",
+    "StoredJob",
+    "StoredRound",
+    "StoredRun",
+    "StoredSample",
+    "StoredTraces",
+    "StoredTrial",
+    "SweepInfo",
+    "default_url",
+    "display_url",
+    "open_store",
+    "prompt_id",
+]

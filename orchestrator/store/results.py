@@ -11,10 +11,11 @@ import hashlib
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 import yaml
@@ -62,6 +63,19 @@ from orchestrator.store.models import (
     TrialRow,
     utc_now,
 )
+from orchestrator.store.records import (
+    StoredArtifact,
+    StoredCostFit,
+    StoredJob,
+    StoredRound,
+    StoredRun,
+    StoredSample,
+    StoredTraces,
+    StoredTrial,
+    SweepInfo,
+    record_of,
+    records_frame,
+)
 
 if TYPE_CHECKING:
     from orchestrator.metrics import TrialMetrics
@@ -70,6 +84,7 @@ if TYPE_CHECKING:
     from orchestrator.spec import SweepSpec
     from workers.records import GenerationResult
 
+R = TypeVar("R")
 _MIGRATION_LOCK = threading.Lock()
 _ID_CHUNK = 500
 #: TrialMetrics intervals stored as ``<name>_low`` / ``<name>_high`` trial columns.
@@ -306,8 +321,8 @@ class Store:
             _apply_speedups(session, condition)
         return len(rows)
 
-    def trials_frame(self, sweep: str | None = None) -> list[dict[str, Any]]:
-        """Return one dict per trial (every trials column), in plan order when ``sweep`` is given.
+    def trials(self, sweep: str | None = None) -> list[StoredTrial]:
+        """Return every trial of ``sweep`` in plan order (without ``sweep``: all, oldest first).
 
         :meth:`trials_dataframe` gives the same as a DataFrame.
         """
@@ -321,17 +336,15 @@ class Store:
                 .where(SweepRow.name == sweep)
                 .order_by(SweepTrialRow.position)
             )
-        columns = [column.key for column in TrialRow.__table__.columns]
         with self._transaction() as session:
-            return [{key: getattr(row, key) for key in columns} for row in session.scalars(query)]
+            return [record_of(StoredTrial, row) for row in session.scalars(query)]
 
     def trials_dataframe(self, sweep: str | None = None) -> pd.DataFrame:
-        """Return :meth:`trials_frame` as a DataFrame, one column per ``trials`` column.
+        """Return :meth:`trials` as a DataFrame, one column per ``trials`` column.
 
         The columns are there also when no trial is stored.
         """
-        columns = [column.key for column in TrialRow.__table__.columns]
-        return pd.DataFrame(self.trials_frame(sweep), columns=columns)
+        return records_frame(StoredTrial, self.trials(sweep))
 
     def sweep_names(self) -> list[str]:
         """Return the names of the stored sweeps, oldest first."""
@@ -360,72 +373,40 @@ class Store:
         with self._transaction() as session:
             return dict(session.execute(select(TrainingJobRow.name, TrainingJobRow.kind)).all())
 
-    def trial_rows(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
-        """Return the trials rows (every column) of these ids, in the order given."""
+    def trial_rows(self, trial_ids: Iterable[str]) -> list[StoredTrial]:
+        """Return the trials of these ids (those stored), in the order given."""
         wanted = list(dict.fromkeys(trial_ids))
-        columns = [column.key for column in TrialRow.__table__.columns]
-        found: dict[str, dict[str, Any]] = {}
-        with self._transaction() as session:
-            for start in range(0, len(wanted), _ID_CHUNK):
-                query = select(TrialRow).where(
-                    TrialRow.trial_id.in_(wanted[start : start + _ID_CHUNK])
-                )
-                for row in session.scalars(query):
-                    found[row.trial_id] = {key: getattr(row, key) for key in columns}
+        found = {
+            trial.trial_id: trial
+            for trial in self._of_trials(TrialRow, wanted, (), partial(record_of, StoredTrial))
+        }
         return [found[trial_id] for trial_id in wanted if trial_id in found]
 
-    def sample_outputs(self, trial_id: str) -> list[dict[str, Any]]:
-        """Return the stored samples of one trial in sample order (one dict per sample row)."""
-        query = (
-            select(SampleResultRow)
-            .where(SampleResultRow.trial_id == trial_id)
-            .order_by(SampleResultRow.sample_index)
-        )
-        columns = [column.key for column in SampleResultRow.__table__.columns]
-        with self._transaction() as session:
-            return [{key: getattr(row, key) for key in columns} for row in session.scalars(query)]
+    def sample_outputs(self, trial_id: str) -> list[StoredSample]:
+        """Return the stored samples of one trial in sample order."""
+        order = (SampleResultRow.sample_index,)
+        return self._of_trials(SampleResultRow, [trial_id], order, partial(record_of, StoredSample))
 
-    def sweeps(self) -> list[dict[str, Any]]:
-        """Return one dict per stored sweep: name, description, times and trial count."""
+    def sweeps(self) -> list[SweepInfo]:
+        """Return every stored sweep (name, description, times, trial count), oldest first."""
+        columns = (SweepRow.name, SweepRow.description, SweepRow.created_at, SweepRow.updated_at)
         query = (
-            select(SweepRow, SweepTrialRow.trial_id)
+            select(*columns, func.count(SweepTrialRow.trial_id))
             .outerjoin(SweepTrialRow, SweepTrialRow.sweep_id == SweepRow.id)
+            .group_by(SweepRow.id, *columns)
             .order_by(SweepRow.created_at)
         )
-        summary: dict[str, dict[str, Any]] = {}
         with self._transaction() as session:
-            for sweep, trial_id in session.execute(query):
-                entry = summary.setdefault(
-                    sweep.name,
-                    {
-                        "name": sweep.name,
-                        "description": sweep.description,
-                        "created_at": sweep.created_at,
-                        "updated_at": sweep.updated_at,
-                        "n_trials": 0,
-                    },
-                )
-                entry["n_trials"] += trial_id is not None
-        return list(summary.values())
+            return [SweepInfo(*row) for row in session.execute(query)]
 
-    def rounds(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
+    def rounds(self, trial_ids: Iterable[str]) -> list[StoredRound]:
         """Return the stored rounds of these trials, ordered by trial, sample and round.
 
         Exists for the cost-model fit and the replay cross-check, which read the measured
         rounds (a trial stored without rounds contributes none).
         """
-        wanted = list(dict.fromkeys(trial_ids))
-        columns = [column.key for column in RoundRow.__table__.columns if column.key != "id"]
-        found: list[dict[str, Any]] = []
-        with self._transaction() as session:
-            for start in range(0, len(wanted), _ID_CHUNK):
-                query = (
-                    select(RoundRow)
-                    .where(RoundRow.trial_id.in_(wanted[start : start + _ID_CHUNK]))
-                    .order_by(RoundRow.trial_id, RoundRow.sample_index, RoundRow.round_index)
-                )
-                found += [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
-        return found
+        order = (RoundRow.sample_index, RoundRow.round_index)
+        return self._of_trials(RoundRow, trial_ids, order, partial(record_of, StoredRound))
 
     def sample_speeds(self, trial_id: str) -> list[SampleSpeed]:
         """Return one trial's samples (prompt, tokens, seconds) in sample order."""
@@ -433,27 +414,43 @@ class Store:
             speeds, _ids = _sample_speeds(session, [trial_id])
         return sorted(speeds.get(trial_id, []), key=lambda sample: sample.sample_index)
 
-    def position_acceptance(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
-        """Return the per-position acceptance rows of these trials, by trial and position."""
-        return self._rows_of(PositionAcceptanceRow, trial_ids, PositionAcceptanceRow.position)
+    def position_acceptance(self, trial_ids: Iterable[str]) -> pd.DataFrame:
+        """Return trial_id, position, drafted, accepted, rate of these trials, by trial and
+        position (one row per trial and draft position)."""
+        columns = ["trial_id", "position", "drafted", "accepted", "rate"]
+        order = (PositionAcceptanceRow.position,)
+        rows = self._of_trials(PositionAcceptanceRow, trial_ids, order, _values(columns))
+        return pd.DataFrame(rows, columns=columns)
 
-    def accepted_lengths(self, trial_ids: Iterable[str]) -> list[dict[str, Any]]:
-        """Return the accepted-length histogram rows of these trials, by trial and length."""
-        return self._rows_of(AcceptedLengthRow, trial_ids, AcceptedLengthRow.length)
+    def accepted_lengths(self, trial_ids: Iterable[str]) -> pd.DataFrame:
+        """Return trial_id, length, rounds (rounds that accepted exactly ``length`` tokens) of
+        these trials, by trial and length."""
+        columns = ["trial_id", "length", "rounds"]
+        order = (AcceptedLengthRow.length,)
+        rows = self._of_trials(AcceptedLengthRow, trial_ids, order, _values(columns))
+        return pd.DataFrame(rows, columns=columns)
 
-    def _rows_of(self, model: Any, trial_ids: Iterable[str], order: Any) -> list[dict[str, Any]]:
-        """Return every row of ``model`` for these trial ids as dicts, by trial then ``order``."""
+    def _of_trials(
+        self,
+        model: Any,
+        trial_ids: Iterable[str],
+        order: Sequence[Any],
+        convert: Callable[[Any], R],
+    ) -> list[R]:
+        """Return ``convert`` of every ``model`` row of these trial ids, by trial then ``order``.
+
+        Reads the ids in chunks, so any number of trials fits in a statement.
+        """
         wanted = list(dict.fromkeys(trial_ids))
-        columns = [column.key for column in model.__table__.columns]
-        found: list[dict[str, Any]] = []
+        found: list[R] = []
         with self._transaction() as session:
             for start in range(0, len(wanted), _ID_CHUNK):
                 query = (
                     select(model)
                     .where(model.trial_id.in_(wanted[start : start + _ID_CHUNK]))
-                    .order_by(model.trial_id, order)
+                    .order_by(model.trial_id, *order)
                 )
-                found += [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
+                found += [convert(row) for row in session.scalars(query)]
         return found
 
     def record_run(self, sweep: str, provenance: Provenance) -> int:
@@ -465,14 +462,13 @@ class Store:
             self.run_id = row.id
         return row.id
 
-    def runs(self, run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
-        """Return stored runs (all, or those of ``run_ids``) as dicts, oldest first."""
+    def runs(self, run_ids: Iterable[int] | None = None) -> list[StoredRun]:
+        """Return stored runs (all, or those of ``run_ids``), oldest first."""
         query = select(RunRow).order_by(RunRow.id)
         if run_ids is not None:
             query = query.where(RunRow.id.in_(list(run_ids)))
-        columns = [column.key for column in RunRow.__table__.columns]
         with self._transaction() as session:
-            return [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
+            return [record_of(StoredRun, row) for row in session.scalars(query)]
 
     def record_cost_fit(self, values: dict[str, Any]) -> None:
         """Store a sweep's cost fit of one group (``CostFitRow`` columns), replacing an old one."""
@@ -485,27 +481,23 @@ class Store:
             )
             session.execute(insert(CostFitRow), [values])
 
-    def cost_fits(self, sweep: str | None = None) -> list[dict[str, Any]]:
-        """Return the stored cost fits (of one sweep, or all) as dicts, oldest first."""
+    def cost_fits(self, sweep: str | None = None) -> list[StoredCostFit]:
+        """Return the stored cost fits (of one sweep, or all), oldest first."""
         query = select(CostFitRow).order_by(CostFitRow.id)
         if sweep is not None:
             query = query.where(CostFitRow.sweep == sweep)
-        columns = [column.key for column in CostFitRow.__table__.columns]
         with self._transaction() as session:
-            return [{k: getattr(row, k) for k in columns} for row in session.scalars(query)]
+            return [record_of(StoredCostFit, row) for row in session.scalars(query)]
 
-    def traces(self, trace_key: str) -> dict[str, Any] | None:
-        """Return the stored traces under ``trace_key`` (cap, n_samples, traces, seconds)."""
+    def cost_fits_dataframe(self, sweep: str | None = None) -> pd.DataFrame:
+        """Return :meth:`cost_fits` as a DataFrame, one column per ``cost_fits`` column."""
+        return records_frame(StoredCostFit, self.cost_fits(sweep))
+
+    def traces(self, trace_key: str) -> StoredTraces | None:
+        """Return the traces stored under ``trace_key`` (None when there are none)."""
         with self._transaction() as session:
             row = session.get(TraceRow, trace_key)
-            if row is None:
-                return None
-            return {
-                "cap": row.cap,
-                "n_samples": row.n_samples,
-                "traces": row.traces,
-                "seconds": row.seconds,
-            }
+            return None if row is None else record_of(StoredTraces, row)
 
     def record_traces(
         self, trace_key: str, cap: int, traces: Sequence[dict[str, Any]], seconds: float
@@ -557,31 +549,29 @@ class Store:
             row.attempt_errors = [*(row.attempt_errors or []), error]
             row.updated_at = utc_now()
 
-    def training_jobs(self, job_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """Return training jobs (all, or those of ``job_ids``) as dicts, oldest first."""
+    def training_jobs(self, job_ids: Iterable[str] | None = None) -> list[StoredJob]:
+        """Return training jobs (all, or those of ``job_ids``), oldest first."""
         query = select(TrainingJobRow).order_by(TrainingJobRow.created_at, TrainingJobRow.job_id)
         if job_ids is not None:
             query = query.where(TrainingJobRow.job_id.in_(list(job_ids)))
-        columns = [column.key for column in TrainingJobRow.__table__.columns]
         with self._transaction() as session:
-            return [
-                {column: getattr(row, column) for column in columns}
-                for row in session.scalars(query)
-            ]
+            return [record_of(StoredJob, row) for row in session.scalars(query)]
 
     def record_artifact(self, job_id: str, kind: str, path: str) -> None:
         """Record a file a training job produced (recording the same one twice is a no-op)."""
         with self._transaction() as session:
             _insert_ignore(session, ArtifactRow, [{"job_id": job_id, "kind": kind, "path": path}])
 
-    def artifacts(self, job_id: str) -> list[dict[str, Any]]:
-        """Return the artifacts of a training job, oldest first, as dicts (kind, path, created)."""
+    def artifacts(self, job_id: str) -> list[StoredArtifact]:
+        """Return the artifacts of a training job, oldest first."""
         query = select(ArtifactRow).where(ArtifactRow.job_id == job_id).order_by(ArtifactRow.id)
         with self._transaction() as session:
-            return [
-                {"kind": row.kind, "path": row.path, "created_at": row.created_at}
-                for row in session.scalars(query)
-            ]
+            return [record_of(StoredArtifact, row) for row in session.scalars(query)]
+
+
+def _values(columns: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
+    """Return a function giving an ORM row's values of ``columns`` as a tuple."""
+    return lambda row: tuple(getattr(row, column) for column in columns)
 
 
 def _insert_ignore(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:

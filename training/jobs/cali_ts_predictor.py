@@ -230,16 +230,7 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     stopwatch = Stopwatch()
     settings = settings_of(config)
     data = cached_tensors(output_dir, lambda: build_states(config, settings, progress))
-    train_rows, eval_rows = heldout_split(
-        data["labels"].shape[0], settings.data.eval_fraction, config.seed
-    )
-    train_pairs = offset_pairs(data["valid"], train_rows, settings.max_offset)
-    eval_pairs = offset_pairs(data["valid"], eval_rows, settings.max_offset)
-    if train_pairs.shape[0] == 0 or eval_pairs.shape[0] == 0:
-        raise JobConfigError(
-            f"{PREDICTOR_KIND}: too few positions to pair ({train_pairs.shape[0]} train, "
-            f"{eval_pairs.shape[0]} held-out); raise samples or response_tokens"
-        )
+    train_pairs, eval_pairs = _split_pairs(data, settings, config.seed)
     device = job_device()
     target_states = data["target_states"].to(device)
     draft_states = data["draft_states"].to(device)
@@ -275,33 +266,23 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     eval_logits = batched_logits(
         lambda index: pair_logits(eval_pairs[index])[0], eval_pairs.shape[0]
     )
-    eval_labels = labels[eval_pairs[:, 0], eval_pairs[:, 1] + eval_pairs[:, 2]].cpu()
     base_rate = float(labels[train_pairs[:, 0], train_pairs[:, 1] + train_pairs[:, 2]].mean())
     metrics = {
-        **binary_report(eval_labels, eval_logits, base_rate),
-        **_offset_kls(eval_labels, eval_logits, eval_pairs[:, 2], settings.max_offset),
+        **_eval_metrics(labels, eval_logits, eval_pairs, base_rate, settings.max_offset),
         "n_train": float(train_pairs.shape[0]),
-        "n_eval": float(eval_pairs.shape[0]),
         **report.summary(),
     }
-    artifact = write_module_artifact(
-        output_dir / ARTIFACT_DIR,
-        PREDICTOR_FILE,
-        predictor,
-        {
-            "kind": PREDICTOR_KIND,
-            "target_hidden_size": target_size,
-            "draft_hidden_size": draft_size,
-            "projection_dim": projection_dim,
-            "max_offset": settings.max_offset,
-            "base_rate": base_rate,
-            "draft": config.base,
-            "target": config.teacher,
-            "settings": {**DEFAULTS, **dict(config.settings)},
-            "fit": asdict(settings.fit),
-            "metrics": metrics,
-        },
-    )
+    meta = {
+        "kind": PREDICTOR_KIND,
+        "target_hidden_size": target_size,
+        "draft_hidden_size": draft_size,
+        "projection_dim": projection_dim,
+        "max_offset": settings.max_offset,
+        "base_rate": base_rate,
+        **_provenance_meta(config, settings),
+        "metrics": metrics,
+    }
+    artifact = write_module_artifact(output_dir / ARTIFACT_DIR, PREDICTOR_FILE, predictor, meta)
     return JobResult(
         artifact_path=str(artifact),
         artifact_kind=PREDICTOR_KIND,
@@ -309,6 +290,52 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
         seconds=stopwatch.seconds(),
         resumed_from_step=report.resumed_from_step,
     )
+
+
+def _split_pairs(
+    data: dict[str, torch.Tensor], settings: PredictorSettings, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the training and held-out (sequence, row, offset) pairs of the recorded states.
+
+    Raises JobConfigError when either split has no pair.
+    """
+    train_rows, eval_rows = heldout_split(
+        data["labels"].shape[0], settings.data.eval_fraction, seed
+    )
+    train_pairs = offset_pairs(data["valid"], train_rows, settings.max_offset)
+    eval_pairs = offset_pairs(data["valid"], eval_rows, settings.max_offset)
+    if train_pairs.shape[0] == 0 or eval_pairs.shape[0] == 0:
+        raise JobConfigError(
+            f"{PREDICTOR_KIND}: too few positions to pair ({train_pairs.shape[0]} train, "
+            f"{eval_pairs.shape[0]} held-out); raise samples or response_tokens"
+        )
+    return train_pairs, eval_pairs
+
+
+def _eval_metrics(
+    labels: torch.Tensor,
+    eval_logits: torch.Tensor,
+    eval_pairs: torch.Tensor,
+    base_rate: float,
+    max_offset: int,
+) -> dict[str, float]:
+    """Return the held-out pairs' binary report, per-offset KLs and count."""
+    eval_labels = labels[eval_pairs[:, 0], eval_pairs[:, 1] + eval_pairs[:, 2]].cpu()
+    return {
+        **binary_report(eval_labels, eval_logits, base_rate),
+        **_offset_kls(eval_labels, eval_logits, eval_pairs[:, 2], max_offset),
+        "n_eval": float(eval_pairs.shape[0]),
+    }
+
+
+def _provenance_meta(config: JobConfig, settings: PredictorSettings) -> dict[str, Any]:
+    """Return the artifact metadata on what the predictor was trained from and how."""
+    return {
+        "draft": config.base,
+        "target": config.teacher,
+        "settings": {**DEFAULTS, **dict(config.settings)},
+        "fit": asdict(settings.fit),
+    }
 
 
 def _offset_kls(

@@ -181,19 +181,9 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     target = load_job_model(config.base, progress)
     if not isinstance(target, LlamaForCausalLM):
         raise JobConfigError(f"eesd_exit needs a Llama target, got {type(target).__name__}")
-    num_layers = target.config.num_hidden_layers
-    exit_layers = settings.exit_layers or default_exit_layers(num_layers)
-    require(
-        exit_layers < num_layers,
-        "exit_layers",
-        f"must be below the target's {num_layers} layers, got {exit_layers}",
-    )
-    zero_layers = [is_zero_residual_layer(layer) for layer in target.model.layers]
-    init_layer, init_note = exit_init_layer(
-        num_layers, _target_enlargement(config.base), zero_layers
-    )
+    shape = _exit_shape(config, settings, target)
     device = settings.torch_device()
-    draft = early_exit_draft(target, exit_layers, init_layer).to(device)
+    draft = early_exit_draft(target, shape.exit_layers, shape.init_layer).to(device)
     target = target.to(device)
     same = config.teacher is None or config.teacher == config.base
     teacher = target if same else load_job_model(config.teacher, progress).to(device)
@@ -222,27 +212,13 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
         **phase_metrics(result),
         **heldout_metrics(teacher, draft, heldout),
         **prefixed(initial, "initial_"),
-        "exit_layers": float(exit_layers),
-        "init_layer": float(init_layer),
+        "exit_layers": float(shape.exit_layers),
+        "init_layer": float(shape.init_layer),
         "trainable_parameters": float(
             sum(p.numel() for p in draft.parameters() if p.requires_grad)
         ),
     }
-    card = draft_card(
-        config,
-        settings,
-        metrics,
-        teacher_resolved=config.teacher or config.base,
-        exit_layers=exit_layers,
-        target_layers=num_layers,
-        init_layer=init_layer,
-        init_note=init_note,
-        frozen=f"token embeddings and layers 0-{exit_layers - 1}, equal to the target's",
-        trained=f"layer {exit_layers} (from target layer {init_layer}), final norm, LM head "
-        "(untied copy of the target's)",
-        data=f"{settings.generated_fraction:.0%} dataset prompts continued by the target's "
-        "greedy output, the rest packed dataset documents; forward KL against the full target",
-    )
+    card = _exit_card(config, settings, metrics, shape)
     artifact = output_dir / ARTIFACT_DIR
     save_draft(draft, tokenizer, artifact, card)
     return JobResult(
@@ -251,4 +227,53 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
         metrics=metrics,
         seconds=watch.seconds() + result.resumed_seconds,
         resumed_from_step=result.resumed_from_step,
+    )
+
+
+@dataclass(frozen=True)
+class _ExitShape:
+    """Where an early-exit draft leaves its target: its layer count, the target layer its trained
+    layer starts from (and why), and the target's layer count."""
+
+    exit_layers: int
+    init_layer: int
+    init_note: str
+    target_layers: int
+
+
+def _exit_shape(config: JobConfig, settings: EesdSettings, target: LlamaForCausalLM) -> _ExitShape:
+    """Return the draft's shape; raises JobConfigError when the exit is not below the top."""
+    num_layers = target.config.num_hidden_layers
+    exit_layers = settings.exit_layers or default_exit_layers(num_layers)
+    require(
+        exit_layers < num_layers,
+        "exit_layers",
+        f"must be below the target's {num_layers} layers, got {exit_layers}",
+    )
+    zero_layers = [is_zero_residual_layer(layer) for layer in target.model.layers]
+    init_layer, init_note = exit_init_layer(
+        num_layers, _target_enlargement(config.base), zero_layers
+    )
+    return _ExitShape(exit_layers, init_layer, init_note, num_layers)
+
+
+def _exit_card(
+    config: JobConfig, settings: EesdSettings, metrics: dict[str, float], shape: _ExitShape
+) -> dict[str, Any]:
+    """Return the model card of an early-exit draft."""
+    exit_layers, init_layer = shape.exit_layers, shape.init_layer
+    return draft_card(
+        config,
+        settings,
+        metrics,
+        teacher_resolved=config.teacher or config.base,
+        exit_layers=exit_layers,
+        target_layers=shape.target_layers,
+        init_layer=init_layer,
+        init_note=shape.init_note,
+        frozen=f"token embeddings and layers 0-{exit_layers - 1}, equal to the target's",
+        trained=f"layer {exit_layers} (from target layer {init_layer}), final norm, LM head "
+        "(untied copy of the target's)",
+        data=f"{settings.generated_fraction:.0%} dataset prompts continued by the target's "
+        "greedy output, the rest packed dataset documents; forward KL against the full target",
     )
