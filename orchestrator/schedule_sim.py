@@ -9,6 +9,7 @@ whose ``after`` keys are not yet done waits until they are.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ class _Queues:
 
     def __init__(self, units: Sequence[WorkUnit], replicas: Sequence[Replica]) -> None:
         self.views = {
-            replica.serves: [unit for unit in units if unit.group in replica.serves]
+            replica.serves: deque(unit for unit in units if unit.group in replica.serves)
             for replica in replicas
         }
 
@@ -62,7 +63,11 @@ class _Queues:
         unit = pick_next(self.views[serves], done, serves)
         if unit is not None:
             for groups, view in self.views.items():
-                if unit.group in groups:
+                if unit.group not in groups:
+                    continue
+                if view[0] is unit:
+                    view.popleft()
+                else:
                     view.remove(unit)
         return unit
 
