@@ -28,6 +28,7 @@ from orchestrator.spec import SweepError, SweepSpec, load_sweep
 from orchestrator.store import Store, StoredTrial, StoreError, display_url, open_store
 
 if TYPE_CHECKING:
+    from orchestrator.cost_model import HardwareProfile
     from orchestrator.runner import SweepSummary
 
 EXIT_OK = 0
@@ -235,7 +236,8 @@ def _add_estimate_options(command: argparse.ArgumentParser) -> None:
         "--gpus",
         type=float,
         metavar="N",
-        help="GPUs the estimate assumes (default: the nodes of --cluster)",
+        help="GPUs the estimate assumes on one node, when --address is not given "
+        "(default: the nodes of --cluster)",
     )
     command.add_argument(
         "--cluster",
@@ -253,7 +255,8 @@ def _add_plan(commands: Any, db: list[Any]) -> None:
         "plan",
         _plan,
         "show the trials, training jobs, skipped groups and resources a sweep expands to",
-        "Runs nothing and opens no database.\n\n"
+        "Runs nothing and writes no database; with --estimate it reads the cost fits of the\n"
+        "store (--db), when it exists, for pairs with the same models.\n\n"
         "examples:\n"
         f"  {PROG} plan sweeps/demo.yaml\n"
         f"  {PROG} plan sweeps/demo.yaml --all",
@@ -267,6 +270,11 @@ def _add_plan(commands: Any, db: list[Any]) -> None:
         "--estimate",
         action="store_true",
         help="also print the projected wall time and GPU-hours per pair and in total",
+    )
+    command.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster whose GPUs the estimate counts (default: --gpus, else --cluster)",
     )
     _add_estimate_options(command)
 
@@ -536,19 +544,40 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def _estimate(args: argparse.Namespace, spec: SweepSpec, plan: Plan) -> SweepEstimate:
-    """Return the plan's estimate on ``--profile`` over ``--gpus`` or ``--cluster``'s nodes."""
+    """Return the plan's estimate on ``--profile`` (or stored fits) over the cluster's GPUs."""
+    from orchestrator import estimate_sources
     from orchestrator.cost_model import hardware_profile
 
     try:
-        if args.gpus is not None:
-            cluster = estimate.gpus_cluster(args.gpus)
-        else:
-            cluster = estimate.parse_cluster_yaml(_shown_path(Path(args.cluster)))
+        options = estimate_sources.options_from_spec(spec, _stored_fits(args.db, plan))
         return estimate.estimate_sweep(
-            plan, hardware_profile(args.profile), cluster, spec.execution.max_concurrent_pairs
+            plan, hardware_profile(args.profile), _estimate_cluster(args), options
         )
     except estimate.EstimateError as error:
         raise UserError([f"error: {error}"]) from None
+
+
+def _estimate_cluster(args: argparse.Namespace) -> estimate.Cluster:
+    """Return the GPUs of ``--address``'s Ray cluster, else ``--gpus N``, else ``--cluster``'s."""
+    from orchestrator import estimate_sources
+
+    if args.address is not None:
+        return estimate_sources.ray_cluster(args.address)
+    if args.gpus is not None:
+        return estimate.gpus_cluster(args.gpus)
+    return estimate.parse_cluster_yaml(_shown_path(Path(args.cluster)))
+
+
+def _stored_fits(url: str | None, plan: Plan) -> dict[str, HardwareProfile]:
+    """Return the fitted profiles of ``plan``'s pairs in the store at ``url`` ({} without one)."""
+    from orchestrator import estimate_sources
+
+    try:
+        store = open_store(url, read_only=True)
+    except StoreError:
+        return {}
+    with store:
+        return estimate_sources.stored_profiles(store, plan)
 
 
 def _shown_path(path: Path) -> Path:

@@ -7,25 +7,34 @@ Assumptions, stated once:
 - A replayed trial costs no model time; its group pays one trace recording, about one live
   static run per prompt (bounded above at AR speed). What replay saves is the live cost of
   the replayed trials minus those recordings.
-- Warm-up samples, model loading and training jobs are not counted.
-- Each pair runs on one worker group (tp_size × target GPUs + draft GPUs, on one node); pairs
-  run at once up to ``execution.max_concurrent_pairs`` and as many groups as the nodes hold.
+- Pairs whose targets are the same (model, backend, tp_size, dtype) share one target group per
+  replica, which holds the target once and every such pair's draft (tp_size × target GPUs +
+  the drafts' GPUs, on one node); as many replicas as the nodes hold (``execution.replicas``
+  caps them when the sweep sets it). A replica starts after loading its models once.
+- A trial is cut into prompt shards (``execution.shard_prompts``, else
+  :data:`DEFAULT_SHARD_PROMPTS`) with ``orchestrator.work_units``; a shard costs its share of
+  the trial's seconds. The wall time is the makespan of those units over the replicas, from
+  the discrete-event simulation (``orchestrator.schedule_sim``) of the live dispatch rule.
+- Warm-up samples and training jobs are not counted.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from orchestrator.cost_model import HardwareProfile
 from orchestrator.planner import Plan, Trial, replay_groups
+from orchestrator.schedule_sim import Replica, SimResult, simulate
+from orchestrator.spec import PairSpec
+from orchestrator.work_units import WorkUnit, trial_units
 
 SECONDS_PER_HOUR = 3600.0
+#: Prompts per work unit when the sweep does not set ``execution.shard_prompts``.
+DEFAULT_SHARD_PROMPTS = 16
 
 
 class EstimateError(ValueError):
@@ -46,10 +55,42 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class LoadTimes:
+    """Assumed seconds to load one model onto a replica (fp16 weights from a local disk cache)."""
+
+    target: float = 600.0
+    draft: float = 120.0
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    """How the sweep runs: replicas cap, shard size, load times, per-pair fitted profiles."""
+
+    replicas: int | None = None
+    shard_prompts: int = DEFAULT_SHARD_PROMPTS
+    loads: LoadTimes = LoadTimes()
+    fitted: Mapping[str, HardwareProfile] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TargetSet:
+    """Pairs whose targets are the same (model, backend, tp_size, dtype): one group a replica."""
+
+    target: str
+    pairs: tuple[str, ...]
+    gpus: float
+
+    def load_seconds(self, loads: LoadTimes) -> float:
+        """Seconds a replica spends loading: the shared target once, then each pair's draft."""
+        return loads.target + loads.draft * len(self.pairs)
+
+
+@dataclass(frozen=True)
 class PairEstimate:
-    """One pair's projected work on one worker group: seconds at worst and at best."""
+    """One pair's projected work: seconds at worst and at best, on the profile it used."""
 
     pair: str
+    profile: str
     trials: int
     group_gpus: float
     seconds_upper: float
@@ -58,30 +99,50 @@ class PairEstimate:
 
     @property
     def gpu_hours_upper(self) -> float:
-        """GPU-hours at the upper bound (seconds × the group's GPUs)."""
+        """GPU-hours at the upper bound (seconds × the GPUs of the replica it runs on)."""
         return self.seconds_upper * self.group_gpus / SECONDS_PER_HOUR
 
 
 @dataclass(frozen=True)
+class Workload:
+    """The sweep's work units in plan order and each unit's seconds at both bounds."""
+
+    units: tuple[WorkUnit, ...]
+    upper: Mapping[str, float]
+    lower: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class SweepEstimate:
-    """Per-pair estimates, the number of pairs run at once, and the projected wall times."""
+    """Per-pair estimates, the replicas of each target set, and the simulated wall times."""
 
     profile: str
     cluster: Cluster
-    slots: int
-    groups_held: int
+    sets: tuple[TargetSet, ...]
+    replicas: tuple[int, ...]
     pairs: tuple[PairEstimate, ...]
-    wall_seconds_upper: float
-    wall_seconds_lower: float
+    load_seconds: float
+    upper: SimResult
+    lower: SimResult
+
+    @property
+    def wall_seconds_upper(self) -> float:
+        """Simulated wall time with every unit at its upper bound."""
+        return self.upper.makespan
+
+    @property
+    def wall_seconds_lower(self) -> float:
+        """Simulated wall time with every unit at its lower bound."""
+        return self.lower.makespan
 
     @property
     def gpu_hours_upper(self) -> float:
-        """Total GPU-hours at the upper bound."""
+        """GPU-hours the replicas are busy at the upper bound (loading not counted)."""
         return sum(pair.gpu_hours_upper for pair in self.pairs)
 
     @property
     def replay_saved_seconds_total(self) -> float:
-        """Worker-group seconds that replay mode saves (upper bound, summed over pairs)."""
+        """Replica seconds that replay mode saves (upper bound, summed over pairs)."""
         return sum(p.replay_saved_seconds for p in self.pairs)
 
     @property
@@ -111,31 +172,125 @@ def trial_seconds(trial: Trial, profile: HardwareProfile) -> tuple[float, float]
     return upper, trial_tokens(trial) / full_acceptance_tokens_per_s(profile, trial.max_draft_len)
 
 
-def _trace_seconds(plan: Plan, profile: HardwareProfile) -> dict[str, tuple[float, float]]:
+def target_sets(pairs: Sequence[PairSpec]) -> list[TargetSet]:
+    """Group ``pairs`` by identical targets (first appearance order); each set's replica GPUs."""
+    grouped: dict[tuple[str, str, int, str], list[PairSpec]] = {}
+    for pair in pairs:
+        target = pair.target
+        key = (target.model or "", target.backend, target.tp_size, target.dtype)
+        grouped.setdefault(key, []).append(pair)
+    return [
+        TargetSet(
+            target=f"{key[0]} ({key[1]}, tp {key[2]}, {key[3]})",
+            pairs=tuple(pair.name for pair in members),
+            gpus=members[0].target.tp_size * members[0].target.gpus
+            + sum(pair.draft.gpus for pair in members),
+        )
+        for key, members in grouped.items()
+    ]
+
+
+def place_replicas(
+    cluster: Cluster, sets: Sequence[TargetSet], cap: int | None = None
+) -> list[int]:
+    """Return how many replicas of each set the nodes hold, placed first-fit in turns.
+
+    The sets take turns (one replica each per turn) so that every set gets one before any gets
+    a second; ``cap`` bounds the replicas of each set (``execution.replicas``). A set that
+    needs no GPU (a CPU sweep) gets one replica per node.
+    """
+    free = list(cluster.node_gpus)
+    limits = [cap if s.gpus > 0 else min(cap or len(free), len(free)) for s in sets]
+    counts = [0] * len(sets)
+    placed = True
+    while placed:
+        placed = False
+        for index, target_set in enumerate(sets):
+            if limits[index] is not None and counts[index] >= limits[index]:
+                continue
+            node = next((n for n, left in enumerate(free) if target_set.gpus <= left + 1e-9), None)
+            if node is not None:
+                free[node] -= target_set.gpus
+                counts[index] += 1
+                placed = True
+    return counts
+
+
+def _spread(
+    key: str, pair: str, trial: Trial, seconds: tuple[float, float], options: EstimateOptions
+) -> list[tuple[WorkUnit, float, float]]:
+    """Cut one trial (or trace recording) into shard units, each with its share of seconds."""
+    ordered = bool(trial.params_dict.get("persist_across_requests", False))
+    units = trial_units(key, pair, trial.samples, options.shard_prompts, ordered=ordered)
+    share = [len(unit.prompts) / max(trial.samples, 1) for unit in units]
+    return [(unit, seconds[0] * s, seconds[1] * s) for unit, s in zip(units, share, strict=True)]
+
+
+def plan_workload(
+    plan: Plan, profiles: Mapping[str, HardwareProfile], options: EstimateOptions
+) -> Workload:
+    """Return the plan's live trials and trace recordings as shard units with their seconds.
+
+    A replay group's trace recording (one AR-speed run per prompt, its first trial's prompts)
+    is placed where the group's first replayed trial stands; replayed trials are no units.
+    """
+    recordings = {group.replayed[0].trial_id: group for group in replay_groups(plan)}
+    spread: list[tuple[WorkUnit, float, float]] = []
+    for trial in plan.trials:
+        profile = profiles[trial.pair]
+        if trial.trial_id in recordings:
+            record = trial_tokens(trial) / profile.ar_tokens_per_s
+            key = f"trace:{recordings[trial.trial_id].trace_key}"
+            spread += _spread(key, trial.pair, trial, (record, record), options)
+        if trial.mode != "replay":
+            spread += _spread(
+                trial.trial_id, trial.pair, trial, trial_seconds(trial, profile), options
+            )
+    return Workload(
+        units=tuple(unit for unit, _, _ in spread),
+        upper={unit.key: upper for unit, upper, _ in spread},
+        lower={unit.key: lower for unit, _, lower in spread},
+    )
+
+
+def _trace_seconds(
+    plan: Plan, profiles: Mapping[str, HardwareProfile]
+) -> dict[str, tuple[float, float]]:
     """Return per pair the trace recordings' (seconds, live cost of the trials they replace)."""
     result: dict[str, tuple[float, float]] = {}
     for group in replay_groups(plan):
         first = group.trials[0]
-        record = trial_tokens(first) / profile.ar_tokens_per_s
-        replaced = sum(trial_tokens(t) for t in group.replayed) / profile.ar_tokens_per_s
+        speed = profiles[first.pair].ar_tokens_per_s
+        record = trial_tokens(first) / speed
+        replaced = sum(trial_tokens(t) for t in group.replayed) / speed
         done, saved = result.get(first.pair, (0.0, 0.0))
         result[first.pair] = (done + record, saved + replaced)
     return result
 
 
-def pair_estimates(plan: Plan, profile: HardwareProfile) -> list[PairEstimate]:
+def pair_profiles(
+    plan: Plan, profile: HardwareProfile, fitted: Mapping[str, HardwareProfile] | None = None
+) -> dict[str, HardwareProfile]:
+    """Return each pair's profile: its fitted one when given, else ``profile``."""
+    fitted = fitted or {}
+    return {pair.name: fitted.get(pair.name, profile) for pair in plan.pairs}
+
+
+def pair_estimates(plan: Plan, profiles: Mapping[str, HardwareProfile]) -> list[PairEstimate]:
     """Return each pair's projected seconds (upper and lower) and what replay saves, plan order."""
-    traces = _trace_seconds(plan, profile)
+    traces = _trace_seconds(plan, profiles)
+    set_gpus = {name: s.gpus for s in target_sets(plan.pairs) for name in s.pairs}
     estimates = []
-    for resources in plan.resources():
-        trials = [trial for trial in plan.trials if trial.pair == resources.pair]
-        bounds = [trial_seconds(trial, profile) for trial in trials]
-        record, replaced = traces.get(resources.pair, (0.0, 0.0))
+    for pair in plan.pairs:
+        trials = [trial for trial in plan.trials if trial.pair == pair.name]
+        bounds = [trial_seconds(trial, profiles[pair.name]) for trial in trials]
+        record, replaced = traces.get(pair.name, (0.0, 0.0))
         estimates.append(
             PairEstimate(
-                pair=resources.pair,
+                pair=pair.name,
+                profile=profiles[pair.name].name,
                 trials=len(trials),
-                group_gpus=resources.gpus,
+                group_gpus=set_gpus[pair.name],
                 seconds_upper=sum(upper for upper, _ in bounds) + record,
                 seconds_lower=sum(lower for _, lower in bounds) + record,
                 replay_saved_seconds=replaced - record,
@@ -144,45 +299,41 @@ def pair_estimates(plan: Plan, profile: HardwareProfile) -> list[PairEstimate]:
     return estimates
 
 
-def groups_held(cluster: Cluster, group_gpus: Sequence[float]) -> int:
-    """Return how many worker groups of the largest size fit, each packed on one node."""
-    need = max(group_gpus, default=0.0)
-    if need <= 0:
-        return len(group_gpus)
-    return sum(math.floor(gpus / need + 1e-9) for gpus in cluster.node_gpus)
-
-
-def makespan(durations: Sequence[float], slots: int) -> float:
-    """Return the wall time of running ``durations`` longest first on ``slots`` parallel slots."""
-    if not durations:
-        return 0.0
-    loads = [0.0] * max(1, slots)
-    for duration in sorted(durations, reverse=True):
-        heapq.heapreplace(loads, loads[0] + duration)
-    return max(loads)
+def replicas_of(
+    sets: Sequence[TargetSet], counts: Sequence[int], loads: LoadTimes
+) -> list[Replica]:
+    """Return the replicas (each set's ``counts`` of them), each ready after loading its models."""
+    return [
+        Replica(f"{index}.{copy}", frozenset(target_set.pairs), target_set.load_seconds(loads))
+        for index, (target_set, count) in enumerate(zip(sets, counts, strict=True))
+        for copy in range(count)
+    ]
 
 
 def estimate_sweep(
-    plan: Plan, profile: HardwareProfile, cluster: Cluster, max_concurrent_pairs: int
+    plan: Plan, profile: HardwareProfile, cluster: Cluster, options: EstimateOptions
 ) -> SweepEstimate:
-    """Return the sweep's estimate; raises EstimateError when no worker group fits a node."""
-    pairs = pair_estimates(plan, profile)
-    held = groups_held(cluster, [pair.group_gpus for pair in pairs])
-    if held < 1:
-        need = max(pair.group_gpus for pair in pairs)
-        raise EstimateError(
-            f"{cluster.source}: no node holds a worker group of {need:g} GPUs "
-            f"(nodes have {', '.join(f'{g:g}' for g in cluster.node_gpus) or 'none'})"
-        )
-    slots = max(1, min(max_concurrent_pairs, held, len(pairs)))
+    """Return the sweep's estimate; raises EstimateError when a target set fits no node."""
+    sets = target_sets(plan.pairs)
+    counts = place_replicas(cluster, sets, options.replicas)
+    for target_set, count in zip(sets, counts, strict=True):
+        if count < 1:
+            raise EstimateError(
+                f"{cluster.source}: no node holds a worker group of {target_set.gpus:g} GPUs "
+                f"(nodes have {', '.join(f'{g:g}' for g in cluster.node_gpus) or 'none'})"
+            )
+    profiles = pair_profiles(plan, profile, options.fitted)
+    work = plan_workload(plan, profiles, options)
+    replicas = replicas_of(sets, counts, options.loads)
     return SweepEstimate(
         profile=profile.name,
         cluster=cluster,
-        slots=slots,
-        groups_held=held,
-        pairs=tuple(pairs),
-        wall_seconds_upper=makespan([p.seconds_upper for p in pairs], slots),
-        wall_seconds_lower=makespan([p.seconds_lower for p in pairs], slots),
+        sets=tuple(sets),
+        replicas=tuple(counts),
+        pairs=tuple(pair_estimates(plan, profiles)),
+        load_seconds=max(r.ready_at for r in replicas),
+        upper=simulate(work.units, work.upper, replicas),
+        lower=simulate(work.units, work.lower, replicas),
     )
 
 
@@ -228,30 +379,42 @@ def format_hours(seconds: float) -> str:
     return f"{hours / 24:,.1f} d" if hours >= 48 else f"{hours:,.2f} h"
 
 
+def _set_lines(estimate: SweepEstimate) -> list[str]:
+    """Return one line per target set: its pairs, replica GPUs and replica count."""
+    return [
+        f"  target {target_set.target}: {count} replica(s) of {target_set.gpus:g} GPUs, "
+        f"shared by {len(target_set.pairs)} pair(s) (the target loads once per replica)"
+        for target_set, count in zip(estimate.sets, estimate.replicas, strict=True)
+    ]
+
+
 def estimate_lines(estimate: SweepEstimate) -> list[str]:
-    """Return the estimate as printable lines: one per pair, then the totals."""
+    """Return the estimate as printable lines: the replicas, one line per pair, the totals."""
     cluster = estimate.cluster
     lines = [
         f"estimate on profile {estimate.profile}, {cluster.gpus:g} GPUs ({cluster.source}): "
-        f"{estimate.slots} pair(s) at once (the nodes hold {estimate.groups_held} worker "
-        "groups; execution.max_concurrent_pairs caps it)",
-        "  live speculation between full acceptance (lower) and AR speed (upper); "
-        "warm-up, loading and training not counted",
+        f"{sum(estimate.replicas)} replica(s)",
+        *_set_lines(estimate),
+        "  live speculation between full acceptance (lower) and AR speed (upper); wall time "
+        "simulated over prompt shards; warm-up and training not counted",
     ]
     for pair in estimate.pairs:
         lines.append(
-            f"  {pair.pair}: {pair.trials} trials on {pair.group_gpus:g} GPUs, "
-            f"{format_hours(pair.seconds_lower)} .. {format_hours(pair.seconds_upper)}, "
+            f"  {pair.pair}: {pair.trials} trials, {format_hours(pair.seconds_lower)} .. "
+            f"{format_hours(pair.seconds_upper)} of replica time on {pair.profile}, "
             f"<= {pair.gpu_hours_upper:,.0f} GPU-h"
         )
     lines.append(
         f"total: wall {format_hours(estimate.wall_seconds_lower)} .. "
-        f"{format_hours(estimate.wall_seconds_upper)}, <= {estimate.gpu_hours_upper:,.0f} GPU-h"
+        f"{format_hours(estimate.wall_seconds_upper)} (model loading "
+        f"{format_hours(estimate.load_seconds)} included, replicas "
+        f"{estimate.upper.utilisation:.0%} busy at the upper bound), "
+        f"<= {estimate.gpu_hours_upper:,.0f} GPU-h"
     )
     if any(pair.replay_saved_seconds for pair in estimate.pairs):
         lines.append(
             f"replay mode saves about {format_hours(estimate.replay_saved_seconds_total)} of "
-            f"worker-group time ({estimate.replay_saved_gpu_hours:,.0f} GPU-h) against running "
+            f"replica time ({estimate.replay_saved_gpu_hours:,.0f} GPU-h) against running "
             "the replayed trials live at AR speed"
         )
     return lines

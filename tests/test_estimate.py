@@ -37,17 +37,68 @@ def _plan(max_draft_lens: str, extra: str = "") -> object:
     return plan_sweep(parse_sweep(SWEEP % max_draft_lens + textwrap.dedent(extra)))
 
 
+NO_LOADING = estimate.EstimateOptions(loads=estimate.LoadTimes(target=0.0, draft=0.0))
+
+
 def test_live_plan_matches_the_hand_computed_bounds() -> None:
     plan = _plan("[4]")
-    result = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, max_concurrent_pairs=1)
+    one_replica = estimate.EstimateOptions(replicas=1, loads=estimate.LoadTimes(30.0, 5.0))
+    result = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, one_replica)
     (pair,) = result.pairs
     assert pair.trials == 2 and pair.group_gpus == 2
     # AR baseline: 200 / 10 = 20 s; static K=4: at worst 20 s, at best 200 × (4·0.01 + 0.1) / 5.
     assert pair.seconds_upper == pytest.approx(40.0)
     assert pair.seconds_lower == pytest.approx(20.0 + 5.6)
     assert pair.gpu_hours_upper == pytest.approx(40.0 * 2 / 3600)
-    assert result.wall_seconds_upper == pytest.approx(40.0)
+    # one replica: loading (30 s target + 5 s draft), then both trials one after the other.
+    assert result.replicas == (1,)
+    assert result.wall_seconds_upper == pytest.approx(35.0 + 40.0)
+    assert result.wall_seconds_lower == pytest.approx(35.0 + 25.6)
     assert pair.replay_saved_seconds == 0
+
+
+def test_replicas_share_the_prompt_shards_of_the_trials() -> None:
+    plan = _plan("[4]")
+    # 8 GPUs hold 4 replicas of 2 GPUs; 4 prompts in shards of 1 → 8 units of 5 s (upper).
+    result = estimate.estimate_sweep(
+        plan, PROFILE, ONE_NODE, estimate.EstimateOptions(shard_prompts=1, loads=NO_LOADING.loads)
+    )
+    assert result.replicas == (4,)
+    assert result.wall_seconds_upper == pytest.approx(10.0)
+    assert result.upper.utilisation == pytest.approx(1.0)
+    whole = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, NO_LOADING)
+    # default shards (16 prompts) keep each 4-prompt trial whole: two units of 20 s.
+    assert whole.wall_seconds_upper == pytest.approx(20.0)
+
+
+def test_pairs_with_the_same_target_share_one_replica_and_load_it_once() -> None:
+    spec = parse_sweep(
+        (SWEEP % "[4]").replace(
+            "pairs:\n",
+            'pairs:\n  - name: q\n    target: {model: "zoo:demo/target", gpus: 1}\n'
+            '    draft: {model: "zoo:demo/draft-m", gpus: 1}\n',
+        )
+    )
+    plan = plan_sweep(spec)
+    (shared,) = estimate.target_sets(plan.pairs)
+    assert shared.pairs == ("q", "p") and shared.gpus == 3
+    assert shared.load_seconds(estimate.LoadTimes(30.0, 5.0)) == 40.0
+    options = estimate.EstimateOptions(loads=estimate.LoadTimes(30.0, 5.0))
+    result = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, options)
+    # 8 GPUs hold 2 replicas of 3; 4 trials of 20 s (upper) over 2 replicas after 40 s loading.
+    assert result.replicas == (2,)
+    assert result.wall_seconds_upper == pytest.approx(40.0 + 40.0)
+
+
+def test_replicas_are_placed_in_turns_per_target_set_and_capped() -> None:
+    sets = [
+        estimate.TargetSet("a", ("p",), 5.0),
+        estimate.TargetSet("b", ("q",), 2.0),
+    ]
+    two_nodes = estimate.Cluster(node_gpus=(8.0, 8.0), source="test")
+    # turns: a, b on node 0 (8 → 3 → 1), a, b on node 1; then neither fits.
+    assert estimate.place_replicas(two_nodes, sets) == [2, 2]
+    assert estimate.place_replicas(two_nodes, sets, cap=1) == [1, 1]
 
 
 def test_replay_group_costs_its_live_runs_and_one_trace_recording() -> None:
@@ -55,25 +106,24 @@ def test_replay_group_costs_its_live_runs_and_one_trace_recording() -> None:
     live = [trial for trial in plan.trials if trial.mode == "live"]
     replayed = [trial for trial in plan.trials if trial.mode == "replay"]
     assert len(live) == 2 and len(replayed) == 3
-    (pair,) = estimate.pair_estimates(plan, PROFILE)
+    (pair,) = estimate.pair_estimates(plan, estimate.pair_profiles(plan, PROFILE))
     # baseline 20 s + live check ≤ 20 s + the group's trace recording 20 s; replayed: free.
     assert pair.seconds_upper == pytest.approx(60.0)
     # replaying saves the 3 replayed trials' 3 × 20 s minus the 20 s recording.
     assert pair.replay_saved_seconds == pytest.approx(40.0)
 
 
-def test_pairs_share_the_slots_the_nodes_hold() -> None:
-    assert estimate.makespan([3.0, 2.0, 2.0], slots=2) == 4.0
-    assert estimate.makespan([3.0, 2.0, 2.0], slots=1) == 7.0
-    cluster = estimate.Cluster(node_gpus=(8.0, 8.0), source="test")
-    assert estimate.groups_held(cluster, [5.0, 2.0]) == 2
-    assert estimate.groups_held(cluster, [4.0]) == 4
+def test_replay_wall_time_counts_the_trace_recording_as_units() -> None:
+    plan = _plan("[2, 4, 8]", "execution: {mode: replay, live_check: {policy: static}}\n")
+    options = estimate.EstimateOptions(replicas=1, loads=NO_LOADING.loads)
+    result = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, options)
+    assert result.wall_seconds_upper == pytest.approx(60.0)
 
 
 def test_a_group_larger_than_every_node_is_an_error_naming_the_source() -> None:
     plan = _plan("[4]")
     with pytest.raises(estimate.EstimateError, match="--gpus"):
-        estimate.estimate_sweep(plan, PROFILE, estimate.gpus_cluster(1), 1)
+        estimate.estimate_sweep(plan, PROFILE, estimate.gpus_cluster(1), NO_LOADING)
 
 
 def test_the_repository_cluster_yaml_is_four_nodes_of_eight_gpus() -> None:

@@ -201,10 +201,14 @@ def test_fit_check_rejects_what_does_not_fit() -> None:
     assert declared_hardware("x\n# hardware: 2 nodes x 8 GPUs\n") == DeclaredHardware(2, 8)
 
 
-def test_table1_target_group_is_a_tp4_deepspeed_70b_on_one_8_gpu_node() -> None:
-    path = REPO / "sweeps" / "table1.yaml"
+TABLE1_FILES = ("table1.yaml", "table1_sampled.yaml")
+
+
+@pytest.mark.parametrize("name", TABLE1_FILES)
+def test_table1_target_group_is_a_tp4_deepspeed_70b_on_4_nodes_of_8_gpus(name: str) -> None:
+    path = REPO / "sweeps" / name
     sweep = planned(path)
-    assert declared_hardware(path.read_text(encoding="utf-8")) == DeclaredHardware(1, 8)
+    assert declared_hardware(path.read_text(encoding="utf-8")) == DeclaredHardware(4, 8)
     for pair in sweep.spec.pairs:
         target = pair.target
         assert (target.model, target.backend, target.tp_size, target.dtype, target.gpus) == (
@@ -223,9 +227,19 @@ def test_table1_target_group_is_a_tp4_deepspeed_70b_on_one_8_gpu_node() -> None:
         assert jobs[name].base in drafts, "KD jobs distil the sweep's small drafter"
         assert jobs[name].teacher == "meta-llama/Llama-2-70b-chat-hf"
     assert jobs["adaspec_vicuna68m"].config["keep_fraction"] == 0.4
-    kinds = {job.kind for job in sweep.spec.training_jobs}
+
+
+def test_table1_halves_together_cover_the_whole_grid() -> None:
+    trials = tuple(t for name in TABLE1_FILES for t in planned(REPO / "sweeps" / name).plan.trials)
+    kinds = {
+        job.kind
+        for name in TABLE1_FILES
+        for job in planned(REPO / "sweeps" / name).spec.training_jobs
+    }
     assert {"specdecpp_head", "cali_ts_predictor"} <= kinds
-    trials = sweep.plan.trials
+    greedy = planned(REPO / "sweeps" / "table1.yaml")
+    assert greedy.spec.execution.mode == "replay"
+    assert {t.temperature for t in greedy.plan.trials} == {0.0}
     assert {(t.temperature, t.top_k) for t in trials} == {
         (0.0, 0),
         (0.7, 0),

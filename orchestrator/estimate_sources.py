@@ -1,0 +1,143 @@
+"""Where the estimate's inputs come from: a live Ray cluster's GPUs, the results store's cost fits
+for the same models, and the sweep's execution settings.
+
+The pure part turns stored fits into a :class:`~orchestrator.cost_model.HardwareProfile`
+(:func:`fitted_profile`); :func:`ray_cluster` and :func:`stored_profiles` are the edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.cost_model import HardwareProfile
+from orchestrator.estimate import (
+    DEFAULT_SHARD_PROMPTS,
+    Cluster,
+    EstimateError,
+    EstimateOptions,
+)
+from orchestrator.planner import Plan
+from orchestrator.spec import SweepSpec
+from orchestrator.store import Store
+
+#: (target, backend, tp_size, dtype, draft): the models a cost fit belongs to.
+ModelsKey = tuple[str, str, int, str, str]
+
+
+@dataclass(frozen=True)
+class StoredFit:
+    """The part of a stored ``cost_fits`` row the estimate reads."""
+
+    t_draft: float
+    t_target: float
+    overhead_seconds: float
+    max_new_tokens: int
+    n_rounds: int
+
+
+def models_key(row: Mapping[str, Any]) -> ModelsKey:
+    """Return the models of a trial (a planned Trial's fields or a stored trials row)."""
+    draft = row["draft"] if row["draft"] is not None else f"job:{row['draft_job']}"
+    return (row["target"], row["backend"], int(row["tp_size"]), row["dtype"], draft)
+
+
+def fitted_profile(name: str, fits: Sequence[StoredFit]) -> HardwareProfile:
+    """Return a profile of ``fits`` pooled by their round counts.
+
+    t_draft and t_target are the round-weighted means; the AR speed is one target forward per
+    token plus the per-sample overhead spread over the output length.
+    """
+    weights = [max(fit.n_rounds, 1) for fit in fits]
+    total = sum(weights)
+    t_draft = sum(w * fit.t_draft for w, fit in zip(weights, fits, strict=True)) / total
+    t_target = sum(w * fit.t_target for w, fit in zip(weights, fits, strict=True)) / total
+    overhead = sum(
+        w * fit.overhead_seconds / max(fit.max_new_tokens, 1)
+        for w, fit in zip(weights, fits, strict=True)
+    )
+    return HardwareProfile(
+        name=name,
+        description=f"pooled from {len(fits)} stored cost fit(s)",
+        t_draft=t_draft,
+        t_target=t_target,
+        ar_tokens_per_s=1.0 / (t_target + overhead / total),
+    )
+
+
+def match_fits(
+    plan: Plan, fits: Iterable[tuple[ModelsKey, StoredFit]]
+) -> dict[str, HardwareProfile]:
+    """Return a fitted profile for each planned pair that has stored fits of the same models."""
+    by_models: dict[ModelsKey, list[StoredFit]] = {}
+    for key, fit in fits:
+        by_models.setdefault(key, []).append(fit)
+    result: dict[str, HardwareProfile] = {}
+    for trial in plan.trials:
+        found = by_models.get(models_key(vars(trial)))
+        if found and trial.pair not in result:
+            result[trial.pair] = fitted_profile(f"stored fit of {trial.pair}", found)
+    return result
+
+
+def stored_profiles(store: Store, plan: Plan) -> dict[str, HardwareProfile]:
+    """Return the fitted profiles of ``plan``'s pairs from the fits in ``store`` (any sweep)."""
+    rows = store.cost_fits()
+    pairs: dict[tuple[str, str], ModelsKey] = {}
+    for sweep in dict.fromkeys(row["sweep"] for row in rows):
+        for trial in store.trials_frame(sweep):
+            pairs.setdefault((sweep, trial["pair"]), models_key(trial))
+    fits = [
+        (
+            pairs[(row["sweep"], row["pair"])],
+            StoredFit(
+                t_draft=row["t_draft"],
+                t_target=row["t_target"],
+                overhead_seconds=row["overhead_seconds"],
+                max_new_tokens=row["max_new_tokens"],
+                n_rounds=row["n_rounds"],
+            ),
+        )
+        for row in rows
+        if (row["sweep"], row["pair"]) in pairs
+    ]
+    return match_fits(plan, fits)
+
+
+def ray_cluster(address: str) -> Cluster:
+    """Return the GPUs of each alive node of the Ray cluster at ``address``.
+
+    Connects when this process is not connected yet, and disconnects again afterwards.
+    """
+    import ray
+
+    connected = ray.is_initialized()
+    if not connected:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+        gpus = sorted((float(n.get("Resources", {}).get("GPU", 0.0)) for n in nodes), reverse=True)
+    finally:
+        if not connected:
+            ray.shutdown()
+    source = f"Ray cluster at {address}"
+    if not any(gpus):
+        raise EstimateError(f"{source}: no node has GPUs")
+    return Cluster(node_gpus=tuple(g for g in gpus if g > 0), source=source)
+
+
+def options_from_spec(
+    spec: SweepSpec, fitted: Mapping[str, HardwareProfile] | None = None
+) -> EstimateOptions:
+    """Return the estimate options of ``spec``: ``execution.replicas`` and ``shard_prompts``.
+
+    Both are read when the sweep schema has them (issue #18's scheduler), else the defaults:
+    as many replicas as the nodes hold, :data:`DEFAULT_SHARD_PROMPTS` prompts per unit.
+    """
+    execution = spec.execution
+    return EstimateOptions(
+        replicas=getattr(execution, "replicas", None),
+        shard_prompts=getattr(execution, "shard_prompts", None) or DEFAULT_SHARD_PROMPTS,
+        fitted=dict(fitted or {}),
+    )
