@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.cost_model import HardwareProfile
 from orchestrator.estimate import (
@@ -18,9 +17,9 @@ from orchestrator.estimate import (
     EstimateError,
     EstimateOptions,
 )
-from orchestrator.planner import Plan
+from orchestrator.planner import Plan, Trial
 from orchestrator.spec import SweepSpec
-from orchestrator.store import Store
+from orchestrator.store import Store, StoredTrial
 
 #: (target, backend, tp_size, dtype, draft): the models a cost fit belongs to.
 ModelsKey = tuple[str, str, int, str, str]
@@ -37,10 +36,10 @@ class StoredFit:
     n_rounds: int
 
 
-def models_key(row: Mapping[str, Any]) -> ModelsKey:
-    """Return the models of a trial (a planned Trial's fields or a stored trials row)."""
-    draft = row["draft"] if row["draft"] is not None else f"job:{row['draft_job']}"
-    return (row["target"], row["backend"], int(row["tp_size"]), row["dtype"], draft)
+def models_key(trial: Trial | StoredTrial) -> ModelsKey:
+    """Return the models of a trial (a planned Trial or a stored trial record)."""
+    draft = trial.draft if trial.draft is not None else f"job:{trial.draft_job}"
+    return (trial.target, trial.backend, int(trial.tp_size), trial.dtype, draft)
 
 
 def fitted_profile(name: str, fits: Sequence[StoredFit]) -> HardwareProfile:
@@ -75,7 +74,7 @@ def match_fits(
         by_models.setdefault(key, []).append(fit)
     result: dict[str, HardwareProfile] = {}
     for trial in plan.trials:
-        found = by_models.get(models_key(vars(trial)))
+        found = by_models.get(models_key(trial))
         if found and trial.pair not in result:
             result[trial.pair] = fitted_profile(f"stored fit of {trial.pair}", found)
     return result
@@ -85,22 +84,22 @@ def stored_profiles(store: Store, plan: Plan) -> dict[str, HardwareProfile]:
     """Return the fitted profiles of ``plan``'s pairs from the fits in ``store`` (any sweep)."""
     rows = store.cost_fits()
     pairs: dict[tuple[str, str], ModelsKey] = {}
-    for sweep in dict.fromkeys(row["sweep"] for row in rows):
-        for trial in store.trials_frame(sweep):
-            pairs.setdefault((sweep, trial["pair"]), models_key(trial))
+    for sweep in dict.fromkeys(row.sweep for row in rows):
+        for trial in store.trials(sweep):
+            pairs.setdefault((sweep, trial.pair), models_key(trial))
     fits = [
         (
-            pairs[(row["sweep"], row["pair"])],
+            pairs[(row.sweep, row.pair)],
             StoredFit(
-                t_draft=row["t_draft"],
-                t_target=row["t_target"],
-                overhead_seconds=row["overhead_seconds"],
-                max_new_tokens=row["max_new_tokens"],
-                n_rounds=row["n_rounds"],
+                t_draft=row.t_draft,
+                t_target=row.t_target,
+                overhead_seconds=row.overhead_seconds,
+                max_new_tokens=row.max_new_tokens,
+                n_rounds=row.n_rounds,
             ),
         )
         for row in rows
-        if (row["sweep"], row["pair"]) in pairs
+        if (row.sweep, row.pair) in pairs
     ]
     return match_fits(plan, fits)
 
