@@ -21,7 +21,7 @@ import hashlib
 import itertools
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator.spec import (
@@ -42,6 +42,7 @@ CODE_VERSION = "2"
 ID_LENGTH = 16
 LIVE_MODE = "live"
 REPLAY_MODE = "replay"
+MIXED_MODE = "mixed"
 
 #: The parameter reported in the store's ``threshold`` column: every threshold policy
 #: (max_confidence λ, adaedl λ, svip h, specdecpp h) names its main threshold so.
@@ -94,6 +95,7 @@ class Trial:
     ``draft`` is the draft's model ref, or None when ``draft_job`` (a training job *name*) makes
     it; ``policy_job`` names the job whose artifact a trained-head policy loads. ``requires_jobs``
     lists the job names this trial waits for; ``job_ids`` their ids (part of the identity).
+    ``is_check`` marks a replaying group's live check (not part of the identity).
     """
 
     trial_id: str
@@ -128,6 +130,7 @@ class Trial:
     code_version: str = CODE_VERSION
     mode: str = LIVE_MODE
     chat_template: bool | None = None
+    is_check: bool = False
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -229,7 +232,6 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     jobs = tuple(planned[job.name] for job in _upstream_first(spec.training_jobs))
     trials: dict[str, Trial] = {}
     skipped: list[SkippedGroup] = []
-    replaying = spec.execution.mode == REPLAY_MODE
     for pair in spec.pairs:
         for dataset, sampling, seed in itertools.product(
             spec.datasets, spec.temperatures, sorted(set(spec.seeds))
@@ -237,7 +239,7 @@ def plan_sweep(spec: SweepSpec) -> Plan:
             group = _TrialGroup(spec, pair, dataset, _normalised_sampling(sampling), seed, job_ids)
             baseline = group.baseline()
             trials.setdefault(baseline.trial_id, baseline)
-            if replaying:
+            if group.replays:
                 check = group.live_check(baseline.trial_id)
                 trials.setdefault(check.trial_id, check)
             for policy in spec.policies:
@@ -333,6 +335,15 @@ class _TrialGroup:
         """The group's temperature (0 = greedy)."""
         return self.sampling[0]
 
+    @property
+    def replays(self) -> bool:
+        """True when this group replays trials: a replay sweep, or a mixed sweep's greedy group
+        with a replayable policy."""
+        mode = self.spec.execution.mode
+        if mode == MIXED_MODE:
+            return self.temperature == 0 and any(p.replayable() for p in self.spec.policies)
+        return mode == REPLAY_MODE
+
     def _identity(self) -> dict[str, Any]:
         """Return the identity fields shared by every trial in this group."""
         target, draft = self.pair.target, self.pair.draft
@@ -427,11 +438,12 @@ class _TrialGroup:
         check = self.spec.execution.live_check
         params = _sorted_items([check.settings()])[0]
         max_draft_len = self.spec.live_check_max_draft_len()
-        return self._trial(check.policy, params, max_draft_len, baseline_id, None)
+        trial = self._trial(check.policy, params, max_draft_len, baseline_id, None)
+        return replace(trial, is_check=True)
 
     def policy_trials(self, policy: PolicySpec, baseline_id: str) -> list[Trial]:
         """Return the trials of one policy entry: parameter settings × max draft lengths."""
-        mode = self.spec.execution.mode
+        mode = REPLAY_MODE if self.replays and policy.replayable() else LIVE_MODE
         return [
             self._trial(policy.name, params, max_draft_len, baseline_id, policy.job, mode)
             for params in _sorted_items(policy.settings())
@@ -478,8 +490,9 @@ class ReplayGroup:
 
     @property
     def checks(self) -> tuple[Trial, ...]:
-        """The live speculative trials (the cross-check of replay against live rounds)."""
-        return tuple(trial for trial in self.live if not trial.is_baseline)
+        """The live check trials (the cross-check of replay against live rounds); a mixed
+        sweep's other live trials in the group are not replayable and check nothing."""
+        return tuple(trial for trial in self.live if trial.is_check)
 
 
 def fit_group_key(trial: Trial) -> str:

@@ -255,6 +255,11 @@ class PolicySpec(_Frozen):
         """Return how many parameter settings the grid expands to."""
         return math.prod(len(values) for values in self.grid.values())
 
+    def replayable(self) -> bool:
+        """True when greedy trials of this entry replay exactly (no trained artifact, and no
+        setting reads hidden states, which a greedy trace does not store)."""
+        return self.job is None and not _replay_problems(self.name, self.settings())
+
     def settings(self) -> list[dict[str, Any]]:
         """Return every full parameter setting: defaults, then fixed params, then the grid product.
 
@@ -445,13 +450,16 @@ class ExecutionSpec(_Frozen):
     ``mode: replay`` runs, per group, the AR baseline and the ``live_check`` trial live,
     records one greedy trace per prompt, and replays every other trial over the traces
     (``policies.replay``), timing them by the group's cost fit (greedy only).
+    ``mode: mixed`` replays what replays exactly (temperature 0, policies that read no hidden
+    states: :meth:`PolicySpec.replayable`) the same way and runs every other trial live, so
+    one sweep holds both.
     """
 
     retries: int = Field(2, ge=0, le=100)
     warmup_samples: int = Field(1, ge=0, le=1000)
     record_rounds: bool = True
     max_concurrent_pairs: int = Field(1, ge=1, le=1024)
-    mode: Literal["live", "replay"] = "live"
+    mode: Literal["live", "replay", "mixed"] = "live"
     live_check: LiveCheckSpec = Field(default_factory=LiveCheckSpec)
 
 
@@ -501,6 +509,8 @@ class SweepSpec(_Frozen):
         problems += _job_cycles(jobs)
         if self.execution.mode == "replay":
             problems += self._replay_problems()
+        if self.execution.mode != "live":
+            problems += self._record_rounds_problems()
         size = self.grid_size()
         if size > MAX_GRID_TRIALS:
             problems.append(((), f"the grid expands to {size} trials (limit {MAX_GRID_TRIALS})"))
@@ -531,15 +541,17 @@ class SweepSpec(_Frozen):
                 continue
             for message in _replay_problems(policy.name, policy.settings()):
                 problems.append((("policies", index), message))
-        if not self.execution.record_rounds:
-            problems.append(
-                (
-                    ("execution", "record_rounds"),
-                    "mode: replay fits its cost model on the stored rounds of the live trials; "
-                    "set record_rounds: true",
-                )
-            )
         return problems
+
+    def _record_rounds_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return the refusal of a replaying sweep that would not store rounds."""
+        if self.execution.record_rounds:
+            return []
+        message = (
+            f"mode: {self.execution.mode} fits its cost model on the stored rounds of the live "
+            "trials; set record_rounds: true"
+        )
+        return [(("execution", "record_rounds"), message)]
 
     def live_check_max_draft_len(self) -> int:
         """Return the live check trial's max draft length (default: half the largest, ≥ 1)."""

@@ -233,6 +233,36 @@ def test_replay_plan_has_one_live_check_per_group_and_mode_in_replayed_ids() -> 
     assert [(c.policy, c.threshold, c.max_draft_len) for c in check] == [("svip", 2.0, 3)]
 
 
+def test_mixed_mode_replays_greedy_replayable_trials_and_runs_the_rest_live() -> None:
+    text = SWEEP.replace("temperatures: [0.0]", "temperatures: [0.0, 0.7]").replace(
+        "  - name: oracle\n", "  - name: oracle\n  - {name: specdecpp, job: head}\n"
+    ).replace("mode: replay}", "mode: mixed}") + (
+        "training_jobs:\n"
+        "  - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s,\n"
+        "     teacher: zoo:micro/target, dataset: builtin:code}\n"
+    )
+    plan = plan_sweep(parse_sweep(text, "mixed.yaml"))
+    greedy = [t for t in plan.trials if t.temperature == 0]
+    sampled = [t for t in plan.trials if t.temperature > 0]
+    assert {t.mode for t in sampled} == {"live"}
+    assert not any(t.policy == "specdecpp" and t.mode == REPLAY_MODE for t in plan.trials)
+    assert {t.mode for t in greedy if t.policy == "specdecpp"} == {"live"}
+    replayed = [t for t in greedy if t.mode == REPLAY_MODE]
+    assert replayed and {t.policy for t in replayed} == {
+        t.policy for t in greedy if t.policy not in ("ar", "specdecpp")
+    }
+    replay_only = plan_sweep(parse_sweep(SWEEP))
+    assert {t.trial_id for t in replayed} == {
+        t.trial_id for t in replay_only.trials if t.mode == REPLAY_MODE
+    }
+    (group,) = replay_groups(plan)
+    assert len(group.checks) == 1 and group.checks[0].temperature == 0
+    assert _problems(text.replace("mode: mixed}", "mode: mixed, record_rounds: false}")) == [
+        "bad.yaml:23: execution.record_rounds: mode: mixed fits its cost model on the stored "
+        "rounds of the live trials; set record_rounds: true"
+    ]
+
+
 def test_replay_demo_sweep_plans_hundreds_of_replayed_configs() -> None:
     spec = load_sweep(REPO / "sweeps" / "replay_demo.yaml")
     plan = plan_sweep(spec)
