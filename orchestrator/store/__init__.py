@@ -1,6 +1,14 @@
 """The results store: SQLAlchemy models, Alembic migrations and the :class:`Store` API."""
 
 from orchestrator.store.db import StoreError, default_url, display_url
-from orchestrator.store.results import Store, open_store, prompt_id
+from orchestrator.store.results import ShardOutput, Store, open_store, prompt_id
 
-__all__ = ["Store", "StoreError", "default_url", "display_url", "open_store", "prompt_id"]
+__all__ = [
+    "ShardOutput",
+    "Store",
+    "StoreError",
+    "default_url",
+    "display_url",
+    "open_store",
+    "prompt_id",
+]
