@@ -153,8 +153,8 @@ def seed_synthetic_sweeps(url: str) -> dict[str, list[Trial]]:
     :data:`SYNTHETIC_B_SCALE`; in sweep A the trials of :data:`SYNTHETIC_FAILED` are failed.
     Each sweep records a run (provenance) and the runner's cost fits of its groups.
     """
-    from orchestrator.provenance import collect_provenance
     from orchestrator.group_fits import store_live_fits
+    from orchestrator.provenance import collect_provenance
 
     planned = {}
     with open_store(url) as store:
