@@ -330,14 +330,13 @@ class Store:
         Empty once the trial is done (its shards' results are cleared then).
         """
         query = select(TrialShardRow.prompts, TrialShardRow.results).where(
-            TrialShardRow.trial_id == trial_id,
-            TrialShardRow.status == "done",
-            TrialShardRow.results.is_not(None),
+            TrialShardRow.trial_id == trial_id, TrialShardRow.status == "done"
         )
         with self._transaction() as session:
             found = [
                 (int(index), result_from_json(data))
                 for prompts, results in session.execute(query)
+                if results is not None  # JSON null once the trial is done
                 for index, data in zip(prompts, results, strict=True)
             ]
         return sorted(found, key=lambda pair: pair[0])
