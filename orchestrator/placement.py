@@ -21,6 +21,7 @@ bundle and message builders are pure.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -83,6 +84,24 @@ def fits_on_node(need: Mapping[str, float], node: Mapping[str, float]) -> bool:
     return all(node.get(name, 0.0) >= amount for name, amount in need.items())
 
 
+def groups_held(pair: PairSpec, node_resources: Iterable[Mapping[str, float]]) -> int:
+    """Return how many of ``pair``'s worker groups the nodes hold in total, each on one node.
+
+    Counts each node's total resources (not what is in use); the runner's default replica
+    count starts from this.
+    """
+    need = bundle_totals(worker_group_bundles(pair))
+    return sum(
+        min(math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items())
+        for node in node_resources
+    )
+
+
+def alive_node_resources() -> list[dict[str, float]]:
+    """Return the total resources of each alive node of the connected Ray cluster."""
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+
+
 def unplaceable_message(
     pair: PairSpec, timeout_s: float, node_resources: list[Mapping[str, float]]
 ) -> str:
@@ -137,8 +156,7 @@ def create_worker_group(pair: PairSpec, timeout_s: float) -> PlacementGroup:
     if ready:
         return group
     remove_placement_group(group)
-    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-    raise PlacementError(unplaceable_message(pair, timeout_s, nodes))
+    raise PlacementError(unplaceable_message(pair, timeout_s, alive_node_resources()))
 
 
 def remove_worker_group(group: PlacementGroup) -> None:

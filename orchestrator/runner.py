@@ -1,71 +1,42 @@
-"""The Ray driver: preflight, worker groups per pair, dispatch with retries, results to the store.
+"""The Ray driver: preflight, training jobs, prompt shards over pair replicas, results stored.
 
-``run_sweep`` skips trials the store already has, runs the rest pair by pair (each pair's
-models load once; several pairs at once when ``execution.max_concurrent_pairs`` allows), retries
-a failed trial on fresh actors, and writes each trial in one transaction as it ends, so a crash
-loses only the trials in flight. After a pair's live trials, each trial group's block-aware
-cost model is fit over its stored live rounds and stored (``cost_fits``). In ``mode: replay``
-the pair's replayed trials then follow group by group (``orchestrator.replay_stage``): traces
-recorded once per group by the draft actor (or read back from the store), the fit, the
-cross-check of the live check trial, and each replayed trial stored like a live one.
+``run_sweep`` skips trials the store already has and splits each remaining live trial into
+shards of its prompts (``execution.shard_prompts``; a trial whose policy keeps state across
+requests stays one shard), leaving out the shards a previous run stored. One scheduler
+(``orchestrator.scheduler``) runs the shards over ``execution.replicas`` replicas of each
+pair's worker group (``orchestrator.replica``), ``execution.max_concurrent_pairs`` pairs at
+a time, retrying a failed shard on live actors. Each shard's samples are stored in one
+transaction as it ends; when a trial's last shard is stored, its metrics and intervals are
+computed from all its samples and the trial is marked done, so a crash loses only the shards
+in flight. After the live shards, each trial group's block-aware cost model is fit over its
+stored live rounds and stored (``cost_fits``). In ``mode: replay`` each pair's replayed
+trials follow once its live shards are settled, group by group (``PairReplica.replay_group``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from threading import Event, Lock
-from typing import Any
+from threading import Lock
 
 import ray
 from tqdm import tqdm
 
-from orchestrator.cost_model import CostModelError
 from orchestrator.errors import describe_failure
+from orchestrator.group_fits import store_live_fits
 from orchestrator.metrics import trial_metrics
-from orchestrator.placement import (
-    actor_options_for_rank,
-    create_worker_group,
-    draft_actor_options,
-    remove_worker_group,
-)
-from orchestrator.planner import (
-    LIVE_MODE,
-    Plan,
-    ReplayGroup,
-    Trial,
-    fit_group_key,
-    replay_groups,
-)
+from orchestrator.placement import alive_node_resources, groups_held
+from orchestrator.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.provenance import collect_provenance, stored_provenance_notes
-from orchestrator.replay_stage import (
-    CrossCheck,
-    GroupFit,
-    cross_check,
-    fit_group,
-    replay_rounds,
-    replayed_results,
-    trace_from_json,
-    trace_to_json,
-)
-from orchestrator.run_fit import TrialCounts, compare_fits
-from orchestrator.spec import PairSpec, SweepSpec
+from orchestrator.replica import PairReplica
+from orchestrator.scheduler import Scheduler
+from orchestrator.spec import SweepSpec
 from orchestrator.store import Store
 from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
-from policies.replay import GreedyTrace
-from workers.actors import DraftWorker, TargetWorker
-from workers.model_spec import ModelSpec, RankSpec
-from workers.prompt_format import response_text
-from workers.records import BASELINE_POLICY, SamplingConfig
-from workers.trial import TrialRequest
-
-#: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
-WARMUP_TOKENS = 8
-WARMUP_DRAFT_LEN = 2
+from orchestrator.work_units import WorkUnit, missing_units, trial_units
 
 __all__ = ["PreflightError", "RunOptions", "SweepSummary", "preflight", "run_sweep"]
 
@@ -136,17 +107,10 @@ def run_sweep(
     jobs = _train_jobs(plan, store, retries, options.progress, summary)
     artifacts = attach_job_drafts(spec, inputs, jobs)
     by_pair = _trials_by_pair(pending, jobs, store, summary)
-    progress = tqdm(
-        total=len(pending),
-        desc=f"sweep {plan.sweep}",
-        unit="trial",
-        disable=not options.progress,
-        dynamic_ncols=True,
-    )
-    run = _SweepRun(spec, plan, store, inputs, artifacts, retries, summary, progress)
-    run.run_pairs(by_pair)
+    run = _SweepRun(spec, plan, store, inputs, artifacts, summary)
+    run.run_pairs(by_pair, retries, options.progress)
     replayed = {group.fit_key for group in run.groups}
-    summary.fit_notes += _store_live_fits(spec, plan, store, replayed)
+    summary.fit_notes += store_live_fits(spec, plan, store, replayed)
     summary.seconds = time.perf_counter() - start
     return summary
 
@@ -182,10 +146,9 @@ def _trials_by_pair(
 
 
 class _SweepRun:
-    """The pending trials of one run, spread over one thread per pair's worker group.
+    """The pending work of one run: its trials' shards and replays, and the summary they fill.
 
-    Threads share the summary and the progress bar under a lock; ``stop`` tells them to start
-    no new trial (Ctrl-C or an error in another thread).
+    Worker threads share the summary under a lock.
     """
 
     def __init__(
@@ -195,182 +158,155 @@ class _SweepRun:
         store: Store,
         inputs: PreparedInputs,
         artifacts: dict[str, str],
-        retries: int,
         summary: SweepSummary,
-        progress: tqdm,
     ) -> None:
         self.spec, self.plan, self.store, self.inputs = spec, plan, store, inputs
-        self.artifacts, self.retries = artifacts, retries
-        self.summary, self.progress = summary, progress
+        self.artifacts, self.summary = artifacts, summary
         self.pairs = {pair.name: pair for pair in spec.pairs}
+        self.trials = {trial.trial_id: trial for trial in plan.trials}
         self.groups = replay_groups(plan)
+        self.pending_ids: set[str] = set()
+        self.failed_ids: set[str] = set()
         self.lock = Lock()
-        self.stop = Event()
 
-    def run_pairs(self, by_pair: dict[str, list[Trial]]) -> None:
-        """Run each pair's trials in its own thread, ``max_concurrent_pairs`` at a time."""
-        workers = max(1, min(self.spec.execution.max_concurrent_pairs, len(by_pair)))
-        pool = ThreadPoolExecutor(max_workers=workers)
-        try:
-            for future in [pool.submit(self.run_pair, name, by_pair[name]) for name in by_pair]:
-                future.result()
-        except BaseException:
-            # Ctrl-C (or any error): start no new trial; the ones in flight finish and are stored.
-            self.stop.set()
-            pool.shutdown(wait=False, cancel_futures=True)
-            self.progress.close()
-            raise
-        pool.shutdown()
-        self.progress.close()
-
-    def run_pair(self, pair_name: str, trials: list[Trial]) -> None:
-        """Run one pair's live trials, then replay its replay groups; free its workers."""
-        runner = _PairRunner(
-            self.pairs[pair_name],
-            self.inputs,
-            self.spec.execution.record_rounds,
-            self.store,
-            self.artifacts,
+    def run_pairs(self, by_pair: dict[str, list[Trial]], retries: int, progress: bool) -> None:
+        """Run every pair's pending shards and replays on replicas of its worker group."""
+        self.pending_ids = {trial.trial_id for trials in by_pair.values() for trial in trials}
+        units = [
+            unit for name, trials in by_pair.items() for unit in self._pair_units(name, trials)
+        ]
+        workers = [
+            _ReplicaWorker(self, self._replica(name))
+            for name in by_pair
+            for _ in range(self._replica_count(name, units, len(by_pair)))
+        ]
+        bar = tqdm(
+            total=len(units),
+            desc=f"sweep {self.plan.sweep}",
+            unit="shard",
+            disable=not progress,
+            dynamic_ncols=True,
         )
-        try:
-            for trial in trials:
-                if self.stop.is_set():
-                    return
-                if trial.mode == LIVE_MODE:
-                    self.finish(trial, runner.run_with_retries(trial, self.retries))
-            self._replay_pair(runner, pair_name, {trial.trial_id for trial in trials})
-        finally:
-            runner.close()
+        limit = self.spec.execution.max_concurrent_pairs
+        Scheduler(units, retries, bar, max_groups=limit).run(workers)
 
-    def _replay_pair(self, runner: _PairRunner, pair_name: str, pending_ids: set[str]) -> None:
-        """Replay the pending trials of the pair's replay groups; note fits and cross-checks."""
+    def _pair_units(self, name: str, trials: list[Trial]) -> list[WorkUnit]:
+        """Return the pair's missing live shards, then its replay unit (after those shards).
+
+        A trial whose every shard is stored already (a run stopped before it was finished)
+        is finished here.
+        """
+        live = [trial for trial in trials if trial.mode == LIVE_MODE]
+        stored = self.store.stored_prompts(trial.trial_id for trial in live)
+        size = self.spec.execution.shard_prompts
+        units: list[WorkUnit] = []
+        for trial in live:
+            ordered = bool(trial.params_dict.get("persist_across_requests"))
+            shards = trial_units(trial.trial_id, name, trial.samples, size, ordered=ordered)
+            left = missing_units(shards, stored.get(trial.trial_id, set()))
+            if not left:
+                self.finish_if_complete(trial)
+            units += left
+        if any(trial.mode != LIVE_MODE for trial in trials):
+            after = tuple(unit.key for unit in units)
+            units.append(WorkUnit(key=f"replay:{name}", group=name, after=after))
+        return units
+
+    def _replica_count(self, name: str, units: Sequence[WorkUnit], pairs: int) -> int:
+        """Return how many replicas of pair ``name`` to start (``execution.replicas`` or the
+        cluster's share), at most one per pending unit of the pair."""
+        wanted = self.spec.execution.replicas
+        if wanted is None:
+            held = groups_held(self.pairs[name], alive_node_resources())
+            wanted = held // min(self.spec.execution.max_concurrent_pairs, pairs)
+        mine = sum(unit.group == name for unit in units)
+        return max(1, min(wanted, mine))
+
+    def _replica(self, name: str) -> PairReplica:
+        """Return a new (not yet started) replica of pair ``name``'s worker group."""
+        record = self.spec.execution.record_rounds
+        return PairReplica(self.pairs[name], self.inputs, record, self.store, self.artifacts)
+
+    def run_shard(self, replica: PairReplica, unit: WorkUnit) -> None:
+        """Run one shard on ``replica`` and store it; finish its trial once all are stored."""
+        trial = self.trials[str(unit.trial_id)]
+        if trial.trial_id in self.failed_ids:
+            return
+        if not self.store.mark_shard_running(trial, unit.shard, unit.prompts):
+            return
+        try:
+            output = replica.run_shard(trial, unit)
+        except Exception as exc:
+            self.store.record_attempt_error(trial, describe_failure(exc))
+            raise
+        self.store.record_shard(trial, output, self.spec.execution.record_rounds)
+        self.finish_if_complete(trial)
+
+    def finish_if_complete(self, trial: Trial) -> None:
+        """Mark ``trial`` done, with metrics from all its samples, once every shard is stored."""
+        found = self.store.shard_results(trial.trial_id)
+        if len(found) < trial.samples:
+            return
+        if self.store.finish_trial(trial, trial_metrics([result for _, result in found])):
+            self.count(trial, None)
+
+    def fail_shard(self, unit: WorkUnit, error: str) -> None:
+        """Record a shard given up after its retries, and its trial failed (counted once)."""
+        trial = self.trials[str(unit.trial_id)]
+        if self.store.record_shard_failure(trial, unit.shard, error):
+            with self.lock:
+                first = trial.trial_id not in self.failed_ids
+                self.failed_ids.add(trial.trial_id)
+            if first:
+                self.count(trial, error)
+
+    def replay_pair(self, replica: PairReplica) -> None:
+        """Replay the pending trials of the replica's pair's replay groups; note fits and checks."""
         for group in self.groups:
-            if self.stop.is_set():
-                return
-            todo = [t for t in group.replayed if t.trial_id in pending_ids]
-            if group.trials[0].pair == pair_name and todo:
-                notes = runner.replay_group(self.plan.sweep, group, todo, self.finish)
+            todo = [t for t in group.replayed if t.trial_id in self.pending_ids]
+            if group.trials[0].pair == replica.pair.name and todo:
+                notes = replica.replay_group(self.plan.sweep, group, todo, self.count)
                 with self.lock:
                     self.summary.fit_notes.append(notes.fit)
                     self.summary.cross_checks += notes.checks
                     self.summary.traces_recorded += notes.recorded
                     self.summary.traces_reused += not notes.recorded
 
-    def finish(self, trial: Trial, error: str | None) -> None:
-        """Count a finished trial (failed when ``error`` is set) and advance the progress bar."""
+    def count(self, trial: Trial, error: str | None) -> None:
+        """Count a finished trial in the summary (failed when ``error`` is set)."""
         with self.lock:
             self.summary.ran += 1
             if error is not None:
                 self.summary.failed += 1
                 self.summary.failures.append(f"{trial.trial_id} ({trial.policy}): {error}")
-            self.progress.set_postfix_str(f"{trial.policy} {trial.dataset}")
-            self.progress.update()
 
 
-def _store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:
-    """Fit and store the cost model of every group not in ``skip``; return a note per group."""
-    if not spec.execution.record_rounds:
-        return ["no cost fit: the sweep ran with record_rounds: false, so no rounds are stored"]
-    grouped: dict[str, list[Trial]] = {}
-    for trial in plan.trials:
-        if trial.mode == LIVE_MODE:
-            grouped.setdefault(fit_group_key(trial), []).append(trial)
-    notes = []
-    for key, trials in grouped.items():
-        if key in skip:
-            continue
-        try:
-            fit = _fit_from_store(store, trials)
-        except CostModelError as error:
-            notes.append(f"no cost fit for {_group_label(trials[0])}: {error}")
-            continue
-        values = _fit_values(plan.sweep, key, trials[0], fit)
-        run_fit = _run_fit_columns(store, trials, fit)
-        store.record_cost_fit({**values, **run_fit})
-        notes.append(_fit_note(trials[0], fit) + _run_fit_note(run_fit))
-    return notes
+@dataclass
+class _ReplicaWorker:
+    """A scheduler worker: one replica of a pair's worker group running that pair's units."""
 
+    sweep: _SweepRun
+    replica: PairReplica
+    group: str = field(init=False)
 
-def _fit_from_store(store: Store, trials: Sequence[Trial]) -> GroupFit:
-    """Return the cost fit over the stored rounds of the done live ``trials``."""
-    rows = [
-        row
-        for row in store.trial_rows(t.trial_id for t in trials if t.mode == LIVE_MODE)
-        if row["status"] == "done"
-    ]
-    return fit_group(store.rounds(row["trial_id"] for row in rows), rows)
+    def __post_init__(self) -> None:
+        self.group = self.replica.pair.name
 
+    def run(self, unit: WorkUnit) -> None:
+        """Run a shard of a trial, or (the pair's replay unit) its replay groups."""
+        if unit.trial_id is None:
+            self.sweep.replay_pair(self.replica)
+        else:
+            self.sweep.run_shard(self.replica, unit)
 
-def _run_fit_columns(store: Store, trials: Sequence[Trial], group: GroupFit) -> dict[str, Any]:
-    """Return the run-level fit's ``cost_fits`` columns ({} when it cannot be fit)."""
-    rows = store.trial_rows(t.trial_id for t in trials if t.mode == LIVE_MODE)
-    counts = [TrialCounts.from_row(row) for row in rows if row["status"] == "done"]
-    try:
-        return compare_fits(group.fit, group.overhead_seconds, counts).columns()
-    except CostModelError:
-        return {}
+    def give_up(self, unit: WorkUnit, error: str) -> None:
+        """Record the unit's shard (and so its trial) failed."""
+        if unit.trial_id is not None:
+            self.sweep.fail_shard(unit, error)
 
-
-def _group_label(trial: Trial) -> str:
-    """Return a short name of a trial's group for messages."""
-    return (
-        f"{trial.pair} {trial.dataset} (temperature {trial.temperature:g}, "
-        f"{trial.max_new_tokens} new tokens)"
-    )
-
-
-def _run_fit_note(columns: dict[str, Any]) -> str:
-    """Return the run-level fit's part of a group's fit line ("" when there is none)."""
-    if not columns:
-        return "; no run-level fit (the trials cannot separate the two costs)"
-    return (
-        f"; on trial seconds: round fit R² {columns['round_trial_r2']:.3f}, error "
-        f"{columns['round_trial_mre']:.1%}, run-level fit R² {columns['run_r2']:.3f}, error "
-        f"{columns['run_mre']:.1%}: projecting with the {columns['projection_fit']} fit"
-    )
-
-
-def _fit_note(trial: Trial, group: GroupFit) -> str:
-    """Return the one-line summary of a stored group fit."""
-    fit = group.fit
-    return (
-        f"cost fit {_group_label(trial)}: t_draft {fit.t_draft * 1e3:.3f} ms, t_target "
-        f"{fit.t_target * 1e3:.3f} ms + {fit.t_per_verified * 1e3:.3f} ms/token, R² round "
-        f"{fit.r2_round:.3f} over {fit.n_rounds} rounds of {group.n_trials} trials"
-    )
-
-
-def _fit_values(sweep: str, key: str, trial: Trial, group: GroupFit) -> dict[str, Any]:
-    """Return the ``cost_fits`` row of a group's fit (no cross-check)."""
-    fit = group.fit
-    return {
-        "sweep": sweep,
-        "group_key": key,
-        "pair": trial.pair,
-        "dataset": trial.dataset,
-        "split": trial.split,
-        "samples": trial.samples,
-        "max_new_tokens": trial.max_new_tokens,
-        "temperature": trial.temperature,
-        "t_draft": fit.t_draft,
-        "t_target": fit.t_target,
-        "t_per_verified": fit.t_per_verified,
-        "r2_draft": fit.r2_draft,
-        "r2_verify": fit.r2_verify,
-        "r2_round": fit.r2_round,
-        "n_rounds": fit.n_rounds,
-        "n_trials": group.n_trials,
-        "overhead_seconds": group.overhead_seconds,
-    }
-
-
-@dataclass(frozen=True)
-class _ReplayNotes:
-    """What replaying one group did: its fit line, its cross-check lines, traces recorded."""
-
-    fit: str
-    checks: list[str]
-    recorded: bool
+    def close(self) -> None:
+        """Kill the replica's actors and free its placement group."""
+        self.replica.close()
 
 
 def _ensure_ray(address: str | None) -> None:
@@ -379,249 +315,3 @@ def _ensure_ray(address: str | None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     ray.init(address=address, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
-
-
-class _PairRunner:
-    """The worker group of one pair: target ranks and the draft actor, replaced when they die."""
-
-    def __init__(
-        self,
-        pair: PairSpec,
-        inputs: PreparedInputs,
-        record_rounds: bool,
-        store: Store,
-        artifacts: dict[str, str] | None = None,
-    ) -> None:
-        self.pair = pair
-        self.artifacts = artifacts or {}
-        self.inputs = inputs
-        self.record_rounds = record_rounds
-        self.store = store
-        self.ranks: list = []
-        self.draft = None
-        self.group = None
-
-    def run_with_retries(self, trial: Trial, retries: int) -> str | None:
-        """Run ``trial`` up to 1 + ``retries`` times; store it; return the last error or None."""
-        error = None
-        attempts = 0
-        for _ in range(retries + 1):
-            if not self.store.mark_running(trial):
-                return None
-            attempts += 1
-            try:
-                self._start()
-                request = self._request(trial)
-                results = ray.get(self.draft.run_trial.remote(request))
-            except Exception as exc:
-                error = describe_failure(exc)
-                self.store.record_attempt_error(trial, error)
-                if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.GetTimeoutError):
-                    self.close()
-                continue
-            prepared = self.inputs.prompts[
-                (trial.dataset, trial.split, trial.samples, trial.local_path)
-            ]
-            tokenizer = self.inputs.tokenizer(self.pair.name)
-            texts = [response_text(tokenizer, r.output_ids) for r in results]
-            self.store.record_trial(
-                trial,
-                results,
-                trial_metrics(results),
-                record_rounds=self.record_rounds,
-                prompt_ids=[p.id for p in prepared],
-                output_texts=texts,
-            )
-            return None
-        self.store.record_failure(trial, error or "unknown error", attempts=None)
-        return error
-
-    def replay_group(
-        self,
-        sweep: str,
-        group: ReplayGroup,
-        trials: Sequence[Trial],
-        finish: Callable[[Trial, str | None], None],
-    ) -> _ReplayNotes:
-        """Replay ``trials`` of ``group`` and store them; return what was fit and checked.
-
-        Each trial is reported to ``finish`` with its error or None. Without a cost fit
-        (the live trials failed, or their rounds cannot identify the costs) every trial fails
-        with the reason.
-        """
-        label = _group_label(group.trials[0])
-        try:
-            traces, recorded = self._traces(group)
-            fit = _fit_from_store(self.store, group.live)
-        except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
-            reason = f"no cost fit or traces for replay: {describe_failure(exc)}"
-            for trial in trials:
-                self.store.record_failure(trial, reason, attempts=0)
-                finish(trial, reason)
-            return _ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
-        values = _fit_values(sweep, group.fit_key, group.trials[0], fit)
-        values.update(_run_fit_columns(self.store, group.live, fit))
-        checks = []
-        for check in group.checks:
-            result = self._cross_check(check, traces, fit)
-            if result is None:
-                continue
-            checks.append(
-                f"cross-check {label} {check.policy} L={check.max_draft_len}: replay "
-                f"reproduces {result.same_rounds:.1%} of the live rounds; projected "
-                f"{result.projected_tokens_per_s:.2f} vs measured {result.tokens_per_s:.2f} "
-                f"tokens/s ({result.error:+.1%})"
-            )
-            values.update(
-                check_trial_id=result.trial_id,
-                check_same_rounds=result.same_rounds,
-                check_tokens_per_s=result.tokens_per_s,
-                check_projected_tokens_per_s=result.projected_tokens_per_s,
-                check_error=result.error,
-            )
-        self.store.record_cost_fit(values)
-        for trial in trials:
-            finish(trial, self._replay_trial(trial, traces, fit))
-        return _ReplayNotes(_fit_note(group.trials[0], fit), checks, recorded)
-
-    def _traces(self, group: ReplayGroup) -> tuple[list[GreedyTrace], bool]:
-        """Return the group's traces and whether they were recorded now (else read back)."""
-        stored = self.store.traces(group.trace_key)
-        if stored is not None:
-            return [trace_from_json(t) for t in stored["traces"]], False
-        trial = group.trials[0]
-        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        prompts = self.inputs.token_ids(
-            self.pair.name, key, trial.max_new_tokens, trial.chat_template
-        )
-        eos = self.inputs.tokenizer(self.pair.name).eos_token_id
-        self._start()
-        start = time.perf_counter()
-        traces = ray.get(
-            self.draft.record_traces.remote(prompts, trial.max_new_tokens, group.cap, eos)
-        )
-        seconds = time.perf_counter() - start
-        self.store.record_traces(
-            group.trace_key, group.cap, [trace_to_json(t) for t in traces], seconds
-        )
-        return traces, True
-
-    def _cross_check(
-        self, check: Trial, traces: list[GreedyTrace], fit: GroupFit
-    ) -> CrossCheck | None:
-        """Return the cross-check of a done live check trial, or None when it is not done."""
-        rows = self.store.trial_rows([check.trial_id])
-        if not rows or rows[0]["status"] != "done" or not rows[0]["tokens_per_s"]:
-            return None
-        live_rounds = self.store.rounds([check.trial_id])
-        return cross_check(check, live_rounds, rows[0]["tokens_per_s"], traces, fit)
-
-    def _replay_trial(self, trial: Trial, traces: list[GreedyTrace], fit: GroupFit) -> str | None:
-        """Replay one trial and store it like a live one; return its error or None."""
-        if not self.store.mark_running(trial):
-            return None
-        try:
-            results = replayed_results(replay_rounds(trial, traces), traces, fit)
-        except ValueError as exc:
-            error = describe_failure(exc)
-            self.store.record_failure(trial, error, attempts=1)
-            return error
-        prepared = self.inputs.prompts[
-            (trial.dataset, trial.split, trial.samples, trial.local_path)
-        ]
-        tokenizer = self.inputs.tokenizer(self.pair.name)
-        self.store.record_trial(
-            trial,
-            results,
-            trial_metrics(results),
-            record_rounds=True,
-            prompt_ids=[p.id for p in prepared],
-            output_texts=[response_text(tokenizer, r.output_ids) for r in results],
-        )
-        return None
-
-    def _request(self, trial: Trial) -> TrialRequest:
-        """Build the worker's request for ``trial`` from the prepared prompts."""
-        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        token_ids = self.inputs.token_ids(
-            self.pair.name, key, trial.max_new_tokens, trial.chat_template
-        )
-        return TrialRequest(
-            prompts=token_ids,
-            sampling=SamplingConfig(
-                trial.temperature, trial.top_k, trial.top_p, trial.max_new_tokens
-            ),
-            policy=trial.policy,
-            params=trial.params_dict,
-            max_draft_len=trial.max_draft_len,
-            seed=trial.seed,
-            warmup_samples=min(trial.warmup_samples, len(token_ids)),
-            eos_token_id=self.inputs.tokenizer(self.pair.name).eos_token_id,
-            artifact_path=self.artifacts[trial.policy_job] if trial.policy_job else None,
-        )
-
-    def _start(self) -> None:
-        """Create the target ranks and the draft actor unless they are running."""
-        if self.draft is not None:
-            return
-
-        paths = self.inputs.model_paths[self.pair.name]
-        target = ModelSpec(
-            str(paths.target), self.pair.target.dtype, self.pair.target.trust_remote_code
-        )
-        self.group = create_worker_group(self.pair, timeout_s=600)
-        tp_size = self.pair.target.tp_size
-        deepspeed = self.pair.target.backend == "deepspeed"
-        port = _free_port()
-        self.ranks = [
-            TargetWorker.options(**actor_options_for_rank(self.group, rank)).remote(
-                target,
-                RankSpec(rank, tp_size, "", port) if deepspeed else None,
-            )
-            for rank in range(tp_size)
-        ]
-        draft = (
-            ModelSpec(str(paths.draft), self.pair.target.dtype, self.pair.target.trust_remote_code)
-            if paths.draft
-            else None
-        )
-        self.draft = DraftWorker.options(**draft_actor_options(self.group)).remote(
-            draft, self.ranks
-        )
-        ray.get([self.draft.node_id.remote(), *(r.node_id.remote() for r in self.ranks)])
-        self._warm_up(draft is not None)
-
-    def _warm_up(self, has_draft: bool) -> None:
-        """Decode a few tokens of one prompt on the new actors and discard the result.
-
-        The first forwards of a fresh process pay for lazy initialisation and allocator growth;
-        without this they would land in whichever trial runs first (often the AR baseline,
-        which every speedup divides by). ``warmup_samples`` still warms each trial on top.
-        """
-        key = next(iter(self.inputs.prompts))
-        prompt = self.inputs.token_ids(self.pair.name, key, WARMUP_TOKENS)[:1]
-        request = TrialRequest(
-            prompts=prompt,
-            sampling=SamplingConfig(max_new_tokens=WARMUP_TOKENS),
-            policy="static" if has_draft else BASELINE_POLICY,
-            max_draft_len=WARMUP_DRAFT_LEN,
-        )
-        ray.get(self.draft.run_trial.remote(request))
-
-    def close(self) -> None:
-        """Kill the pair's actors and free their placement group."""
-        for actor in [self.draft, *self.ranks]:
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
-        if self.group is not None:
-            remove_worker_group(self.group)
-        self.draft, self.ranks, self.group = None, [], None
-
-
-def _free_port() -> int:
-    """Return a TCP port that is free on this host now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]

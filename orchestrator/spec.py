@@ -453,12 +453,19 @@ class ExecutionSpec(_Frozen):
     ``mode: mixed`` replays what replays exactly (temperature 0, policies that read no hidden
     states: :meth:`PolicySpec.replayable`) the same way and runs every other trial live, so
     one sweep holds both.
+
+    A live trial's prompts run in shards of ``shard_prompts`` (a trial whose policy keeps
+    state across requests stays one shard), spread over ``replicas`` worker groups per pair
+    (default: as many as the cluster holds, shared among the pairs run at once, at most one
+    per pending shard).
     """
 
     retries: int = Field(2, ge=0, le=100)
     warmup_samples: int = Field(1, ge=0, le=1000)
     record_rounds: bool = True
     max_concurrent_pairs: int = Field(1, ge=1, le=1024)
+    shard_prompts: int = Field(4, ge=1, le=1_000_000)
+    replicas: int | None = Field(None, ge=1, le=4096)
     mode: Literal["live", "replay", "mixed"] = "live"
     live_check: LiveCheckSpec = Field(default_factory=LiveCheckSpec)
 

@@ -12,7 +12,8 @@ must be a directory every node mounts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ from tqdm import tqdm
 from orchestrator.errors import describe_failure
 from orchestrator.planner import TrainingJob
 from orchestrator.preflight import ModelPaths, PreparedInputs
+from orchestrator.scheduler import Scheduler
 from orchestrator.spec import SweepSpec, job_base_reference
 from orchestrator.store import Store
+from orchestrator.work_units import JOB_GROUP, WorkUnit, job_key
 from training.jobs import JobConfig, JobResult, jobs_root
 from training.ray_job import WORKER_PID_FILE, clear_started, started, train_with_ray
 
@@ -93,84 +96,88 @@ def run_training_jobs(
     A job whose base is another job's draft (``job:NAME``) starts once NAME has its artifact,
     and fails without running if NAME failed. A job is recorded ``queued`` when submitted and
     ``running`` once its ranks have started (its rank 0 marks the start in its directory).
+    Dispatch, retries and the progress bar are the scheduler's (``orchestrator.scheduler``).
     """
-    root = root or jobs_root()
     done = store.completed_job_ids(job.job_id for job in jobs)
-    outcomes: dict[str, JobOutcome] = {}
-    pending: list[TrainingJob] = []
+    stage = _TrainingStage(store, root or jobs_root(), {job.name: job for job in jobs})
+    units = []
     for job in jobs:
         artifact = _recorded_artifact(store, job) if job.job_id in done else None
         if artifact is not None:
-            outcomes[job.name] = JobOutcome(job, artifact, reused=True)
-        else:
-            pending.append(job)
-    if not pending:
-        return outcomes
-    task = ray.remote(num_cpus=0, max_retries=0)(_run_job)
-    attempts = dict.fromkeys((job.name for job in pending), 0)
-    in_flight: dict[Any, TrainingJob] = {}
-    queued: list[TrainingJob] = []
-
-    waiting = list(pending)
-
-    def submit(job: TrainingJob) -> None:
-        attempts[job.name] += 1
-        output_dir = root / job.job_id
-        clear_started(output_dir)
-        store.record_training_job(job, QUEUED, attempts=attempts[job.name])
-        queued.append(job)
-        config = job_config(job, _artifacts(outcomes))
-        in_flight[task.remote(config, str(output_dir))] = job
-
-    def mark_started() -> None:
-        for job in list(queued):
-            if started(root / job.job_id):
-                queued.remove(job)
-                store.record_training_job(job, "running", attempts=attempts[job.name])
-
-    def submit_ready() -> None:
-        for job in list(waiting):
-            upstream = job_base_reference(job.base)
-            if upstream is not None and upstream not in outcomes:
-                continue
-            waiting.remove(job)
-            if upstream is not None and outcomes[upstream].artifact_path is None:
-                error = f"its base job {upstream!r} failed"
-                store.record_training_job(job, "failed", error=error)
-                outcomes[job.name] = JobOutcome(job, None, error=error)
-                bar.update()
-                continue
-            submit(job)
-
-    bar = tqdm(total=len(pending), desc="training jobs", unit="job", disable=not progress)
-    submit_ready()
-    while in_flight:
-        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=POLL_SECONDS)
-        mark_started()
-        if not ready:
+            stage.outcomes[job.name] = JobOutcome(job, artifact, reused=True)
             continue
-        job = in_flight.pop(ready[0])
-        if job in queued:
-            queued.remove(job)
+        upstream = job_base_reference(job.base)
+        after = () if upstream is None or upstream in stage.outcomes else (job_key(upstream),)
+        units.append(WorkUnit(key=job_key(job.name), group=JOB_GROUP, job=job.name, after=after))
+    if units:
+        bar = tqdm(total=len(units), desc="training jobs", unit="job", disable=not progress)
+        Scheduler(units, retries, bar).run([_JobWorker(stage) for _ in units])
+    return stage.outcomes
+
+
+@dataclass
+class _TrainingStage:
+    """The training jobs of one run: where they write, and how each one ended."""
+
+    store: Store
+    root: Path
+    jobs: dict[str, TrainingJob]
+    outcomes: dict[str, JobOutcome] = field(default_factory=dict)
+    attempts: Counter[str] = field(default_factory=Counter)
+
+    def run_job(self, job: TrainingJob) -> None:
+        """Run one attempt of ``job`` as a Ray task; store its outcome, or raise its error."""
+        upstream = job_base_reference(job.base)
+        if upstream is not None and self.outcomes[upstream].artifact_path is None:
+            self.fail(job, f"its base job {upstream!r} failed")
+            return
+        self.attempts[job.name] += 1
+        attempts = self.attempts[job.name]
+        output_dir = self.root / job.job_id
+        clear_started(output_dir)
+        self.store.record_training_job(job, QUEUED, attempts=attempts)
+        task = ray.remote(num_cpus=0, max_retries=0)(_run_job)
+        ref = task.remote(job_config(job, _artifacts(self.outcomes)), str(output_dir))
+        marked = False
+        while True:
+            finished = bool(ray.wait([ref], timeout=POLL_SECONDS)[0])
+            if not marked and started(output_dir):
+                self.store.record_training_job(job, "running", attempts=attempts)
+                marked = True
+            if finished:
+                break
         try:
-            result = JobResult(**ray.get(ready[0]))
+            result = JobResult(**ray.get(ref))
         except Exception as exc:
-            error = describe_failure(exc)
-            store.record_job_attempt_error(job, error)
-            if attempts[job.name] <= retries:
-                submit(job)
-                continue
-            store.record_training_job(job, "failed", error=error)
-            outcomes[job.name] = JobOutcome(job, None, error=error)
-        else:
-            store.record_training_job(job, "done", metrics=result.metrics, seconds=result.seconds)
-            store.record_artifact(job.job_id, result.artifact_kind, result.artifact_path)
-            outcomes[job.name] = JobOutcome(job, result.artifact_path)
-        bar.set_postfix_str(job.name)
-        bar.update()
-        submit_ready()
-    bar.close()
-    return outcomes
+            self.store.record_job_attempt_error(job, describe_failure(exc))
+            raise
+        self.store.record_training_job(job, "done", metrics=result.metrics, seconds=result.seconds)
+        self.store.record_artifact(job.job_id, result.artifact_kind, result.artifact_path)
+        self.outcomes[job.name] = JobOutcome(job, result.artifact_path)
+
+    def fail(self, job: TrainingJob, error: str) -> None:
+        """Record ``job`` as failed for good with ``error``."""
+        self.store.record_training_job(job, "failed", error=error)
+        self.outcomes[job.name] = JobOutcome(job, None, error=error)
+
+
+@dataclass
+class _JobWorker:
+    """A scheduler worker that runs training jobs (each one a Ray task)."""
+
+    stage: _TrainingStage
+    group: str = JOB_GROUP
+
+    def run(self, unit: WorkUnit) -> None:
+        """Run one attempt of the unit's job."""
+        self.stage.run_job(self.stage.jobs[str(unit.job)])
+
+    def give_up(self, unit: WorkUnit, error: str) -> None:
+        """Record the unit's job as failed."""
+        self.stage.fail(self.stage.jobs[str(unit.job)], error)
+
+    def close(self) -> None:
+        """Nothing to release: a job's task ends with it."""
 
 
 def _artifacts(outcomes: dict[str, JobOutcome]) -> dict[str, str]:
@@ -185,8 +192,8 @@ def _artifacts(outcomes: dict[str, JobOutcome]) -> dict[str, str]:
 def _recorded_artifact(store: Store, job: TrainingJob) -> str | None:
     """Return the newest recorded artifact path of ``job`` if it still exists on disk."""
     artifacts = store.artifacts(job.job_id)
-    if artifacts and Path(artifacts[-1]["path"]).exists():
-        return str(artifacts[-1]["path"])
+    if artifacts and Path(artifacts[-1].path).exists():
+        return str(artifacts[-1].path)
     return None
 
 

@@ -8,7 +8,7 @@ simulation (``bench/scheduler.py``) both dispatch with :func:`pick_next`.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 JOB_GROUP = "training"
 
@@ -98,3 +98,17 @@ def pick_next(
         if unit.group in serves and all(key in done for key in unit.after):
             return unit
     return None
+
+
+def missing_units(units: Sequence[WorkUnit], stored: Collection[int]) -> list[WorkUnit]:
+    """Return ``units`` left to run when the prompt indices in ``stored`` are already stored.
+
+    A shard whose prompts are all stored is dropped; one partly stored (after a change of
+    shard size) keeps only its missing prompts.
+    """
+    left = []
+    for unit in units:
+        prompts = tuple(index for index in unit.prompts if index not in stored)
+        if prompts:
+            left.append(replace(unit, prompts=prompts))
+    return left

@@ -153,8 +153,8 @@ def seed_synthetic_sweeps(url: str) -> dict[str, list[Trial]]:
     :data:`SYNTHETIC_B_SCALE`; in sweep A the trials of :data:`SYNTHETIC_FAILED` are failed.
     Each sweep records a run (provenance) and the runner's cost fits of its groups.
     """
+    from orchestrator.group_fits import store_live_fits
     from orchestrator.provenance import collect_provenance
-    from orchestrator.runner import _store_live_fits
 
     planned = {}
     with open_store(url) as store:
@@ -169,7 +169,7 @@ def seed_synthetic_sweeps(url: str) -> dict[str, list[Trial]]:
                     continue
                 results = [synthetic_result(trial, sample, scale) for sample in range(2)]
                 store.record_trial(trial, results, trial_metrics(results))
-            _store_live_fits(spec, plan, store, set())  # the fits a real run would store
+            store_live_fits(spec, plan, store, set())  # the fits a real run would store
             planned[spec.name] = plan.trials
     return planned
 

@@ -1,6 +1,6 @@
 """Faults during a sweep: killed workers, a killed driver, and errors inside a trial.
 
-- Worker faults: a :class:`FaultInjector` wraps the runner's ``_PairRunner`` so the test knows
+- Worker faults: a :class:`FaultInjector` wraps the runner's ``PairReplica`` so the test knows
   the actors of the current worker group (and their process ids) and when a trial's request has
   just been built for them; it then kills the draft or the target actor, with ``ray.kill`` or
   SIGKILL, and waits until the process is gone, so the trial is sent to a group with a dead
@@ -34,7 +34,7 @@ import ray
 import yaml
 from sqlalchemy import func, select
 
-from orchestrator import runner as runner_module
+from orchestrator import replica as replica_module
 from orchestrator.planner import Plan, Trial, plan_sweep
 from orchestrator.runner import RunOptions, run_sweep
 from orchestrator.spec import parse_sweep
@@ -134,8 +134,8 @@ class FaultInjector:
     injected: list[Injection] = field(default_factory=list)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Wrap ``_PairRunner._start`` (to see fresh actors) and ``_request`` (trial sent)."""
-        pair_runner = runner_module._PairRunner
+        """Wrap ``PairReplica._start`` (to see fresh actors) and ``_request`` (shard sent)."""
+        pair_runner = replica_module.PairReplica
         original_start, original_request = pair_runner._start, pair_runner._request
 
         def start(runner: Any) -> None:
@@ -149,8 +149,8 @@ class FaultInjector:
                     for role, actor in self.actors.items()
                 }
 
-        def request(runner: Any, trial: Trial) -> Any:
-            built = original_request(runner, trial)
+        def request(runner: Any, trial: Trial, indices: Any = None) -> Any:
+            built = original_request(runner, trial, indices)
             done = {injection.trial_id for injection in self.injected}
             if trial.trial_id in self.faults and trial.trial_id not in done:
                 role, how = self.faults[trial.trial_id]

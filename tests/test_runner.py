@@ -85,12 +85,12 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     assert len(summary.fit_notes) == len(fits)
     assert all("run-level fit R²" in note for note in summary.fit_notes)
 
-    from orchestrator.runner import _PairRunner
+    from orchestrator.replica import PairReplica
 
     paths = inputs.model_paths["micro"]
     draft = CachedLM(load_causal_lm(paths.draft))
     target = LocalTarget(CachedLM(load_causal_lm(paths.target)))
-    runner = _PairRunner(spec.pairs[0], inputs, True, store)
+    runner = PairReplica(spec.pairs[0], inputs, True, store)
     torch.manual_seed(0)
     for trial in plan.trials:
         in_process = run_trial(draft, target, runner._request(trial))
@@ -145,12 +145,12 @@ def test_deepspeed_target_group_on_actors_gives_the_unsharded_greedy_output(
     summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
     assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
 
-    from orchestrator.runner import _PairRunner
+    from orchestrator.replica import PairReplica
 
     paths = inputs.model_paths["micro"]
     target = LocalTarget(CachedLM(load_causal_lm(paths.target)))
     draft = CachedLM(load_causal_lm(paths.draft))
-    runner = _PairRunner(spec.pairs[0], inputs, True, store)
+    runner = PairReplica(spec.pairs[0], inputs, True, store)
     for trial in plan.trials:
         unsharded = run_trial(draft, target, runner._request(trial))
         stored = store.sample_outputs(trial.trial_id)

@@ -26,7 +26,7 @@ from test_faults import sweep_yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import orchestrator.preflight as preflight_module
-import orchestrator.runner as runner_module
+import orchestrator.replica as replica_module
 import workers.lm as lm_module
 from orchestrator import cli
 from orchestrator.metrics import trial_metrics
@@ -257,14 +257,14 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
             specs.append(model)
             return FakeHandle()
 
-    monkeypatch.setattr(runner_module, "TargetWorker", FakeActorClass())
-    monkeypatch.setattr(runner_module, "DraftWorker", FakeActorClass())
-    monkeypatch.setattr(runner_module, "create_worker_group", lambda pair, timeout_s: None)
-    monkeypatch.setattr(runner_module, "actor_options_for_rank", lambda group, rank: {})
-    monkeypatch.setattr(runner_module, "draft_actor_options", lambda group: {})
-    monkeypatch.setattr(runner_module.ray, "get", lambda refs: refs)
-    monkeypatch.setattr(runner_module._PairRunner, "_warm_up", lambda self, has_draft: None)
-    runner_module._PairRunner(spec.pairs[0], inputs, False, None)._start()  # type: ignore[arg-type]
+    monkeypatch.setattr(replica_module, "TargetWorker", FakeActorClass())
+    monkeypatch.setattr(replica_module, "DraftWorker", FakeActorClass())
+    monkeypatch.setattr(replica_module, "create_worker_group", lambda pair, timeout_s: None)
+    monkeypatch.setattr(replica_module, "actor_options_for_rank", lambda group, rank: {})
+    monkeypatch.setattr(replica_module, "draft_actor_options", lambda group: {})
+    monkeypatch.setattr(replica_module.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(replica_module.PairReplica, "_warm_up", lambda self, has_draft: None)
+    replica_module.PairReplica(spec.pairs[0], inputs, False, None)._start()  # type: ignore[arg-type]
     assert [(Path(s.path).name, s.trust_remote_code) for s in specs] == [
         ("target", expected),
         ("draft", expected),

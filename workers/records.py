@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 #: The policy name of target-only autoregressive decoding (the baseline trial of each group).
 BASELINE_POLICY = "ar"
@@ -98,3 +99,25 @@ class GenerationResult:
     def n_target_calls(self) -> int:
         """Target forward passes after prefill (N_target): one per round."""
         return len(self.rounds)
+
+
+def result_to_json(result: GenerationResult) -> dict[str, Any]:
+    """Return ``result`` as JSON-ready values (the store keeps a shard's results this way)."""
+    return {
+        "prompt_ids": [int(token) for token in result.prompt_ids],
+        "output_ids": [int(token) for token in result.output_ids],
+        "rounds": [asdict(record) for record in result.rounds],
+        "seconds": result.seconds,
+        "stopped_on_eos": result.stopped_on_eos,
+    }
+
+
+def result_from_json(data: dict[str, Any]) -> GenerationResult:
+    """Return the result :func:`result_to_json` wrote."""
+    return GenerationResult(
+        prompt_ids=list(data["prompt_ids"]),
+        output_ids=list(data["output_ids"]),
+        rounds=[RoundRecord(**record) for record in data["rounds"]],
+        seconds=data["seconds"],
+        stopped_on_eos=data["stopped_on_eos"],
+    )

@@ -28,7 +28,9 @@ class TrialRequest:
     policy constructor; ``artifact_path`` is a trained artifact's directory the worker loads
     them from instead (``workers.heads.load_runtime_inputs``), so a request stays small.
     Sample i is decoded with seed ``sample_seed(seed, i)`` so samples differ but every run of
-    the trial is reproducible.
+    the trial is reproducible; ``indices`` are the prompts' positions in the whole trial when
+    the request is one shard of it (default: 0, 1, ...), so a shard decodes its samples
+    exactly as the whole trial would.
     """
 
     prompts: list[list[int]]
@@ -41,6 +43,7 @@ class TrialRequest:
     eos_token_id: int | None = None
     runtime_inputs: dict[str, Any] = field(default_factory=dict)
     artifact_path: str | None = None
+    indices: tuple[int, ...] | None = None
 
 
 def run_trial(
@@ -64,9 +67,10 @@ def run_trial(
     for prompt in warmup:
         _decode(draft, target, request, warmup_policy, prompt, seed=request.seed)
     policy = _trial_policy(request, runtime_inputs)
+    indices = request.indices or range(len(request.prompts))
     return [
         _decode(draft, target, request, policy, prompt, seed=sample_seed(request.seed, index))
-        for index, prompt in enumerate(request.prompts)
+        for index, prompt in zip(indices, request.prompts, strict=True)
     ]
 
 

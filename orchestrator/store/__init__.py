@@ -8,13 +8,15 @@ from orchestrator.store.records import (
     StoredRound,
     StoredRun,
     StoredSample,
+    StoredShard,
     StoredTraces,
     StoredTrial,
     SweepInfo,
 )
-from orchestrator.store.results import Store, open_store, prompt_id
+from orchestrator.store.results import ShardOutput, Store, open_store, prompt_id
 
 __all__ = [
+    "ShardOutput",
     "Store",
     "StoreError",
     "StoredArtifact",
@@ -23,6 +25,7 @@ __all__ = [
     "StoredRound",
     "StoredRun",
     "StoredSample",
+    "StoredShard",
     "StoredTraces",
     "StoredTrial",
     "SweepInfo",

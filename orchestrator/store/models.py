@@ -32,6 +32,8 @@ TRIAL_STATUSES = ("pending", "running", "done", "failed")
 #: projected by the group's cost fit).
 TRIAL_MODES = ("live", "replay")
 JOB_STATUSES = ("pending", "running", "done", "failed")
+#: A shard of a trial's prompts: sent to a replica, stored, or given up after its retries.
+SHARD_STATUSES = ("running", "done", "failed")
 #: 64-bit ids on PostgreSQL; on SQLite only INTEGER PRIMARY KEY auto-increments.
 BigId = BigInteger().with_variant(Integer, "sqlite")
 
@@ -226,6 +228,33 @@ class SampleResultRow(Base):
     speedup: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("trial_id", "sample_index", name="uq_sample_results"),)
+
+
+class TrialShardRow(Base):
+    """One shard of a live trial's prompts: its status, attempts, where it ran, its results.
+
+    ``prompts`` are the shard's sample indices (positions in the trial's prompt list); its
+    samples are stored in ``sample_results`` with those indices when the shard ends.
+    ``results`` keeps the shard's full results (rounds included) until the trial's last shard
+    is stored and the trial's metrics are computed from all of them; then it is cleared.
+    """
+
+    __tablename__ = "trial_shards"
+
+    trial_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("trials.trial_id", ondelete="CASCADE"), primary_key=True
+    )
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    prompts: Mapped[list[Any]]
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    seconds: Mapped[float | None] = mapped_column(Float)
+    results: Mapped[list[Any] | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (_status_check("ck_trial_shards_status", SHARD_STATUSES),)
 
 
 class RoundRow(Base):

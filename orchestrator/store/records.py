@@ -17,17 +17,6 @@ import pandas as pd
 R = TypeVar("R")
 
 
-class _ItemAccess:
-    """``record["column"]`` as well as ``record.column``.
-
-    Exists only for ``orchestrator/runner.py`` and ``orchestrator/training_stage.py``, which read
-    rows by key and are being rewritten on another branch; drop it once they use attributes.
-    """
-
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key)
-
-
 def record_of(record_type: type[R], row: object) -> R:
     """Return ``row`` (an ORM object) as ``record_type``, copying the fields it names."""
     return record_type(**{f.name: getattr(row, f.name) for f in fields(record_type)})
@@ -54,7 +43,7 @@ class SweepInfo:
 
 
 @dataclass(frozen=True)
-class StoredTrial(_ItemAccess):
+class StoredTrial:
     """One trial (a ``trials`` row): configuration, status, metrics and their intervals."""
 
     trial_id: str
@@ -198,7 +187,7 @@ class StoredJob:
 
 
 @dataclass(frozen=True)
-class StoredArtifact(_ItemAccess):
+class StoredArtifact:
     """A file a training job produced (an ``artifacts`` row)."""
 
     id: int
@@ -246,7 +235,22 @@ class StoredCostFit:
 
 
 @dataclass(frozen=True)
-class StoredTraces(_ItemAccess):
+class StoredShard:
+    """One prompt shard of a live trial (a ``trial_shards`` row, its held results left out)."""
+
+    trial_id: str
+    shard: int
+    status: str
+    attempts: int
+    prompts: list[Any]
+    node_id: str | None
+    seconds: float | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StoredTraces:
     """One group's greedy traces at one cap, as JSON-ready dicts (a ``traces`` row)."""
 
     trace_key: str

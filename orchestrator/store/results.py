@@ -61,6 +61,7 @@ from orchestrator.store.models import (
     TraceRow,
     TrainingJobRow,
     TrialRow,
+    TrialShardRow,
     utc_now,
 )
 from orchestrator.store.records import (
@@ -70,25 +71,44 @@ from orchestrator.store.records import (
     StoredRound,
     StoredRun,
     StoredSample,
+    StoredShard,
     StoredTraces,
     StoredTrial,
     SweepInfo,
     record_of,
     records_frame,
 )
+from workers.records import GenerationResult, result_from_json, result_to_json
 
 if TYPE_CHECKING:
     from orchestrator.metrics import TrialMetrics
     from orchestrator.planner import Plan, TrainingJob, Trial
     from orchestrator.provenance import Provenance
     from orchestrator.spec import SweepSpec
-    from workers.records import GenerationResult
 
 R = TypeVar("R")
 _MIGRATION_LOCK = threading.Lock()
 _ID_CHUNK = 500
 #: TrialMetrics intervals stored as ``<name>_low`` / ``<name>_high`` trial columns.
 _INTERVAL_COLUMNS = tuple(name for name in INTERVAL_FIGURES if name != "speedup")
+
+
+@dataclass(frozen=True)
+class ShardOutput:
+    """A finished shard of a trial: its index, its samples' indices and results, where it ran.
+
+    ``indices`` are positions in the trial's prompt list (one per result), so a trial's
+    samples keep the indices they would have in one piece and pair with the AR baseline's.
+    ``prompt_ids`` and ``output_texts`` are optional, one per result.
+    """
+
+    shard: int
+    indices: tuple[int, ...]
+    results: Sequence[GenerationResult]
+    prompt_ids: Sequence[str] | None = None
+    output_texts: Sequence[str] | None = None
+    node_id: str | None = None
+    seconds: float | None = None
 
 
 def open_store(url: str | None = None, read_only: bool = False) -> Store:
@@ -236,9 +256,6 @@ class Store:
         one per result. Returns False and writes nothing when the trial is already done.
         Updates the speedup of the trial and, for a baseline, of the trials measured against it.
         """
-        for name, extra in (("prompt_ids", prompt_ids), ("output_texts", output_texts)):
-            if extra is not None and len(extra) != len(results):
-                raise ValueError(f"{name} has {len(extra)} entries for {len(results)} results")
         with self._transaction() as session:
             row = _locked_trial(session, trial)
             if row.status == "done":
@@ -247,33 +264,134 @@ class Store:
             session.execute(
                 delete(SampleResultRow).where(SampleResultRow.trial_id == trial.trial_id)
             )
-            _set_done(row, metrics, self.run_id)
+            output = ShardOutput(0, tuple(range(len(results))), results, prompt_ids, output_texts)
+            _insert_samples(session, trial.trial_id, output, record_rounds)
+            _close_trial(session, row, metrics, self.run_id)
+            return True
+
+    def mark_shard_running(self, trial: Trial, shard: int, prompts: Sequence[int]) -> bool:
+        """Mark one shard of a trial (and the trial) running and count an attempt of it.
+
+        Returns False (no change) when the trial or the shard is done. The trial's
+        ``attempts`` is the most attempts any of its shards took.
+        """
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            shard_row = _locked_shard(session, trial.trial_id, shard, prompts)
+            if shard_row.status == "done":
+                return False
+            shard_row.status = "running"
+            shard_row.attempts += 1
+            shard_row.started_at = utc_now()
+            if row.status != "running":
+                row.started_at = shard_row.started_at
+            row.status = "running"
+            row.attempts = max(row.attempts, shard_row.attempts)
+            row.finished_at = None
+            return True
+
+    def record_shard(self, trial: Trial, output: ShardOutput, record_rounds: bool = True) -> bool:
+        """Store one finished shard: its samples (and rounds) and its results, in one transaction.
+
+        Returns False and writes nothing when the trial or the shard is already done, so a
+        duplicated worker cannot duplicate rows. The trial stays not done: once every shard is
+        stored, :meth:`finish_trial` writes its metrics.
+        """
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            shard_row = _locked_shard(session, trial.trial_id, output.shard, output.indices)
+            if shard_row.status == "done":
+                return False
+            _insert_samples(session, trial.trial_id, output, record_rounds)
+            shard_row.status = "done"
+            shard_row.prompts = list(output.indices)
+            shard_row.results = [result_to_json(result) for result in output.results]
+            shard_row.node_id = output.node_id
+            shard_row.seconds = output.seconds
+            shard_row.finished_at = utc_now()
             session.flush()
-            samples = [
-                _sample_values(
-                    trial.trial_id,
-                    index,
-                    result,
-                    prompt_ids[index] if prompt_ids is not None else None,
-                    output_texts[index] if output_texts is not None else None,
-                )
-                for index, result in enumerate(results)
+            running = select(func.count()).where(
+                TrialShardRow.trial_id == trial.trial_id, TrialShardRow.status == "running"
+            )
+            if not session.scalar(running):
+                row.status = "pending"
+            return True
+
+    def record_shard_failure(self, trial: Trial, shard: int, error: str) -> bool:
+        """Mark a shard given up (after its retries) and its trial failed with ``error``.
+
+        The trial's other stored shards are kept: a resubmit runs only the missing ones.
+        Returns False when the trial is already done.
+        """
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            shard_row = session.get(TrialShardRow, (trial.trial_id, shard), with_for_update=True)
+            if shard_row is not None and shard_row.status != "done":
+                shard_row.status = "failed"
+                shard_row.finished_at = utc_now()
+            row.status = "failed"
+            row.error = error
+            row.finished_at = utc_now()
+            return True
+
+    def shard_results(self, trial_id: str) -> list[tuple[int, GenerationResult]]:
+        """Return (sample index, result) of every stored shard's sample of a trial, by index.
+
+        Empty once the trial is done (its shards' results are cleared then).
+        """
+        query = select(TrialShardRow.prompts, TrialShardRow.results).where(
+            TrialShardRow.trial_id == trial_id, TrialShardRow.status == "done"
+        )
+        with self._transaction() as session:
+            found = [
+                (int(index), result_from_json(data))
+                for prompts, results in session.execute(query)
+                if results is not None  # JSON null once the trial is done
+                for index, data in zip(prompts, results, strict=True)
             ]
-            if samples:
-                session.execute(insert(SampleResultRow), samples)
-            rounds = _round_values(trial.trial_id, results) if record_rounds else []
-            if rounds:
-                session.execute(insert(RoundRow), rounds)
-            _replace_position_rows(
-                session,
-                trial.trial_id,
-                metrics.position_acceptance,
-                metrics.accepted_length_histogram,
+        return sorted(found, key=lambda pair: pair[0])
+
+    def stored_prompts(self, trial_ids: Iterable[str]) -> dict[str, set[int]]:
+        """Return, per trial, the sample indices of its stored shards (the resume skips them)."""
+        wanted = list(dict.fromkeys(trial_ids))
+        found: dict[str, set[int]] = {}
+        with self._transaction() as session:
+            for start in range(0, len(wanted), _ID_CHUNK):
+                query = select(TrialShardRow.trial_id, TrialShardRow.prompts).where(
+                    TrialShardRow.trial_id.in_(wanted[start : start + _ID_CHUNK]),
+                    TrialShardRow.status == "done",
+                )
+                for trial_id, prompts in session.execute(query):
+                    found.setdefault(trial_id, set()).update(int(index) for index in prompts)
+        return found
+
+    def trial_shards(self, trial_ids: Iterable[str]) -> list[StoredShard]:
+        """Return the shards of these trials (held results left out), by trial and shard."""
+        order = (TrialShardRow.shard,)
+        return self._of_trials(TrialShardRow, trial_ids, order, partial(record_of, StoredShard))
+
+    def finish_trial(self, trial: Trial, metrics: TrialMetrics) -> bool:
+        """Mark a trial whose shards are all stored done with ``metrics`` (from all its samples).
+
+        Writes its metric and interval columns, per-position tables and speedups, and clears
+        its shards' results. Returns False when it is already done.
+        """
+        with self._transaction() as session:
+            row = _locked_trial(session, trial)
+            if row.status == "done":
+                return False
+            session.execute(
+                update(TrialShardRow)
+                .where(TrialShardRow.trial_id == trial.trial_id)
+                .values(results=None)
             )
-            condition = or_(
-                TrialRow.trial_id == trial.trial_id, TrialRow.baseline_id == trial.trial_id
-            )
-            _apply_speedups(session, condition)
+            _close_trial(session, row, metrics, self.run_id)
             return True
 
     def record_failure(self, trial: Trial, error: str, attempts: int | None = None) -> bool:
@@ -604,12 +722,70 @@ def _set_done(row: TrialRow, metrics: TrialMetrics, run_id: int | None) -> None:
     row.finished_at = utc_now()
 
 
+def _close_trial(
+    session: Session, row: TrialRow, metrics: TrialMetrics, run_id: int | None
+) -> None:
+    """Mark a trial done with ``metrics``: its columns, per-position tables and speedups (its
+    own and, for a baseline, those of the trials measured against it)."""
+    _set_done(row, metrics, run_id)
+    session.flush()
+    _replace_position_rows(
+        session, row.trial_id, metrics.position_acceptance, metrics.accepted_length_histogram
+    )
+    _apply_speedups(
+        session, or_(TrialRow.trial_id == row.trial_id, TrialRow.baseline_id == row.trial_id)
+    )
+
+
 def _locked_trial(session: Session, trial: Trial) -> TrialRow:
     """Return the trial's row, inserted as pending if missing and locked for this transaction."""
     _insert_ignore(session, TrialRow, [_trial_values(trial)])
     row = session.get(TrialRow, trial.trial_id, with_for_update=True, populate_existing=True)
     assert row is not None
     return row
+
+
+def _locked_shard(
+    session: Session, trial_id: str, shard: int, prompts: Sequence[int]
+) -> TrialShardRow:
+    """Return a shard row, inserted as running if missing and locked for this transaction."""
+    values = {
+        "trial_id": trial_id,
+        "shard": shard,
+        "status": "running",
+        "attempts": 0,
+        "prompts": [int(index) for index in prompts],
+    }
+    _insert_ignore(session, TrialShardRow, [values])
+    row = session.get(
+        TrialShardRow, (trial_id, shard), with_for_update=True, populate_existing=True
+    )
+    assert row is not None
+    return row
+
+
+def _insert_samples(
+    session: Session, trial_id: str, output: ShardOutput, record_rounds: bool
+) -> None:
+    """Insert the sample rows (and, when ``record_rounds``, the rounds) of ``output``."""
+    for name, extra in (("prompt_ids", output.prompt_ids), ("output_texts", output.output_texts)):
+        if extra is not None and len(extra) != len(output.results):
+            raise ValueError(f"{name} has {len(extra)} entries for {len(output.results)} results")
+    samples = [
+        _sample_values(
+            trial_id,
+            index,
+            result,
+            output.prompt_ids[position] if output.prompt_ids is not None else None,
+            output.output_texts[position] if output.output_texts is not None else None,
+        )
+        for position, (index, result) in enumerate(zip(output.indices, output.results, strict=True))
+    ]
+    if samples:
+        session.execute(insert(SampleResultRow), samples)
+    rounds = _round_values(trial_id, output.indices, output.results) if record_rounds else []
+    if rounds:
+        session.execute(insert(RoundRow), rounds)
 
 
 def _sweep_trial_ids(sweep: str) -> Any:
@@ -846,8 +1022,10 @@ def _sample_values(
     }
 
 
-def _round_values(trial_id: str, results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
-    """Return the rounds-table values of every round of every sample."""
+def _round_values(
+    trial_id: str, indices: Sequence[int], results: Sequence[GenerationResult]
+) -> list[dict[str, Any]]:
+    """Return the rounds-table values of every round of every sample (sample ``indices[i]``)."""
     return [
         {
             "trial_id": trial_id,
@@ -862,6 +1040,6 @@ def _round_values(trial_id: str, results: Sequence[GenerationResult]) -> list[di
             "mean_entropy": record.mean_entropy,
             "min_max_prob": record.min_max_prob,
         }
-        for sample_index, result in enumerate(results)
+        for sample_index, result in zip(indices, results, strict=True)
         for round_index, record in enumerate(result.rounds)
     ]

@@ -1,0 +1,350 @@
+"""One replica of a pair's worker group: its target ranks and draft actor in one placement group.
+
+A replica runs shards of its pair's trials' prompts (``run_shard``) and, in replay mode, its
+pair's replay groups (``replay_group``: traces recorded once per group by the draft actor or
+read back from the store, the group's cost fit, the cross-check of the live check trial, each
+replayed trial stored like a live one). Its actors are replaced when one dies. A new set of
+actors warms up on a few tokens before its first timed shard, and a trial's
+``warmup_samples`` run on a replica's first shard of that trial. A deepspeed target's
+rendezvous port is picked on the node of rank 0 (:func:`rendezvous_port`).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.cost_model import CostModelError
+from orchestrator.errors import describe_failure
+from orchestrator.group_fits import (
+    fit_from_store,
+    fit_note,
+    fit_values,
+    group_label,
+    run_fit_columns,
+)
+from orchestrator.metrics import trial_metrics
+from orchestrator.placement import (
+    actor_options_for_rank,
+    create_worker_group,
+    draft_actor_options,
+    remove_worker_group,
+)
+from orchestrator.planner import ReplayGroup, Trial
+from orchestrator.preflight import PreparedInputs
+from orchestrator.replay_stage import (
+    CrossCheck,
+    GroupFit,
+    cross_check,
+    replay_rounds,
+    replayed_results,
+    trace_from_json,
+    trace_to_json,
+)
+from orchestrator.spec import PairSpec
+from orchestrator.store import ShardOutput, Store
+from orchestrator.work_units import WorkUnit
+from policies.replay import GreedyTrace
+from workers.actors import DraftWorker, TargetWorker
+from workers.model_spec import ModelSpec, RankSpec
+from workers.prompt_format import response_text
+from workers.records import BASELINE_POLICY, SamplingConfig
+from workers.trial import TrialRequest
+
+#: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
+WARMUP_TOKENS = 8
+WARMUP_DRAFT_LEN = 2
+
+
+@dataclass(frozen=True)
+class ReplayNotes:
+    """What replaying one group did: its fit line, its cross-check lines, traces recorded."""
+
+    fit: str
+    checks: list[str]
+    recorded: bool
+
+
+class PairReplica:
+    """One replica of a pair's worker group: target ranks and the draft actor, replaced when
+    they die; ``node`` is where its draft actor runs, ``rendezvous`` its ranks' port (deepspeed).
+    """
+
+    def __init__(
+        self,
+        pair: PairSpec,
+        inputs: PreparedInputs,
+        record_rounds: bool,
+        store: Store,
+        artifacts: dict[str, str] | None = None,
+    ) -> None:
+        self.pair = pair
+        self.artifacts = artifacts or {}
+        self.inputs = inputs
+        self.record_rounds = record_rounds
+        self.store = store
+        self.ranks: list = []
+        self.draft = None
+        self.group = None
+        self.node: str | None = None
+        self.rendezvous: Rendezvous | None = None
+        #: Trials whose ``warmup_samples`` already ran on the current actors.
+        self.warmed: set[str] = set()
+
+    def run_shard(self, trial: Trial, unit: WorkUnit) -> ShardOutput:
+        """Run one shard of ``trial``'s prompts on this replica; return what to store.
+
+        Starts (or restarts) the actors first; an actor death closes them, so the shard's
+        retry, on whichever replica takes it, finds live ones.
+        """
+        self._start()
+        request = self._request(trial, unit.prompts)
+        start = time.perf_counter()
+        try:
+            results = ray.get(self.draft.run_trial.remote(request))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            self.close()
+            raise
+        seconds = time.perf_counter() - start
+        self.warmed.add(trial.trial_id)
+        prepared = self.inputs.prompts[
+            (trial.dataset, trial.split, trial.samples, trial.local_path)
+        ]
+        tokenizer = self.inputs.tokenizer(self.pair.name)
+        return ShardOutput(
+            shard=unit.shard,
+            indices=unit.prompts,
+            results=results,
+            prompt_ids=[prepared[index].id for index in unit.prompts],
+            output_texts=[response_text(tokenizer, r.output_ids) for r in results],
+            node_id=self.node,
+            seconds=seconds,
+        )
+
+    def replay_group(
+        self,
+        sweep: str,
+        group: ReplayGroup,
+        trials: Sequence[Trial],
+        finish: Callable[[Trial, str | None], None],
+    ) -> ReplayNotes:
+        """Replay ``trials`` of ``group`` and store them; return what was fit and checked.
+
+        Each trial is reported to ``finish`` with its error or None. Without a cost fit
+        (the live trials failed, or their rounds cannot identify the costs) every trial fails
+        with the reason.
+        """
+        label = group_label(group.trials[0])
+        try:
+            traces, recorded = self._traces(group)
+            fit = fit_from_store(self.store, group.live)
+        except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
+            reason = f"no cost fit or traces for replay: {describe_failure(exc)}"
+            for trial in trials:
+                self.store.record_failure(trial, reason, attempts=0)
+                finish(trial, reason)
+            return ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
+        values = fit_values(sweep, group.fit_key, group.trials[0], fit)
+        values.update(run_fit_columns(self.store, group.live, fit))
+        checks = []
+        for check in group.checks:
+            result = self._cross_check(check, traces, fit)
+            if result is None:
+                continue
+            checks.append(
+                f"cross-check {label} {check.policy} L={check.max_draft_len}: replay "
+                f"reproduces {result.same_rounds:.1%} of the live rounds; projected "
+                f"{result.projected_tokens_per_s:.2f} vs measured {result.tokens_per_s:.2f} "
+                f"tokens/s ({result.error:+.1%})"
+            )
+            values.update(
+                check_trial_id=result.trial_id,
+                check_same_rounds=result.same_rounds,
+                check_tokens_per_s=result.tokens_per_s,
+                check_projected_tokens_per_s=result.projected_tokens_per_s,
+                check_error=result.error,
+            )
+        self.store.record_cost_fit(values)
+        for trial in trials:
+            finish(trial, self._replay_trial(trial, traces, fit))
+        return ReplayNotes(fit_note(group.trials[0], fit), checks, recorded)
+
+    def _traces(self, group: ReplayGroup) -> tuple[list[GreedyTrace], bool]:
+        """Return the group's traces and whether they were recorded now (else read back)."""
+        stored = self.store.traces(group.trace_key)
+        if stored is not None:
+            return [trace_from_json(t) for t in stored.traces], False
+        trial = group.trials[0]
+        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
+        prompts = self.inputs.token_ids(
+            self.pair.name, key, trial.max_new_tokens, trial.chat_template
+        )
+        eos = self.inputs.tokenizer(self.pair.name).eos_token_id
+        self._start()
+        start = time.perf_counter()
+        traces = ray.get(
+            self.draft.record_traces.remote(prompts, trial.max_new_tokens, group.cap, eos)
+        )
+        seconds = time.perf_counter() - start
+        self.store.record_traces(
+            group.trace_key, group.cap, [trace_to_json(t) for t in traces], seconds
+        )
+        return traces, True
+
+    def _cross_check(
+        self, check: Trial, traces: list[GreedyTrace], fit: GroupFit
+    ) -> CrossCheck | None:
+        """Return the cross-check of a done live check trial, or None when it is not done."""
+        rows = self.store.trial_rows([check.trial_id])
+        if not rows or rows[0].status != "done" or not rows[0].tokens_per_s:
+            return None
+        live_rounds = self.store.rounds([check.trial_id])
+        return cross_check(check, live_rounds, rows[0].tokens_per_s, traces, fit)
+
+    def _replay_trial(self, trial: Trial, traces: list[GreedyTrace], fit: GroupFit) -> str | None:
+        """Replay one trial and store it like a live one; return its error or None."""
+        if not self.store.mark_running(trial):
+            return None
+        try:
+            results = replayed_results(replay_rounds(trial, traces), traces, fit)
+        except ValueError as exc:
+            error = describe_failure(exc)
+            self.store.record_failure(trial, error, attempts=1)
+            return error
+        prepared = self.inputs.prompts[
+            (trial.dataset, trial.split, trial.samples, trial.local_path)
+        ]
+        tokenizer = self.inputs.tokenizer(self.pair.name)
+        self.store.record_trial(
+            trial,
+            results,
+            trial_metrics(results),
+            record_rounds=True,
+            prompt_ids=[p.id for p in prepared],
+            output_texts=[response_text(tokenizer, r.output_ids) for r in results],
+        )
+        return None
+
+    def _request(self, trial: Trial, indices: Sequence[int] | None = None) -> TrialRequest:
+        """Build the worker's request for ``trial``'s prompts at ``indices`` (default: all).
+
+        The trial's ``warmup_samples`` (of these prompts) run only on the replica's first shard
+        of the trial; the replica's own warm-up ran when its actors started.
+        """
+        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
+        all_ids = self.inputs.token_ids(
+            self.pair.name, key, trial.max_new_tokens, trial.chat_template
+        )
+        indices = tuple(range(len(all_ids))) if indices is None else tuple(indices)
+        token_ids = [all_ids[index] for index in indices]
+        warmup = 0 if trial.trial_id in self.warmed else trial.warmup_samples
+        return TrialRequest(
+            prompts=token_ids,
+            indices=indices,
+            sampling=SamplingConfig(
+                trial.temperature, trial.top_k, trial.top_p, trial.max_new_tokens
+            ),
+            policy=trial.policy,
+            params=trial.params_dict,
+            max_draft_len=trial.max_draft_len,
+            seed=trial.seed,
+            warmup_samples=min(warmup, len(token_ids)),
+            eos_token_id=self.inputs.tokenizer(self.pair.name).eos_token_id,
+            artifact_path=self.artifacts[trial.policy_job] if trial.policy_job else None,
+        )
+
+    def _start(self) -> None:
+        """Create the target ranks and the draft actor unless they are running."""
+        if self.draft is not None:
+            return
+
+        paths = self.inputs.model_paths[self.pair.name]
+        target = ModelSpec(
+            str(paths.target), self.pair.target.dtype, self.pair.target.trust_remote_code
+        )
+        self.group = create_worker_group(self.pair, timeout_s=600)
+        tp_size = self.pair.target.tp_size
+        deepspeed = self.pair.target.backend == "deepspeed"
+        self.rendezvous = rendezvous_port(self.group) if deepspeed else None
+        port = self.rendezvous.port if self.rendezvous else 0
+        self.ranks = [
+            TargetWorker.options(**actor_options_for_rank(self.group, rank)).remote(
+                target,
+                RankSpec(rank, tp_size, "", port) if deepspeed else None,
+            )
+            for rank in range(tp_size)
+        ]
+        draft = (
+            ModelSpec(str(paths.draft), self.pair.target.dtype, self.pair.target.trust_remote_code)
+            if paths.draft
+            else None
+        )
+        self.draft = DraftWorker.options(**draft_actor_options(self.group)).remote(
+            draft, self.ranks
+        )
+        self.node, *_ = ray.get(
+            [self.draft.node_id.remote(), *(r.node_id.remote() for r in self.ranks)]
+        )
+        self.warmed = set()
+        self._warm_up(draft is not None)
+
+    def _warm_up(self, has_draft: bool) -> None:
+        """Decode a few tokens of one prompt on the new actors and discard the result.
+
+        The first forwards of a fresh process pay for lazy initialisation and allocator growth;
+        without this they would land in whichever trial runs first (often the AR baseline,
+        which every speedup divides by). ``warmup_samples`` still warms each trial on top.
+        """
+        key = next(iter(self.inputs.prompts))
+        prompt = self.inputs.token_ids(self.pair.name, key, WARMUP_TOKENS)[:1]
+        request = TrialRequest(
+            prompts=prompt,
+            sampling=SamplingConfig(max_new_tokens=WARMUP_TOKENS),
+            policy="static" if has_draft else BASELINE_POLICY,
+            max_draft_len=WARMUP_DRAFT_LEN,
+        )
+        ray.get(self.draft.run_trial.remote(request))
+
+    def close(self) -> None:
+        """Kill the pair's actors and free their placement group."""
+        for actor in [self.draft, *self.ranks]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            remove_worker_group(self.group)
+        self.draft, self.ranks, self.group = None, [], None
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """The port the tensor-parallel ranks of a group meet on, and the node that picked it."""
+
+    port: int
+    node_id: str
+
+
+def _free_port_here() -> Rendezvous:
+    """Return a TCP port that is free now on the node this runs on, and that node's id."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return Rendezvous(port, ray.get_runtime_context().get_node_id())
+
+
+def rendezvous_port(group: PlacementGroup) -> Rendezvous:
+    """Return a port free on the node of ``group``'s bundle 0 (where rank 0 runs).
+
+    Asked of a zero-CPU task placed in that bundle, so on a multi-node cluster the port is
+    free where the ranks meet, not on the driver's host.
+    """
+    task = ray.remote(num_cpus=0, max_retries=0)(_free_port_here)
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=0
+    )
+    return ray.get(task.options(scheduling_strategy=strategy).remote())
