@@ -22,7 +22,6 @@ from pathlib import Path
 
 from orchestrator.cost_model import HARDWARE_PROFILES
 from orchestrator.estimate import (
-    DEFAULT_SHARD_PROMPTS,
     EstimateOptions,
     format_hours,
     pair_profiles,
@@ -59,8 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="P",
-        help="prompts per unit (default: the sweep's execution.shard_prompts, "
-        f"else {DEFAULT_SHARD_PROMPTS})",
+        help="prompts per unit (default: the sweep's execution.shard_prompts)",
     )
     parser.add_argument("--profile", choices=sorted(HARDWARE_PROFILES), default=DEFAULT_PROFILE)
     return parser.parse_args(argv)
@@ -70,9 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     """Simulate the sweep's units over each replica count; return the JSON-ready report."""
     spec = load_sweep(args.sweep)
     plan = plan_sweep(spec)
-    shard_prompts = args.shard_prompts or getattr(
-        spec.execution, "shard_prompts", DEFAULT_SHARD_PROMPTS
-    )
+    shard_prompts = args.shard_prompts or spec.execution.shard_prompts
     options = EstimateOptions(shard_prompts=shard_prompts)
     profiles = pair_profiles(plan, HARDWARE_PROFILES[args.profile])
     work = plan_workload(plan, profiles, options)

@@ -614,6 +614,24 @@ def _confirm_estimate(args: argparse.Namespace, result: SweepEstimate) -> bool:
     return answer.strip().lower() in {"y", "yes"}
 
 
+def _estimate_and_confirm(
+    args: argparse.Namespace, console: Console, spec: SweepSpec, plan: Plan
+) -> bool:
+    """Print the sweep's estimate and return whether to run (:func:`_confirm_estimate`).
+
+    A sweep that cannot be estimated (a cluster without GPUs, such as a CPU-only Ray cluster)
+    runs: the estimate is a warning, not a gate.
+    """
+    try:
+        result = _estimate(args, spec, plan)
+    except UserError as error:
+        reason = "; ".join(line.removeprefix("error: ") for line in error.lines)
+        console.print(f"no estimate ({reason}): running without one", markup=False)
+        return True
+    _print_estimate(console, result)
+    return _confirm_estimate(args, result)
+
+
 def _submit(args: argparse.Namespace, console: Console) -> int:
     """``submit``: validate, plan, preflight, register and run the sweep (``api.run_sweep``)."""
     spec = _load_sweep(args.sweep)
@@ -621,11 +639,6 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         _print_plan(console, plan, all_trials=False)
         console.print("dry run: nothing was run and the store was not opened")
-        return EXIT_OK
-    result = _estimate(args, spec, plan)
-    _print_estimate(console, result)
-    if not _confirm_estimate(args, result):
-        console.print("not run: the store was not opened")
         return EXIT_OK
     from orchestrator import api, runner
 
@@ -639,6 +652,11 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
                 *(f"  {problem}" for problem in error.problems),
             ]
         ) from None
+    # After preflight: the estimate reads stored fits, and a failed preflight leaves the
+    # database's files exactly as they were (a SQLite reader leaves -wal/-shm files behind).
+    if not _estimate_and_confirm(args, console, spec, plan):
+        console.print("not run: nothing was written to the store")
+        return EXIT_OK
     shown = display_url(args.db)
     with _opened_store(args.db, read_only=False) as store:
         try:

@@ -11,8 +11,8 @@ Assumptions, stated once:
   replica, which holds the target once and every such pair's draft (tp_size × target GPUs +
   the drafts' GPUs, on one node); as many replicas as the nodes hold (``execution.replicas``
   caps them when the sweep sets it). A replica starts after loading its models once.
-- A trial is cut into prompt shards (``execution.shard_prompts``, else
-  :data:`DEFAULT_SHARD_PROMPTS`) with ``orchestrator.work_units``; a shard costs its share of
+- A trial is cut into prompt shards (``execution.shard_prompts``) with
+  ``orchestrator.work_units``, as the runner cuts it; a shard costs its share of
   the trial's seconds. The wall time is the makespan of those units over the replicas, from
   the discrete-event simulation (``orchestrator.schedule_sim``) of the live dispatch rule.
 - Warm-up samples and training jobs are not counted.
@@ -29,12 +29,12 @@ import yaml
 from orchestrator.cost_model import HardwareProfile
 from orchestrator.planner import Plan, Trial, replay_groups
 from orchestrator.schedule_sim import Replica, SimResult, simulate
-from orchestrator.spec import PairSpec
+from orchestrator.spec import ExecutionSpec, PairSpec
 from orchestrator.work_units import WorkUnit, trial_units
 
 SECONDS_PER_HOUR = 3600.0
 #: Prompts per work unit when the sweep does not set ``execution.shard_prompts``.
-DEFAULT_SHARD_PROMPTS = 16
+DEFAULT_SHARD_PROMPTS: int = ExecutionSpec.model_fields["shard_prompts"].default
 
 
 class EstimateError(ValueError):

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from orchestrator.cost_model import HardwareProfile
 from orchestrator.estimate import (
-    DEFAULT_SHARD_PROMPTS,
     Cluster,
     EstimateError,
     EstimateOptions,
@@ -113,7 +112,10 @@ def ray_cluster(address: str) -> Cluster:
 
     connected = ray.is_initialized()
     if not connected:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        except ConnectionError as error:
+            raise EstimateError(f"cannot reach the Ray cluster at {address}: {error}") from None
     try:
         nodes = [node for node in ray.nodes() if node.get("Alive")]
         gpus = sorted((float(n.get("Resources", {}).get("GPU", 0.0)) for n in nodes), reverse=True)
@@ -129,14 +131,11 @@ def ray_cluster(address: str) -> Cluster:
 def options_from_spec(
     spec: SweepSpec, fitted: Mapping[str, HardwareProfile] | None = None
 ) -> EstimateOptions:
-    """Return the estimate options of ``spec``: ``execution.replicas`` and ``shard_prompts``.
-
-    Both are read when the sweep schema has them (issue #18's scheduler), else the defaults:
-    as many replicas as the nodes hold, :data:`DEFAULT_SHARD_PROMPTS` prompts per unit.
-    """
+    """Return the estimate options of ``spec``: ``execution.replicas`` (None: as many as the
+    nodes hold) and ``execution.shard_prompts``, as the runner reads them."""
     execution = spec.execution
     return EstimateOptions(
-        replicas=getattr(execution, "replicas", None),
-        shard_prompts=getattr(execution, "shard_prompts", None) or DEFAULT_SHARD_PROMPTS,
+        replicas=execution.replicas,
+        shard_prompts=execution.shard_prompts,
         fitted=dict(fitted or {}),
     )

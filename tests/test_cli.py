@@ -622,6 +622,8 @@ def test_submit_with_failed_trials_exits_1_and_says_how_to_retry(
     args = ["--db", url, "submit", str(sweep_file), "--retries", "0", "--no-progress"]
     assert cli.main([*args, "--address", "auto"]) == 1
     out = capsys.readouterr().out
+    # no Ray cluster to count GPUs on: the estimate is skipped with its reason, the sweep runs
+    assert "no estimate (cannot reach the Ray cluster at auto" in out
     assert fake_runner.options == [FakeRunOptions(address="auto", retries=0, progress=False)]
     assert failing is not None
     assert _table_row(out, failing.trial_id)[-1] == "ValueError: bad draft"
@@ -669,14 +671,15 @@ def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert "--yes" in captured.err and "estimate on profile" in captured.out
-    assert fake_runner.calls == [] and not db.exists()
+    # the estimate follows the preflight (it reads the store's fits); nothing ran or was stored
+    assert fake_runner.calls == ["preflight"] and not db.exists()
 
     def interrupted(*_args: Any) -> None:
         raise KeyboardInterrupt
 
     fake_runner.run = interrupted  # the run starts: that is all this test needs
     assert cli.main([*argv, "--yes"]) == 130
-    assert fake_runner.calls == ["preflight", "run_sweep"]
+    assert fake_runner.calls == ["preflight", "preflight", "run_sweep"]
 
 
 def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
@@ -694,4 +697,4 @@ def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
     assert cli.main(argv) == 0
     assert asked and "run it?" in asked[0]
     assert "not run" in capsys.readouterr().out
-    assert fake_runner.calls == [] and not db.exists()
+    assert fake_runner.calls == ["preflight"] and not db.exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import pytest
@@ -79,13 +78,15 @@ def test_a_stored_fit_of_the_same_models_replaces_the_profile(tmp_path: Path) ->
     assert by_pair["renamed"].seconds_upper == pytest.approx(2 * 200 / profile.ar_tokens_per_s)
 
 
-def test_options_read_replicas_and_shard_prompts_when_the_schema_has_them() -> None:
+def test_options_read_the_sweeps_replicas_and_shard_prompts() -> None:
     spec = parse_sweep(SWEEP.format(name="s", pair="p"))
     defaults = estimate_sources.options_from_spec(spec)
     assert defaults.replicas is None
-    assert defaults.shard_prompts == estimate.DEFAULT_SHARD_PROMPTS
-    later = types.SimpleNamespace(execution=types.SimpleNamespace(replicas=3, shard_prompts=8))
-    options = estimate_sources.options_from_spec(later)  # type: ignore[arg-type]
+    assert defaults.shard_prompts == spec.execution.shard_prompts == estimate.DEFAULT_SHARD_PROMPTS
+    set_ = spec.model_copy(
+        update={"execution": spec.execution.model_copy(update={"replicas": 3, "shard_prompts": 8})}
+    )
+    options = estimate_sources.options_from_spec(set_)
     assert (options.replicas, options.shard_prompts) == (3, 8)
 
 

@@ -83,7 +83,8 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     policy trials = Σ over pairs of datasets x seeds x max draft lens x Σ over temperatures of
     the settings of the policies run on that pair (a policy's ``pairs`` list restricts it;
     greedy-only policies only at temperature 0), plus in ``mode: replay`` one live check trial
-    per baseline; one AR baseline per (pair, dataset, temperature, seed).
+    per baseline (``mode: mixed``: per greedy baseline); one AR baseline per (pair, dataset,
+    temperature, seed).
     """
     cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
     lengths = len(raw["max_draft_lens"])
@@ -99,7 +100,9 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
                 else:
                     run += raw_grid_size(policy)
     baselines = cells * len(raw["pairs"]) * len(raw["temperatures"])
-    live_checks = baselines if raw.get("execution", {}).get("mode") == "replay" else 0
+    greedy = sum(raw_temperature(entry) == 0 for entry in raw["temperatures"])
+    mode = raw.get("execution", {}).get("mode")
+    live_checks = {"replay": baselines, "mixed": cells * len(raw["pairs"]) * greedy}.get(mode, 0)
     return {
         "baselines": baselines,
         "policy_trials": cells * lengths * run + live_checks,
@@ -238,8 +241,13 @@ def test_table1_halves_together_cover_the_whole_grid() -> None:
     }
     assert {"specdecpp_head", "cali_ts_predictor"} <= kinds
     greedy = planned(REPO / "sweeps" / "table1.yaml")
-    assert greedy.spec.execution.mode == "replay"
+    assert greedy.spec.execution.mode == "mixed"
     assert {t.temperature for t in greedy.plan.trials} == {0.0}
+    # Every policy runs greedy too: the trained heads live, on the pair their head was trained on.
+    assert {t.policy for t in greedy.plan.trials if not t.is_baseline} == set(POLICIES)
+    heads = [t for t in trials if t.policy_job is not None]
+    assert {t.mode for t in heads} == {"live"}
+    assert {t.pair for t in heads} == {"llama2-70b-chat__llama2-7b-chat"}
     assert {(t.temperature, t.top_k) for t in trials} == {
         (0.0, 0),
         (0.7, 0),
