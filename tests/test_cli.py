@@ -623,7 +623,7 @@ def test_submit_with_failed_trials_exits_1_and_says_how_to_retry(
     assert cli.main([*args, "--address", "auto"]) == 1
     out = capsys.readouterr().out
     # no Ray cluster to count GPUs on: the estimate is skipped with its reason, the sweep runs
-    assert "no estimate (cannot reach the Ray cluster at auto" in out
+    assert "no estimate (" in out and "Ray cluster at auto" in out
     assert fake_runner.options == [FakeRunOptions(address="auto", retries=0, progress=False)]
     assert failing is not None
     assert _table_row(out, failing.trial_id)[-1] == "ValueError: bad draft"
