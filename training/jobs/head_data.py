@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -456,6 +456,19 @@ def batched_logits(
         for start in range(0, n_items, batch_size)
     ]
     return torch.cat(parts).float().cpu()
+
+
+def provenance_meta(
+    config: JobConfig, defaults: Mapping[str, Any], fit_settings: FitSettings
+) -> dict[str, Any]:
+    """Return the artifact metadata on what a module was trained from and how: draft, target,
+    the job's settings over their ``defaults``, and the optimisation."""
+    return {
+        "draft": config.base,
+        "target": config.teacher,
+        "settings": {**defaults, **dict(config.settings)},
+        "fit": asdict(fit_settings),
+    }
 
 
 def write_module_artifact(
