@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -785,26 +784,19 @@ def _query(args: argparse.Namespace, console: Console) -> int:
     """``query``: run one statement on a read-only connection and print its rows."""
     with _opened_store(args.db, read_only=True) as store:
         try:
-            with store.engine.connect() as connection:
-                if connection.dialect.name == "sqlite":
-                    connection.connection.driver_connection.set_authorizer(_deny_attach)
-                result = connection.exec_driver_sql(
-                    args.sql, execution_options={"no_parameters": True}
-                )
-                if not result.returns_rows:
-                    console.print("the statement returned no result set")
-                    return EXIT_OK
-                names = list(result.keys())
-                values = [tuple(row) for row in result]
+            result = store.query(args.sql)
         except DBAPIError as error:
             raise UserError(query_error_message(error)) from None
+    if result is None:
+        console.print("the statement returned no result set")
+        return EXIT_OK
     if args.format == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(names)
-        writer.writerows(values)
+        writer.writerow(result.columns)
+        writer.writerows(result.rows)
         return EXIT_OK
-    columns = report.unique_names(names)
-    rows = [dict(zip(columns, row, strict=True)) for row in values]
+    columns = report.unique_names(result.columns)
+    rows = [dict(zip(columns, row, strict=True)) for row in result.rows]
     console.print(report.render_table(rows, columns, headers={}))
     console.print(f"{len(rows)} row{'s' * (len(rows) != 1)}")
     return EXIT_OK
@@ -871,11 +863,6 @@ def _refresh(args: argparse.Namespace, console: Console) -> int:
         count = store.refresh_statistics(args.sweep)
     console.print(f"refreshed the statistics of {count} done trials of {args.sweep}", markup=False)
     return EXIT_OK
-
-
-def _deny_attach(action: int, *_details: object) -> int:
-    """SQLite authorizer: refuse ATTACH, which would create a database file, allow the rest."""
-    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
 
 
 def query_error_message(error: DBAPIError) -> str:

@@ -126,7 +126,7 @@ def test_ranks_shard_batches_to_the_one_worker_weights_and_wait_queued(
         assert store.artifacts(row.job_id)[0].path == path
         AutoModelForCausalLM.from_pretrained(path)
         weights[name] = artifact_tensors(path)
-        job_dir = job_env / row["job_id"]
+        job_dir = job_env / row.job_id
         assert int((job_dir / WORKER_PID_FILE).read_text()) > 0
         checkpoint = torch.load(
             next((job_dir / CHECKPOINT_DIR / "draft").glob("step-*.pt")), weights_only=True

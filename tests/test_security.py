@@ -33,7 +33,7 @@ from orchestrator.metrics import trial_metrics
 from orchestrator.planner import Plan, plan_sweep
 from orchestrator.preflight import preflight_inputs
 from orchestrator.spec import SweepSpec, parse_sweep
-from orchestrator.store import Store, open_store
+from orchestrator.store import Store, StoreError, open_store
 from workers.lm import load_causal_lm
 from workers.records import GenerationResult, RoundRecord
 
@@ -102,6 +102,20 @@ def test_query_refuses_every_write_and_every_way_around_read_only(
         assert _snapshot(filled_url) == before, sql
     assert cli.main(["--db", filled_url, "query", "SELECT count(*) FROM trials"]) == 0
     assert "5" in capsys.readouterr().out
+
+
+def test_store_query_runs_only_read_only_and_returns_typed_rows(filled_url: str) -> None:
+    before = _snapshot(filled_url)
+    with open_store(filled_url) as writable, pytest.raises(StoreError, match="read_only"):
+        writable.query("DELETE FROM sweep_trials")
+    assert _snapshot(filled_url) == before
+    with open_store(filled_url, read_only=True) as store:
+        result = store.query("SELECT status, count(*) AS n FROM trials GROUP BY status")
+        assert result is not None and result.columns == ["status", "n"]
+        assert sorted(result.rows) == [("done", 1), ("pending", 4)]
+        with pytest.raises(DBAPIError):
+            store.query("DELETE FROM sweep_trials")
+    assert _snapshot(filled_url) == before
 
 
 def test_the_dashboard_reads_through_a_connection_that_refuses_writes(

@@ -2,6 +2,7 @@
 
 from orchestrator.store.db import StoreError, default_url, display_url
 from orchestrator.store.records import (
+    QueryResult,
     StoredArtifact,
     StoredCostFit,
     StoredJob,
@@ -16,6 +17,7 @@ from orchestrator.store.records import (
 from orchestrator.store.results import ShardOutput, Store, open_store, prompt_id
 
 __all__ = [
+    "QueryResult",
     "ShardOutput",
     "Store",
     "StoreError",

@@ -2,7 +2,8 @@
 
 Each ``Stored*`` class mirrors one ORM class of :mod:`orchestrator.store.models`, its fields
 in the table's column order (``tests/test_store.py`` checks that they stay in step);
-:func:`record_of` builds one from an ORM row. :class:`SweepInfo` is a summary, not a row.
+:func:`record_of` builds one from an ORM row. :class:`SweepInfo` is a summary, not a row;
+:class:`QueryResult` is what a hand-written read-only statement returned.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ class SweepInfo:
     created_at: datetime
     updated_at: datetime
     n_trials: int
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """The result set of one hand-written statement: its column names, as the database named
+    them (repeats included), and its rows in order."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
 
 
 @dataclass(frozen=True)

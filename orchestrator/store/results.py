@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -44,7 +45,13 @@ from orchestrator.metrics import (
     trial_intervals,
 )
 from orchestrator.pairing import SampleSpeed, paired_ratio, sample_speedups
-from orchestrator.store.db import check_readable, default_url, make_engine, upgrade_to_head
+from orchestrator.store.db import (
+    StoreError,
+    check_readable,
+    default_url,
+    make_engine,
+    upgrade_to_head,
+)
 from orchestrator.store.models import (
     INTERVAL_FIGURES,
     TRIAL_METRIC_COLUMNS,
@@ -65,6 +72,7 @@ from orchestrator.store.models import (
     utc_now,
 )
 from orchestrator.store.records import (
+    QueryResult,
     StoredArtifact,
     StoredCostFit,
     StoredJob,
@@ -685,6 +693,30 @@ class Store:
         query = select(ArtifactRow).where(ArtifactRow.job_id == job_id).order_by(ArtifactRow.id)
         with self._transaction() as session:
             return [record_of(StoredArtifact, row) for row in session.scalars(query)]
+
+    def query(self, sql: str) -> QueryResult | None:
+        """Run one hand-written statement; return its result set, or None when it has none.
+
+        Only on a store opened read-only (else StoreError): the database itself refuses writes,
+        also statements that try to make the transaction read-write first, and on SQLite an
+        authorizer refuses ATTACH (it would create a file). ``sql`` is sent as written, with no
+        parameters; the database's errors (a refused write, a syntax error) are raised as
+        SQLAlchemy's ``DBAPIError``.
+        """
+        if not self.read_only:
+            raise StoreError("query runs only on a store opened with read_only=True")
+        with self.engine.connect() as connection:
+            if connection.dialect.name == "sqlite":
+                connection.connection.driver_connection.set_authorizer(_deny_attach)
+            result = connection.exec_driver_sql(sql, execution_options={"no_parameters": True})
+            if not result.returns_rows:
+                return None
+            return QueryResult(columns=list(result.keys()), rows=[tuple(row) for row in result])
+
+
+def _deny_attach(action: int, *_details: object) -> int:
+    """SQLite authorizer: refuse ATTACH, which would create a database file, allow the rest."""
+    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
 
 
 def _values(columns: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:

@@ -37,7 +37,7 @@ rate for comparison.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ from training.jobs.head_data import (
     forward_states,
     heldout_split,
     job_device,
+    provenance_meta,
     response_mask,
     sample_rows,
     seeded_module,
@@ -225,6 +226,39 @@ def settings_of(config: JobConfig) -> PredictorSettings:
     return PredictorSettings.from_config(config)
 
 
+@dataclass(frozen=True)
+class _PairStates:
+    """``cali_states``'s recorded states and labels on the training device, which (sequence,
+    target row j, offset i) pairs index."""
+
+    target_states: torch.Tensor
+    draft_states: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def on(cls, data: dict[str, torch.Tensor], device: torch.device) -> _PairStates:
+        """Return the states and labels of ``data`` moved to ``device``."""
+        return cls(
+            data["target_states"].to(device),
+            data["draft_states"].to(device),
+            data["labels"].to(device),
+        )
+
+    def pair_labels(self, pairs: torch.Tensor) -> torch.Tensor:
+        """Return the labels of ``pairs``' candidates (draft row j + i)."""
+        return self.labels[pairs[:, 0], pairs[:, 1] + pairs[:, 2]]
+
+    def pair_logits(
+        self, model: torch.nn.Module, pairs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``model``'s logits for ``pairs`` and their labels."""
+        sequence, row, offset = pairs.to(self.labels.device).unbind(-1)
+        logits = model(
+            self.target_states[sequence, row], self.draft_states[sequence, row + offset], offset
+        )
+        return logits, self.labels[sequence, row + offset]
+
+
 def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     """Train the Cali-TS predictor of ``config``; return its artifact and eval metrics."""
     stopwatch = Stopwatch()
@@ -232,25 +266,16 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     data = cached_tensors(output_dir, lambda: build_states(config, settings, progress))
     train_pairs, eval_pairs = _split_pairs(data, settings, config.seed)
     device = job_device()
-    target_states = data["target_states"].to(device)
-    draft_states = data["draft_states"].to(device)
-    labels = data["labels"].to(device)
-    target_size, draft_size = target_states.shape[-1], draft_states.shape[-1]
+    states = _PairStates.on(data, device)
+    target_size, draft_size = states.target_states.shape[-1], states.draft_states.shape[-1]
     projection_dim = settings.projection_dim or target_size
     predictor = seeded_module(
         config.seed,
         lambda: CaliPredictor(target_size, draft_size, projection_dim, settings.max_offset),
     ).to(device)
 
-    def pair_logits(
-        pairs: torch.Tensor, model: torch.nn.Module = predictor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        sequence, row, offset = pairs.to(device).unbind(-1)
-        logits = model(target_states[sequence, row], draft_states[sequence, row + offset], offset)
-        return logits, labels[sequence, row + offset]
-
     def batch_loss(model: torch.nn.Module, indices: torch.Tensor) -> torch.Tensor:
-        logits, batch_labels = pair_logits(train_pairs[indices], model)
+        logits, batch_labels = states.pair_logits(model, train_pairs[indices])
         return bce_per_item(batch_labels, logits).mean()
 
     report = fit(
@@ -264,11 +289,11 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
         PREDICTOR_KIND,
     )
     eval_logits = batched_logits(
-        lambda index: pair_logits(eval_pairs[index])[0], eval_pairs.shape[0]
+        lambda index: states.pair_logits(predictor, eval_pairs[index])[0], eval_pairs.shape[0]
     )
-    base_rate = float(labels[train_pairs[:, 0], train_pairs[:, 1] + train_pairs[:, 2]].mean())
+    base_rate = float(states.pair_labels(train_pairs).mean())
     metrics = {
-        **_eval_metrics(labels, eval_logits, eval_pairs, base_rate, settings.max_offset),
+        **_eval_metrics(states, eval_logits, eval_pairs, base_rate, settings.max_offset),
         "n_train": float(train_pairs.shape[0]),
         **report.summary(),
     }
@@ -279,7 +304,7 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
         "projection_dim": projection_dim,
         "max_offset": settings.max_offset,
         "base_rate": base_rate,
-        **_provenance_meta(config, settings),
+        **provenance_meta(config, DEFAULTS, settings.fit),
         "metrics": metrics,
     }
     artifact = write_module_artifact(output_dir / ARTIFACT_DIR, PREDICTOR_FILE, predictor, meta)
@@ -313,28 +338,18 @@ def _split_pairs(
 
 
 def _eval_metrics(
-    labels: torch.Tensor,
+    states: _PairStates,
     eval_logits: torch.Tensor,
     eval_pairs: torch.Tensor,
     base_rate: float,
     max_offset: int,
 ) -> dict[str, float]:
     """Return the held-out pairs' binary report, per-offset KLs and count."""
-    eval_labels = labels[eval_pairs[:, 0], eval_pairs[:, 1] + eval_pairs[:, 2]].cpu()
+    eval_labels = states.pair_labels(eval_pairs).cpu()
     return {
         **binary_report(eval_labels, eval_logits, base_rate),
         **_offset_kls(eval_labels, eval_logits, eval_pairs[:, 2], max_offset),
         "n_eval": float(eval_pairs.shape[0]),
-    }
-
-
-def _provenance_meta(config: JobConfig, settings: PredictorSettings) -> dict[str, Any]:
-    """Return the artifact metadata on what the predictor was trained from and how."""
-    return {
-        "draft": config.base,
-        "target": config.teacher,
-        "settings": {**DEFAULTS, **dict(config.settings)},
-        "fit": asdict(settings.fit),
     }
 
 

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 import torch
 from transformers import PreTrainedModel
 
-from training.distributed import RankCheckpoints, is_writer, stepper, writer_first
+from training.distributed import RankCheckpoints, Stepper, is_writer, stepper, writer_first
 from training.jobs.base import (
     CHECKPOINT_DIR,
     JobConfig,
@@ -410,6 +410,97 @@ def phase_steps(n_blocks: int, settings: TrainSettings, epochs: int) -> int:
     return steps if settings.max_steps is None else min(steps, settings.max_steps)
 
 
+@dataclass
+class _Trainee:
+    """What a phase checkpoints: the student, its optimiser (inside ``steps``) and history."""
+
+    student: PreTrainedModel
+    steps: Stepper
+    history: _History
+
+    def state(self) -> dict[str, Any]:
+        """Return the checkpoint: model and optimiser state, then the history's fields."""
+        return {
+            "model": self.student.state_dict(),
+            "optimizer": self.steps.optimizer_state(),
+            **self.history.state(),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put back a checkpoint ``state`` returned."""
+        self.student.load_state_dict(saved["model"])
+        self.steps.load_optimizer_state(saved["optimizer"])
+        self.history.restore(saved)
+
+
+def _phase_schedule(phase: Phase, total: int, settings: TrainSettings, seed: int) -> TrainConfig:
+    """Return a phase's optimisation: ``total`` AdamW steps at ``phase.lr`` decayed linearly to
+    0, no weight decay, betas (0.9, 0.999), gradient norm clipped to ``GRAD_CLIP``."""
+    return TrainConfig(
+        steps=total,
+        batch_size=settings.batch_size,
+        lr=phase.lr,
+        schedule="linear",
+        min_lr_ratio=0.0,
+        weight_decay=0.0,
+        betas=(0.9, 0.999),
+        grad_clip=GRAD_CLIP,
+        seed=seed,
+    )
+
+
+def _phase_loop(
+    trainee: _Trainee,
+    phase: Phase,
+    n_blocks: int,
+    settings: TrainSettings,
+    output_dir: Path,
+    seed: int,
+    progress: bool,
+) -> StepLoop:
+    """Return a phase's resumable loop over ``n_blocks``, checkpointing ``trainee`` to
+    ``output_dir/checkpoints/<phase.name>``."""
+    return StepLoop(
+        n_items=n_blocks,
+        batch_size=settings.batch_size,
+        epochs=phase.epochs,
+        seed=seed,
+        checkpoints=RankCheckpoints(output_dir / CHECKPOINT_DIR / phase.name),
+        state_fn=trainee.state,
+        restore_fn=trainee.restore,
+        desc=phase.name,
+        progress=progress,
+        checkpoint_every=settings.checkpoint_every,
+    )
+
+
+def _distil(
+    trainee: _Trainee,
+    teacher: PreTrainedModel,
+    blocks: torch.Tensor,
+    loss_fn: LossFn,
+    loop: StepLoop,
+    schedule: TrainConfig,
+    device: torch.device,
+) -> None:
+    """Run ``loop``'s batches up to ``schedule.steps`` on ``device``: teacher forward without
+    gradients, the student's ``loss_fn`` on it, one optimiser step, its loss recorded."""
+    steps = trainee.steps
+    teacher.eval()
+    trainee.student.train()
+    for step, epoch, index in loop.batches():
+        if step >= schedule.steps:
+            break
+        shard = steps.shard(index)
+        inputs = blocks[shard.rows, :-1].to(device)
+        with torch.no_grad():
+            teacher_dist = target_distribution(teacher(input_ids=inputs, use_cache=False).logits)
+        loss = loss_fn(inputs, teacher_dist, steps.model(input_ids=inputs, use_cache=False).logits)
+        lr = learning_rate(step, schedule)
+        trainee.history.record(steps.step(loss, shard, lr), index.numel())
+        loop.report(epoch, trainee.history.losses[-1])
+
+
 def train_student(
     student: PreTrainedModel,
     teacher: PreTrainedModel,
@@ -430,63 +521,18 @@ def train_student(
     """
     device = next(student.parameters()).device
     total = phase_steps(blocks.shape[0], settings, phase.epochs)
-    schedule = TrainConfig(
-        steps=total,
-        batch_size=settings.batch_size,
-        lr=phase.lr,
-        schedule="linear",
-        min_lr_ratio=0.0,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        grad_clip=GRAD_CLIP,
-        seed=seed,
-    )
+    schedule = _phase_schedule(phase, total, settings, seed)
     optimizer = adamw_optimizer(student, schedule, phase.lr)
     steps = stepper(student, optimizer, GRAD_CLIP, settings.batch_size)
-    history = _History()
-
-    def state() -> dict[str, Any]:
-        return {
-            "model": student.state_dict(),
-            "optimizer": steps.optimizer_state(),
-            **history.state(),
-        }
-
-    def restore(saved: dict[str, Any]) -> None:
-        student.load_state_dict(saved["model"])
-        steps.load_optimizer_state(saved["optimizer"])
-        history.restore(saved)
-
-    checkpoints = RankCheckpoints(output_dir / CHECKPOINT_DIR / phase.name)
-    loop = StepLoop(
-        n_items=blocks.shape[0],
-        batch_size=settings.batch_size,
-        epochs=phase.epochs,
-        seed=seed,
-        checkpoints=checkpoints,
-        state_fn=state,
-        restore_fn=restore,
-        desc=phase.name,
-        progress=progress,
-        checkpoint_every=settings.checkpoint_every,
-    )
+    trainee = _Trainee(student, steps, _History())
+    loop = _phase_loop(trainee, phase, blocks.shape[0], settings, output_dir, seed, progress)
     start = loop.resume()
-    resumed_seconds = history.before
-    teacher.eval()
-    student.train()
-    for step, epoch, index in loop.batches():
-        if step >= total:
-            break
-        shard = steps.shard(index)
-        inputs = blocks[shard.rows, :-1].to(device)
-        with torch.no_grad():
-            teacher_dist = target_distribution(teacher(input_ids=inputs, use_cache=False).logits)
-        loss = loss_fn(inputs, teacher_dist, steps.model(input_ids=inputs, use_cache=False).logits)
-        history.record(steps.step(loss, shard, learning_rate(step, schedule)), index.numel())
-        loop.report(epoch, history.losses[-1])
+    resumed_seconds = trainee.history.before
+    _distil(trainee, teacher, blocks, loss_fn, loop, schedule, device)
     if start < total < loop.total_steps:
-        checkpoints.save(total, state())
+        loop.checkpoints.save(total, trainee.state())
     student.eval()
+    history = trainee.history
     return PhaseResult(
         first_loss=history.first_loss,
         final_loss=sum(history.losses) / max(1, len(history.losses)),

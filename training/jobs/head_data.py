@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from training.distributed import RankCheckpoints, is_writer, stepper, writer_first
+from training.distributed import RankCheckpoints, Stepper, is_writer, stepper, writer_first
 from training.jobs.base import (
     CHECKPOINT_DIR,
     JobConfig,
@@ -370,6 +370,33 @@ def fit_settings(config: JobConfig, default_lr: float, default_batch: int) -> Fi
     return FitSettings(lr=lr, batch_size=batch_size, epochs=config.epochs, seed=config.seed)
 
 
+@dataclass
+class _FitState:
+    """What a fit checkpoints: the module, its optimiser (inside ``steps``), the losses so far
+    and the seconds spent."""
+
+    module: nn.Module
+    steps: Stepper
+    stopwatch: Stopwatch
+    losses: list[float] = field(default_factory=list)
+
+    def state(self) -> dict[str, Any]:
+        """Return the checkpoint: module, optimiser, losses (float64 tensor) and seconds."""
+        return {
+            "module": self.module.state_dict(),
+            "optimizer": self.steps.optimizer_state(),
+            "losses": torch.tensor(self.losses, dtype=torch.float64),
+            "seconds": self.stopwatch.seconds(),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put back a checkpoint ``state`` returned."""
+        self.module.load_state_dict(saved["module"])
+        self.steps.load_optimizer_state(saved["optimizer"])
+        self.losses[:] = saved["losses"].tolist()
+        self.stopwatch.already = float(saved["seconds"])
+
+
 def fit(
     module: nn.Module,
     n_items: int,
@@ -388,31 +415,15 @@ def fit(
     CHECKPOINT_DIR``; a rerun after a crash continues from the newest one with the same batches.
     """
     optimizer = torch.optim.Adam(module.parameters(), lr=settings.lr)
-    steps = stepper(module, optimizer, None, settings.batch_size)
-    losses: list[float] = []
-
-    def state() -> dict[str, Any]:
-        return {
-            "module": module.state_dict(),
-            "optimizer": steps.optimizer_state(),
-            "losses": torch.tensor(losses, dtype=torch.float64),
-            "seconds": stopwatch.seconds(),
-        }
-
-    def restore(saved: dict[str, Any]) -> None:
-        module.load_state_dict(saved["module"])
-        steps.load_optimizer_state(saved["optimizer"])
-        losses[:] = saved["losses"].tolist()
-        stopwatch.already = float(saved["seconds"])
-
+    fitted = _FitState(module, stepper(module, optimizer, None, settings.batch_size), stopwatch)
     loop = StepLoop(
         n_items=n_items,
         batch_size=settings.batch_size,
         epochs=settings.epochs,
         seed=settings.seed,
         checkpoints=RankCheckpoints(output_dir / CHECKPOINT_DIR),
-        state_fn=state,
-        restore_fn=restore,
+        state_fn=fitted.state,
+        restore_fn=fitted.restore,
         desc=desc,
         progress=progress,
     )
@@ -424,14 +435,15 @@ def fit(
         schedule="cosine",
         min_lr_ratio=0.0,
     )
+    steps = fitted.steps
     module.train()
     for step, epoch, indices in loop.batches():
         shard = steps.shard(indices)
         loss = batch_loss(steps.model, shard.rows)
-        losses.append(steps.step(loss, shard, learning_rate(step, schedule)))
-        loop.report(epoch, losses[-1])
+        fitted.losses.append(steps.step(loss, shard, learning_rate(step, schedule)))
+        loop.report(epoch, fitted.losses[-1])
     module.eval()
-    return FitReport(losses=list(losses), resumed_from_step=start)
+    return FitReport(losses=list(fitted.losses), resumed_from_step=start)
 
 
 @torch.no_grad()
@@ -444,6 +456,19 @@ def batched_logits(
         for start in range(0, n_items, batch_size)
     ]
     return torch.cat(parts).float().cpu()
+
+
+def provenance_meta(
+    config: JobConfig, defaults: Mapping[str, Any], fit_settings: FitSettings
+) -> dict[str, Any]:
+    """Return the artifact metadata on what a module was trained from and how: draft, target,
+    the job's settings over their ``defaults``, and the optimisation."""
+    return {
+        "draft": config.base,
+        "target": config.teacher,
+        "settings": {**defaults, **dict(config.settings)},
+        "fit": asdict(fit_settings),
+    }
 
 
 def write_module_artifact(

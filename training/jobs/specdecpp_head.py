@@ -25,7 +25,7 @@ predictor at the training base rate and at the rate the weighted loss itself fav
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from training.jobs.head_data import (
     forward_states,
     heldout_split,
     job_device,
+    provenance_meta,
     rate_logit,
     response_mask,
     sample_rows,
@@ -221,13 +222,26 @@ def settings_of(config: JobConfig) -> HeadSettings:
     return HeadSettings.from_config(config)
 
 
-def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
-    """Train the SpecDec++ acceptance head of ``config``; return its artifact and eval metrics."""
-    stopwatch = Stopwatch()
-    settings = settings_of(config)
-    data = cached_tensors(output_dir, lambda: build_examples(config, settings, progress))
+@dataclass(frozen=True)
+class _Split:
+    """The labelled examples on the training device: features ``x`` [n, d] and labels ``y``
+    [n] of the training sequences and of the held-out ones."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    eval_x: torch.Tensor
+    eval_y: torch.Tensor
+
+
+def _split_examples(
+    data: dict[str, torch.Tensor], settings: HeadSettings, seed: int, device: torch.device
+) -> _Split:
+    """Return the examples split by sequence into training and held-out parts, on ``device``.
+
+    Raises JobConfigError when either part has no example.
+    """
     train_rows, eval_rows = heldout_split(
-        int(data["n_sequences"][0]), settings.data.eval_fraction, config.seed
+        int(data["n_sequences"][0]), settings.data.eval_fraction, seed
     )
     in_train = torch.isin(data["sequence"], train_rows)
     in_eval = torch.isin(data["sequence"], eval_rows)
@@ -236,11 +250,40 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
             f"{HEAD_KIND}: too few labelled positions to split ({int(in_train.sum())} train, "
             f"{int(in_eval.sum())} held-out); raise samples or response_tokens"
         )
-    device = job_device()
     features, labels = data["features"].to(device), data["labels"].to(device)
-    train_x, train_y = features[in_train], labels[in_train]
-    eval_x, eval_y = features[in_eval], labels[in_eval]
-    hidden_size = features.shape[1]
+    return _Split(features[in_train], labels[in_train], features[in_eval], labels[in_eval])
+
+
+def _eval_metrics(head: torch.nn.Module, split: _Split, settings: HeadSettings) -> dict[str, float]:
+    """Return the held-out report of ``head``: BCE and KL next to the constant predictors at
+    the training base rate and at the weighted loss's optimal rate, its weighted BCE, counts."""
+    eval_x = split.eval_x
+    eval_logits = batched_logits(lambda index: head(eval_x[index.to(eval_x.device)]), len(eval_x))
+    base_rate = float(split.train_y.mean())
+    weighted_rate = weighted_optimal_rate(base_rate, settings.w_acc, settings.w_rej)
+    eval_labels = split.eval_y.cpu()
+    return {
+        **binary_report(eval_labels, eval_logits, base_rate),
+        "const_weighted_kl": float(
+            binary_kl(eval_labels, torch.full_like(eval_labels, rate_logit(weighted_rate)))
+        ),
+        "eval_weighted_bce": float(
+            weighted_bce(eval_labels, eval_logits, settings.w_acc, settings.w_rej)
+        ),
+        "n_train": float(split.train_x.shape[0]),
+        "n_eval": float(eval_x.shape[0]),
+    }
+
+
+def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
+    """Train the SpecDec++ acceptance head of ``config``; return its artifact and eval metrics."""
+    stopwatch = Stopwatch()
+    settings = settings_of(config)
+    data = cached_tensors(output_dir, lambda: build_examples(config, settings, progress))
+    device = job_device()
+    split = _split_examples(data, settings, config.seed, device)
+    train_x, train_y = split.train_x, split.train_y
+    hidden_size = train_x.shape[1]
     head = seeded_module(config.seed, lambda: AcceptanceHead(hidden_size, settings.depth)).to(
         device
     )
@@ -252,22 +295,7 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     report = fit(
         head, train_x.shape[0], batch_loss, settings.fit, output_dir, stopwatch, progress, HEAD_KIND
     )
-    eval_logits = batched_logits(lambda index: head(eval_x[index.to(device)]), eval_x.shape[0])
-    base_rate = float(train_y.mean())
-    weighted_rate = weighted_optimal_rate(base_rate, settings.w_acc, settings.w_rej)
-    eval_labels = eval_y.cpu()
-    metrics = {
-        **binary_report(eval_labels, eval_logits, base_rate),
-        "const_weighted_kl": float(
-            binary_kl(eval_labels, torch.full_like(eval_labels, rate_logit(weighted_rate)))
-        ),
-        "eval_weighted_bce": float(
-            weighted_bce(eval_labels, eval_logits, settings.w_acc, settings.w_rej)
-        ),
-        "n_train": float(train_x.shape[0]),
-        "n_eval": float(eval_x.shape[0]),
-        **report.summary(),
-    }
+    metrics = {**_eval_metrics(head, split, settings), **report.summary()}
     artifact = write_module_artifact(
         output_dir / ARTIFACT_DIR,
         HEAD_FILE,
@@ -276,10 +304,7 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
             "kind": HEAD_KIND,
             "hidden_size": hidden_size,
             "depth": settings.depth,
-            "draft": config.base,
-            "target": config.teacher,
-            "settings": {**DEFAULTS, **dict(config.settings)},
-            "fit": asdict(settings.fit),
+            **provenance_meta(config, DEFAULTS, settings.fit),
             "metrics": metrics,
         },
     )
