@@ -7,10 +7,12 @@ Assumptions, stated once:
 - A replayed trial costs no model time; its group pays one trace recording, about one live
   static run per prompt (bounded above at AR speed). What replay saves is the live cost of
   the replayed trials minus those recordings.
-- Pairs whose targets are the same (model, backend, tp_size, dtype) share one target group per
-  replica, which holds the target once and every such pair's draft (tp_size × target GPUs +
-  the drafts' GPUs, on one node); as many replicas as the nodes hold (``execution.replicas``
-  caps them when the sweep sets it). A replica starts after loading its models once.
+- Pairs whose targets are the same (model, backend, tp_size, dtype, trust_remote_code) share
+  one target group per replica (``orchestrator.target_sets``, as the runner groups them),
+  which holds the target once and every such pair's draft (tp_size × target GPUs + the
+  drafts' GPUs, on one node); as many replicas as the nodes hold (``execution.replicas`` caps
+  them when the sweep sets it). A replica starts after loading its models once (the runner
+  loads a pair's draft with the replica's first unit of that pair; counted here up front).
 - A trial is cut into prompt shards (``execution.shard_prompts``) with
   ``orchestrator.work_units``, as the runner cuts it; a shard costs its share of
   the trial's seconds. The wall time is the makespan of those units over the replicas, from
@@ -30,6 +32,7 @@ from orchestrator.cost_model import HardwareProfile
 from orchestrator.planner import Plan, Trial, replay_groups
 from orchestrator.schedule_sim import Replica, SimResult, simulate
 from orchestrator.spec import ExecutionSpec, PairSpec
+from orchestrator.target_sets import shared_targets
 from orchestrator.work_units import WorkUnit, trial_units
 
 SECONDS_PER_HOUR = 3600.0
@@ -74,7 +77,7 @@ class EstimateOptions:
 
 @dataclass(frozen=True)
 class TargetSet:
-    """Pairs whose targets are the same (model, backend, tp_size, dtype): one group a replica."""
+    """Pairs whose targets are the same (``orchestrator.target_sets``): one group a replica."""
 
     target: str
     pairs: tuple[str, ...]
@@ -173,20 +176,16 @@ def trial_seconds(trial: Trial, profile: HardwareProfile) -> tuple[float, float]
 
 
 def target_sets(pairs: Sequence[PairSpec]) -> list[TargetSet]:
-    """Group ``pairs`` by identical targets (first appearance order); each set's replica GPUs."""
-    grouped: dict[tuple[str, str, int, str], list[PairSpec]] = {}
-    for pair in pairs:
-        target = pair.target
-        key = (target.model or "", target.backend, target.tp_size, target.dtype)
-        grouped.setdefault(key, []).append(pair)
+    """Group ``pairs`` by identical targets as the runner does (``target_sets.shared_targets``,
+    keyed by the model reference here: nothing is resolved before submit); each set's GPUs."""
     return [
         TargetSet(
-            target=f"{key[0]} ({key[1]}, tp {key[2]}, {key[3]})",
-            pairs=tuple(pair.name for pair in members),
-            gpus=members[0].target.tp_size * members[0].target.gpus
-            + sum(pair.draft.gpus for pair in members),
+            target=f"{key.model} ({key.backend}, tp {key.tp_size}, {key.dtype})",
+            pairs=shared.pair_names,
+            gpus=key.tp_size * shared.target.gpus + sum(p.draft.gpus for p in shared.pairs),
         )
-        for key, members in grouped.items()
+        for shared in shared_targets(pairs)
+        for key in (shared.key,)
     ]
 
 

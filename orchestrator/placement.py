@@ -1,10 +1,13 @@
-"""Ray placement of one pair's worker group: target ranks and the draft actor on one node.
+"""Ray placement of a worker group: target ranks and draft actors on one node.
 
-A pair's workers share one placement group with strategy ``STRICT_PACK`` (every bundle on the
-same node). Bundles ``0 .. tp_size - 1`` are the target ranks, ``{"CPU": 1, "GPU": g}`` with
-``g`` the pair's ``target.gpus`` (no ``GPU`` key when 0); the last bundle is the draft actor,
-``{"CPU": 1, "GPU": d}`` with ``d = draft.gpus`` (fractional allowed). So the totals are the
-planner's ``PairResources``: ``tp_size + 1`` CPUs and ``tp_size·g + d`` GPUs.
+A worker group serves the pairs that share one target (``orchestrator.target_sets``; a pair
+with a target of its own is a set of one). Its workers share one placement group with strategy
+``STRICT_PACK`` (every bundle on the same node). Bundles ``0 .. tp_size - 1`` are the target
+ranks, ``{"CPU": 1, "GPU": g}`` with ``g`` the first pair's ``target.gpus`` (no ``GPU`` key when
+0); then one bundle per pair for its draft actor, ``{"CPU": 1, "GPU": d}`` with ``d`` that
+pair's ``draft.gpus`` (fractional allowed). For one pair the totals are the planner's
+``PairResources``: ``tp_size + 1`` CPUs and ``tp_size·g + d`` GPUs; each further pair sharing
+the target adds its draft's bundle only.
 
 Why the draft sits in the same group rather than being a free-floating actor:
 - the reservation is atomic: a pair either gets all its workers or none, so pairs running at
@@ -22,7 +25,7 @@ bundle and message builders are pure.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -41,7 +44,7 @@ Bundle = dict[str, float]
 
 
 class PlacementError(RuntimeError):
-    """Ray could not reserve a pair's worker group (the message names the pair and resources)."""
+    """Ray could not reserve a worker group (the message names the pairs and resources)."""
 
 
 def _bundle(gpus: float) -> Bundle:
@@ -65,9 +68,10 @@ def draft_bundle(pair: PairSpec) -> Bundle:
     return _bundle(pair.draft.gpus)
 
 
-def worker_group_bundles(pair: PairSpec) -> list[Bundle]:
-    """Return the pair's whole group: the target ranks' bundles, then the draft's bundle last."""
-    return [*target_bundles(pair), draft_bundle(pair)]
+def worker_group_bundles(pairs: Sequence[PairSpec]) -> list[Bundle]:
+    """Return the group serving ``pairs`` (one target): the first pair's target ranks' bundles,
+    then one draft bundle per pair, in order."""
+    return [*target_bundles(pairs[0]), *(draft_bundle(pair) for pair in pairs)]
 
 
 def bundle_totals(bundles: Iterable[Mapping[str, float]]) -> Bundle:
@@ -84,13 +88,13 @@ def fits_on_node(need: Mapping[str, float], node: Mapping[str, float]) -> bool:
     return all(node.get(name, 0.0) >= amount for name, amount in need.items())
 
 
-def groups_held(pair: PairSpec, node_resources: Iterable[Mapping[str, float]]) -> int:
-    """Return how many of ``pair``'s worker groups the nodes hold in total, each on one node.
+def groups_held(pairs: Sequence[PairSpec], node_resources: Iterable[Mapping[str, float]]) -> int:
+    """Return how many worker groups serving ``pairs`` the nodes hold in total, each on one node.
 
     Counts each node's total resources (not what is in use); the runner's default replica
     count starts from this.
     """
-    need = bundle_totals(worker_group_bundles(pair))
+    need = bundle_totals(worker_group_bundles(pairs))
     return sum(
         min(math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items())
         for node in node_resources
@@ -103,20 +107,23 @@ def alive_node_resources() -> list[dict[str, float]]:
 
 
 def unplaceable_message(
-    pair: PairSpec, timeout_s: float, node_resources: list[Mapping[str, float]]
+    pairs: Sequence[PairSpec], timeout_s: float, node_resources: list[Mapping[str, float]]
 ) -> str:
-    """Return why ``pair``'s group was not placed: what it needs and what the nodes have.
+    """Return why the group serving ``pairs`` was not placed: what it needs, what nodes have.
 
     ``node_resources`` are the alive nodes' total resources. Exists so that a sweep that cannot
     start says which pair, which resources and whether any node could ever hold them.
     """
-    need = bundle_totals(worker_group_bundles(pair))
-    ranks = pair.target.tp_size
+    need = bundle_totals(worker_group_bundles(pairs))
+    ranks = pairs[0].target.tp_size
+    names = ", ".join(repr(pair.name) for pair in pairs)
+    who = f"pair {names}" if len(pairs) == 1 else f"pairs {names} (sharing one target)"
+    drafts = " + ".join(_format(draft_bundle(pair)) for pair in pairs)
     lines = [
-        f"pair {pair.name!r}: Ray could not reserve its worker group within {timeout_s:g} s.",
+        f"{who}: Ray could not reserve its worker group within {timeout_s:g} s.",
         f"It needs, all on ONE node ({GROUP_STRATEGY}): {ranks} target rank(s) × "
-        f"{_format(target_bundles(pair)[0])} + draft {_format(draft_bundle(pair))} "
-        f"= {_format(need)}.",
+        f"{_format(target_bundles(pairs[0])[0])} + draft{'s' if len(pairs) > 1 else ''} "
+        f"{drafts} = {_format(need)}.",
     ]
     largest = {
         name: max((node.get(name, 0.0) for node in node_resources), default=0.0) for name in need
@@ -142,21 +149,21 @@ def _format(resources: Mapping[str, float]) -> str:
     return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in resources.items()) + "}"
 
 
-def create_worker_group(pair: PairSpec, timeout_s: float) -> PlacementGroup:
-    """Reserve ``pair``'s worker group and return its ready placement group.
+def create_worker_group(pairs: Sequence[PairSpec], timeout_s: float) -> PlacementGroup:
+    """Reserve the worker group serving ``pairs`` and return its ready placement group.
 
     Waits up to ``timeout_s`` seconds for Ray to place every bundle; otherwise removes the
     pending group (so it cannot grab resources later) and raises :class:`PlacementError`
-    naming the pair and the resources. Needs a connected Ray driver.
+    naming the pairs and the resources. Needs a connected Ray driver.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0 (got {timeout_s!r})")
-    group = placement_group(worker_group_bundles(pair), strategy=GROUP_STRATEGY)
+    group = placement_group(worker_group_bundles(pairs), strategy=GROUP_STRATEGY)
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if ready:
         return group
     remove_placement_group(group)
-    raise PlacementError(unplaceable_message(pair, timeout_s, alive_node_resources()))
+    raise PlacementError(unplaceable_message(pairs, timeout_s, alive_node_resources()))
 
 
 def remove_worker_group(group: PlacementGroup) -> None:
@@ -180,14 +187,20 @@ def _options_for_bundle(group: PlacementGroup, index: int) -> dict[str, Any]:
     }
 
 
-def actor_options_for_rank(group: PlacementGroup, rank: int) -> dict[str, Any]:
-    """Return the ``Actor.options(**...)`` kwargs that put target rank ``rank`` in its bundle."""
-    ranks = group.bundle_count - 1
+def actor_options_for_rank(group: PlacementGroup, rank: int, drafts: int = 1) -> dict[str, Any]:
+    """Return the ``Actor.options(**...)`` kwargs that put target rank ``rank`` in its bundle.
+
+    ``drafts`` is how many draft bundles follow the ranks (the pairs the group serves).
+    """
+    ranks = group.bundle_count - drafts
     if not 0 <= rank < ranks:
         raise ValueError(f"rank must be in 0..{ranks - 1} for this group (got {rank})")
     return _options_for_bundle(group, rank)
 
 
-def draft_actor_options(group: PlacementGroup) -> dict[str, Any]:
-    """Return the ``Actor.options(**...)`` kwargs that put the draft actor in the last bundle."""
-    return _options_for_bundle(group, group.bundle_count - 1)
+def draft_actor_options(group: PlacementGroup, index: int = 0, drafts: int = 1) -> dict[str, Any]:
+    """Return the ``Actor.options(**...)`` kwargs that put the draft actor of the group's
+    ``index``-th pair (of ``drafts``) in its bundle, after the target ranks."""
+    if not 0 <= index < drafts:
+        raise ValueError(f"draft index must be in 0..{drafts - 1} (got {index})")
+    return _options_for_bundle(group, group.bundle_count - drafts + index)

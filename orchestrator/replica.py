@@ -1,12 +1,16 @@
-"""One replica of a pair's worker group: its target ranks and draft actor in one placement group.
+"""One replica of a worker group: the target ranks, loaded once, and a draft actor per pair.
 
-A replica runs shards of its pair's trials' prompts (``run_shard``) and, in replay mode, its
-pair's replay groups (``replay_group``: traces recorded once per group by the draft actor or
-read back from the store, the group's cost fit, the cross-check of the live check trial, each
-replayed trial stored like a live one). Its actors are replaced when one dies. A new set of
-actors warms up on a few tokens before its first timed shard, and a trial's
-``warmup_samples`` run on a replica's first shard of that trial. A deepspeed target's
-rendezvous port is picked on the node of rank 0 (:func:`rendezvous_port`).
+The group serves the pairs that share one target (``orchestrator.target_sets``), all in one
+placement group. A replica runs one unit at a time, so the target serves one request at a
+time: shards of any of its pairs' trials' prompts (``run_shard``, on that pair's draft actor)
+and, in replay mode, a pair's replay groups (``replay_group``: traces recorded once per group
+by the pair's draft actor or read back from the store, the group's cost fit, the cross-check
+of the live check trial, each replayed trial stored like a live one). The target ranks start
+with the replica's first unit, a pair's draft actor with the first unit of that pair (lazily:
+a pair with nothing left to run loads no draft). When any actor dies, all are closed and
+restarted by the next unit. Each new draft actor warms up on a few tokens before its first
+timed shard, and a trial's ``warmup_samples`` run on a replica's first shard of that trial. A
+deepspeed target's rendezvous port is picked on the node of rank 0 (:func:`rendezvous_port`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -47,8 +52,8 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
-from orchestrator.spec import PairSpec
 from orchestrator.store import ShardOutput, Store
+from orchestrator.target_sets import SharedTarget
 from orchestrator.work_units import WorkUnit
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
@@ -71,26 +76,28 @@ class ReplayNotes:
     recorded: bool
 
 
-class PairReplica:
-    """One replica of a pair's worker group: target ranks and the draft actor, replaced when
-    they die; ``node`` is where its draft actor runs, ``rendezvous`` its ranks' port (deepspeed).
+class GroupReplica:
+    """One replica of the worker group of a set of pairs sharing a target: the target ranks
+    and each pair's draft actor (``drafts``, by pair name), all replaced when one dies;
+    ``node`` is where they run, ``rendezvous`` the ranks' port (deepspeed).
     """
 
     def __init__(
         self,
-        pair: PairSpec,
+        shared: SharedTarget,
         inputs: PreparedInputs,
         record_rounds: bool,
         store: Store,
         artifacts: dict[str, str] | None = None,
     ) -> None:
-        self.pair = pair
+        self.shared = shared
+        self.name = shared.name
         self.artifacts = artifacts or {}
         self.inputs = inputs
         self.record_rounds = record_rounds
         self.store = store
         self.ranks: list = []
-        self.draft = None
+        self.drafts: dict[str, Any] = {}
         self.group = None
         self.node: str | None = None
         self.rendezvous: Rendezvous | None = None
@@ -98,16 +105,16 @@ class PairReplica:
         self.warmed: set[str] = set()
 
     def run_shard(self, trial: Trial, unit: WorkUnit) -> ShardOutput:
-        """Run one shard of ``trial``'s prompts on this replica; return what to store.
+        """Run one shard of ``trial``'s prompts on its pair's draft actor; return what to store.
 
-        Starts (or restarts) the actors first; an actor death closes them, so the shard's
+        Starts (or restarts) the actors first; an actor death closes them all, so the shard's
         retry, on whichever replica takes it, finds live ones.
         """
-        self._start()
-        request = self._request(trial, unit.prompts)
-        start = time.perf_counter()
         try:
-            results = ray.get(self.draft.run_trial.remote(request))
+            draft = self._draft(trial.pair)
+            request = self._request(trial, unit.prompts)
+            start = time.perf_counter()
+            results = ray.get(draft.run_trial.remote(request))
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             self.close()
             raise
@@ -116,7 +123,7 @@ class PairReplica:
         prepared = self.inputs.prompts[
             (trial.dataset, trial.split, trial.samples, trial.local_path)
         ]
-        tokenizer = self.inputs.tokenizer(self.pair.name)
+        tokenizer = self.inputs.tokenizer(trial.pair)
         return ShardOutput(
             shard=unit.shard,
             indices=unit.prompts,
@@ -182,15 +189,11 @@ class PairReplica:
             return [trace_from_json(t) for t in stored.traces], False
         trial = group.trials[0]
         key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        prompts = self.inputs.token_ids(
-            self.pair.name, key, trial.max_new_tokens, trial.chat_template
-        )
-        eos = self.inputs.tokenizer(self.pair.name).eos_token_id
-        self._start()
+        prompts = self.inputs.token_ids(trial.pair, key, trial.max_new_tokens, trial.chat_template)
+        eos = self.inputs.tokenizer(trial.pair).eos_token_id
+        draft = self._draft(trial.pair)
         start = time.perf_counter()
-        traces = ray.get(
-            self.draft.record_traces.remote(prompts, trial.max_new_tokens, group.cap, eos)
-        )
+        traces = ray.get(draft.record_traces.remote(prompts, trial.max_new_tokens, group.cap, eos))
         seconds = time.perf_counter() - start
         self.store.record_traces(
             group.trace_key, group.cap, [trace_to_json(t) for t in traces], seconds
@@ -220,7 +223,7 @@ class PairReplica:
         prepared = self.inputs.prompts[
             (trial.dataset, trial.split, trial.samples, trial.local_path)
         ]
-        tokenizer = self.inputs.tokenizer(self.pair.name)
+        tokenizer = self.inputs.tokenizer(trial.pair)
         self.store.record_trial(
             trial,
             results,
@@ -238,9 +241,7 @@ class PairReplica:
         of the trial; the replica's own warm-up ran when its actors started.
         """
         key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        all_ids = self.inputs.token_ids(
-            self.pair.name, key, trial.max_new_tokens, trial.chat_template
-        )
+        all_ids = self.inputs.token_ids(trial.pair, key, trial.max_new_tokens, trial.chat_template)
         indices = tuple(range(len(all_ids))) if indices is None else tuple(indices)
         token_ids = [all_ids[index] for index in indices]
         warmup = 0 if trial.trial_id in self.warmed else trial.warmup_samples
@@ -255,70 +256,73 @@ class PairReplica:
             max_draft_len=trial.max_draft_len,
             seed=trial.seed,
             warmup_samples=min(warmup, len(token_ids)),
-            eos_token_id=self.inputs.tokenizer(self.pair.name).eos_token_id,
+            eos_token_id=self.inputs.tokenizer(trial.pair).eos_token_id,
             artifact_path=self.artifacts[trial.policy_job] if trial.policy_job else None,
         )
 
-    def _start(self) -> None:
-        """Create the target ranks and the draft actor unless they are running."""
-        if self.draft is not None:
-            return
+    def _draft(self, pair: str) -> Any:
+        """Return ``pair``'s draft actor, starting the target ranks and it when not running."""
+        self._start()
+        if pair not in self.drafts:
+            self._start_draft(pair)
+        return self.drafts[pair]
 
-        paths = self.inputs.model_paths[self.pair.name]
-        target = ModelSpec(
-            str(paths.target), self.pair.target.dtype, self.pair.target.trust_remote_code
-        )
-        self.group = create_worker_group(self.pair, timeout_s=600)
-        tp_size = self.pair.target.tp_size
-        deepspeed = self.pair.target.backend == "deepspeed"
+    def _start(self) -> None:
+        """Reserve the placement group and create the target ranks unless they are running."""
+        if self.ranks:
+            return
+        target = self.shared.target
+        paths = self.inputs.model_paths[self.shared.pairs[0].name]
+        model = ModelSpec(str(paths.target), target.dtype, target.trust_remote_code)
+        self.group = create_worker_group(self.shared.pairs, timeout_s=600)
+        deepspeed = target.backend == "deepspeed"
         self.rendezvous = rendezvous_port(self.group) if deepspeed else None
         port = self.rendezvous.port if self.rendezvous else 0
+        drafts = len(self.shared.pairs)
         self.ranks = [
-            TargetWorker.options(**actor_options_for_rank(self.group, rank)).remote(
-                target,
-                RankSpec(rank, tp_size, "", port) if deepspeed else None,
+            TargetWorker.options(**actor_options_for_rank(self.group, rank, drafts)).remote(
+                model, RankSpec(rank, target.tp_size, "", port) if deepspeed else None
             )
-            for rank in range(tp_size)
+            for rank in range(target.tp_size)
         ]
-        draft = (
-            ModelSpec(str(paths.draft), self.pair.target.dtype, self.pair.target.trust_remote_code)
-            if paths.draft
-            else None
-        )
-        self.draft = DraftWorker.options(**draft_actor_options(self.group)).remote(
-            draft, self.ranks
-        )
-        self.node, *_ = ray.get(
-            [self.draft.node_id.remote(), *(r.node_id.remote() for r in self.ranks)]
-        )
+        self.node, *_ = ray.get([rank.node_id.remote() for rank in self.ranks])
         self.warmed = set()
-        self._warm_up(draft is not None)
 
-    def _warm_up(self, has_draft: bool) -> None:
-        """Decode a few tokens of one prompt on the new actors and discard the result.
+    def _start_draft(self, pair: str) -> None:
+        """Create ``pair``'s draft actor in its bundle, next to the running ranks; warm it up."""
+        target = self.shared.target
+        path = self.inputs.model_paths[pair].draft
+        model = ModelSpec(str(path), target.dtype, target.trust_remote_code) if path else None
+        index = self.shared.pair_names.index(pair)
+        options = draft_actor_options(self.group, index, len(self.shared.pairs))
+        self.drafts[pair] = DraftWorker.options(**options).remote(model, self.ranks)
+        ray.get(self.drafts[pair].node_id.remote())
+        self._warm_up(pair, model is not None)
+
+    def _warm_up(self, pair: str, has_draft: bool) -> None:
+        """Decode a few tokens of one prompt on ``pair``'s new draft actor; discard the result.
 
         The first forwards of a fresh process pay for lazy initialisation and allocator growth;
         without this they would land in whichever trial runs first (often the AR baseline,
         which every speedup divides by). ``warmup_samples`` still warms each trial on top.
         """
         key = next(iter(self.inputs.prompts))
-        prompt = self.inputs.token_ids(self.pair.name, key, WARMUP_TOKENS)[:1]
+        prompt = self.inputs.token_ids(pair, key, WARMUP_TOKENS)[:1]
         request = TrialRequest(
             prompts=prompt,
             sampling=SamplingConfig(max_new_tokens=WARMUP_TOKENS),
             policy="static" if has_draft else BASELINE_POLICY,
             max_draft_len=WARMUP_DRAFT_LEN,
         )
-        ray.get(self.draft.run_trial.remote(request))
+        ray.get(self.drafts[pair].run_trial.remote(request))
 
     def close(self) -> None:
-        """Kill the pair's actors and free their placement group."""
-        for actor in [self.draft, *self.ranks]:
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
+        """Kill the group's actors (every draft and rank) and free their placement group."""
+        for actor in [*self.drafts.values(), *self.ranks]:
+            ray.kill(actor, no_restart=True)
         if self.group is not None:
             remove_worker_group(self.group)
-        self.draft, self.ranks, self.group = None, [], None
+        self.drafts, self.ranks, self.group = {}, [], None
 
 
 @dataclass(frozen=True)

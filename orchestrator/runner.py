@@ -1,16 +1,19 @@
-"""The Ray driver: preflight, training jobs, prompt shards over pair replicas, results stored.
+"""The Ray driver: preflight, training jobs, prompt shards over group replicas, results stored.
 
 ``run_sweep`` skips trials the store already has and splits each remaining live trial into
 shards of its prompts (``execution.shard_prompts``; a trial whose policy keeps state across
 requests stays one shard), leaving out the shards a previous run stored. One scheduler
 (``orchestrator.scheduler``) runs the shards over ``execution.replicas`` replicas of each
-pair's worker group (``orchestrator.replica``), ``execution.max_concurrent_pairs`` pairs at
-a time, retrying a failed shard on live actors. Each shard's samples are stored in one
-transaction as it ends; when a trial's last shard is stored, its metrics and intervals are
-computed from all its samples and the trial is marked done, so a crash loses only the shards
-in flight. After the live shards, each trial group's block-aware cost model is fit over its
-stored live rounds and stored (``cost_fits``). In ``mode: replay`` each pair's replayed
-trials follow once its live shards are settled, group by group (``PairReplica.replay_group``).
+worker group (``orchestrator.replica``), ``execution.max_concurrent_pairs`` groups at a time,
+retrying a failed shard on live actors. Pairs whose targets are identical share one worker
+group (``orchestrator.target_sets``): their units carry the set's name as their group, and a
+replica of it runs any of them, each on its pair's draft actor, with the target loaded once.
+Each shard's samples are stored in one transaction as it ends; when a trial's last shard is
+stored, its metrics and intervals are computed from all its samples and the trial is marked
+done, so a crash loses only the shards in flight. After the live shards, each trial group's
+block-aware cost model is fit over its stored live rounds and stored (``cost_fits``). In
+``mode: replay`` each pair's replayed trials follow once its live shards are settled, group by
+group (``GroupReplica.replay_group``), on a replica of the pair's worker group.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from orchestrator.placement import alive_node_resources, groups_held
 from orchestrator.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.provenance import collect_provenance, stored_provenance_notes
-from orchestrator.replica import PairReplica
+from orchestrator.replica import GroupReplica
 from orchestrator.scheduler import Scheduler
 from orchestrator.spec import SweepSpec
 from orchestrator.store import Store
+from orchestrator.target_sets import SharedTarget, shared_targets
 from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
 from orchestrator.work_units import WorkUnit, missing_units, trial_units
 
@@ -167,18 +171,25 @@ class _SweepRun:
         self.groups = replay_groups(plan)
         self.pending_ids: set[str] = set()
         self.failed_ids: set[str] = set()
+        #: The pair each replay unit replays, by unit key.
+        self.replays: dict[str, str] = {}
         self.lock = Lock()
 
     def run_pairs(self, by_pair: dict[str, list[Trial]], retries: int, progress: bool) -> None:
         """Run every pair's pending shards and replays on replicas of its worker group."""
         self.pending_ids = {trial.trial_id for trials in by_pair.values() for trial in trials}
+        paths = {name: paths.target for name, paths in self.inputs.model_paths.items()}
+        sets = shared_targets([self.pairs[name] for name in by_pair], paths)
+        group_of = {pair: shared.name for shared in sets for pair in shared.pair_names}
         units = [
-            unit for name, trials in by_pair.items() for unit in self._pair_units(name, trials)
+            unit
+            for name, trials in by_pair.items()
+            for unit in self._pair_units(name, group_of[name], trials)
         ]
         workers = [
-            _ReplicaWorker(self, self._replica(name))
-            for name in by_pair
-            for _ in range(self._replica_count(name, units, len(by_pair)))
+            _ReplicaWorker(self, self._replica(shared))
+            for shared in sets
+            for _ in range(self._replica_count(shared, units, len(sets)))
         ]
         bar = tqdm(
             total=len(units),
@@ -190,8 +201,9 @@ class _SweepRun:
         limit = self.spec.execution.max_concurrent_pairs
         Scheduler(units, retries, bar, max_groups=limit).run(workers)
 
-    def _pair_units(self, name: str, trials: list[Trial]) -> list[WorkUnit]:
-        """Return the pair's missing live shards, then its replay unit (after those shards).
+    def _pair_units(self, name: str, group: str, trials: list[Trial]) -> list[WorkUnit]:
+        """Return the pair's missing live shards, then its replay unit (after those shards),
+        each run by a replica of worker group ``group``.
 
         A trial whose every shard is stored already (a run stopped before it was finished)
         is finished here.
@@ -202,32 +214,33 @@ class _SweepRun:
         units: list[WorkUnit] = []
         for trial in live:
             ordered = bool(trial.params_dict.get("persist_across_requests"))
-            shards = trial_units(trial.trial_id, name, trial.samples, size, ordered=ordered)
+            shards = trial_units(trial.trial_id, group, trial.samples, size, ordered=ordered)
             left = missing_units(shards, stored.get(trial.trial_id, set()))
             if not left:
                 self.finish_if_complete(trial)
             units += left
         if any(trial.mode != LIVE_MODE for trial in trials):
             after = tuple(unit.key for unit in units)
-            units.append(WorkUnit(key=f"replay:{name}", group=name, after=after))
+            units.append(WorkUnit(key=f"replay:{name}", group=group, after=after))
+            self.replays[f"replay:{name}"] = name
         return units
 
-    def _replica_count(self, name: str, units: Sequence[WorkUnit], pairs: int) -> int:
-        """Return how many replicas of pair ``name`` to start (``execution.replicas`` or the
-        cluster's share), at most one per pending unit of the pair."""
+    def _replica_count(self, shared: SharedTarget, units: Sequence[WorkUnit], groups: int) -> int:
+        """Return how many replicas of ``shared``'s worker group to start (``execution.replicas``
+        or the cluster's share), at most one per pending unit of the group."""
         wanted = self.spec.execution.replicas
         if wanted is None:
-            held = groups_held(self.pairs[name], alive_node_resources())
-            wanted = held // min(self.spec.execution.max_concurrent_pairs, pairs)
-        mine = sum(unit.group == name for unit in units)
+            held = groups_held(shared.pairs, alive_node_resources())
+            wanted = held // min(self.spec.execution.max_concurrent_pairs, groups)
+        mine = sum(unit.group == shared.name for unit in units)
         return max(1, min(wanted, mine))
 
-    def _replica(self, name: str) -> PairReplica:
-        """Return a new (not yet started) replica of pair ``name``'s worker group."""
+    def _replica(self, shared: SharedTarget) -> GroupReplica:
+        """Return a new (not yet started) replica of ``shared``'s worker group."""
         record = self.spec.execution.record_rounds
-        return PairReplica(self.pairs[name], self.inputs, record, self.store, self.artifacts)
+        return GroupReplica(shared, self.inputs, record, self.store, self.artifacts)
 
-    def run_shard(self, replica: PairReplica, unit: WorkUnit) -> None:
+    def run_shard(self, replica: GroupReplica, unit: WorkUnit) -> None:
         """Run one shard on ``replica`` and store it; finish its trial once all are stored."""
         trial = self.trials[str(unit.trial_id)]
         if trial.trial_id in self.failed_ids:
@@ -260,11 +273,13 @@ class _SweepRun:
             if first:
                 self.count(trial, error)
 
-    def replay_pair(self, replica: PairReplica) -> None:
-        """Replay the pending trials of the replica's pair's replay groups; note fits and checks."""
+    def replay_pair(self, replica: GroupReplica, unit: WorkUnit) -> None:
+        """Replay the pending trials of the replay unit's pair's replay groups on ``replica``;
+        note fits and checks."""
+        pair = self.replays[unit.key]
         for group in self.groups:
             todo = [t for t in group.replayed if t.trial_id in self.pending_ids]
-            if group.trials[0].pair == replica.pair.name and todo:
+            if group.trials[0].pair == pair and todo:
                 notes = replica.replay_group(self.plan.sweep, group, todo, self.count)
                 with self.lock:
                     self.summary.fit_notes.append(notes.fit)
@@ -283,19 +298,19 @@ class _SweepRun:
 
 @dataclass
 class _ReplicaWorker:
-    """A scheduler worker: one replica of a pair's worker group running that pair's units."""
+    """A scheduler worker: one replica of a worker group running the units of its pairs."""
 
     sweep: _SweepRun
-    replica: PairReplica
+    replica: GroupReplica
     group: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.group = self.replica.pair.name
+        self.group = self.replica.name
 
     def run(self, unit: WorkUnit) -> None:
-        """Run a shard of a trial, or (the pair's replay unit) its replay groups."""
+        """Run a shard of a trial, or (a pair's replay unit) that pair's replay groups."""
         if unit.trial_id is None:
-            self.sweep.replay_pair(self.replica)
+            self.sweep.replay_pair(self.replica, unit)
         else:
             self.sweep.run_shard(self.replica, unit)
 

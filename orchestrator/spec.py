@@ -455,9 +455,10 @@ class ExecutionSpec(_Frozen):
     one sweep holds both.
 
     A live trial's prompts run in shards of ``shard_prompts`` (a trial whose policy keeps
-    state across requests stays one shard), spread over ``replicas`` worker groups per pair
-    (default: as many as the cluster holds, shared among the pairs run at once, at most one
-    per pending shard).
+    state across requests stays one shard), spread over ``replicas`` replicas of each worker
+    group (default: as many as the cluster holds, shared among the ``max_concurrent_pairs``
+    groups run at once, at most one per pending shard). Pairs with identical targets share one
+    worker group (``orchestrator.target_sets``), which counts once here.
     """
 
     retries: int = Field(2, ge=0, le=100)

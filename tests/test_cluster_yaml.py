@@ -126,7 +126,7 @@ def test_worker_node_holds_the_pairs_it_should(
             "draft": {"model": "org/draft", "gpus": draft_gpus},
         }
     )
-    need = bundle_totals(worker_group_bundles(pair))
+    need = bundle_totals(worker_group_bundles([pair]))
     for spec in worker_types(config).values():
         node = {name: float(amount) for name, amount in spec["resources"].items()}
         assert fits_on_node(need, node) is fits

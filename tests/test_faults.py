@@ -1,6 +1,6 @@
 """Faults during a sweep: killed workers, a killed driver, and errors inside a trial.
 
-- Worker faults: a :class:`FaultInjector` wraps the runner's ``PairReplica`` so the test knows
+- Worker faults: a :class:`FaultInjector` wraps the runner's ``GroupReplica`` so the test knows
   the actors of the current worker group (and their process ids) and when a trial's request has
   just been built for them; it then kills the draft or the target actor, with ``ray.kill`` or
   SIGKILL, and waits until the process is gone, so the trial is sent to a group with a dead
@@ -134,20 +134,21 @@ class FaultInjector:
     injected: list[Injection] = field(default_factory=list)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Wrap ``PairReplica._start`` (to see fresh actors) and ``_request`` (shard sent)."""
-        pair_runner = replica_module.PairReplica
-        original_start, original_request = pair_runner._start, pair_runner._request
+        """Wrap ``GroupReplica._draft`` (to see fresh actors) and ``_request`` (shard sent)."""
+        pair_runner = replica_module.GroupReplica
+        original_draft, original_request = pair_runner._draft, pair_runner._request
 
-        def start(runner: Any) -> None:
-            fresh = runner.draft is None
-            original_start(runner)
+        def draft(runner: Any, pair: str) -> Any:
+            fresh = not runner.ranks
+            actor = original_draft(runner, pair)
             if fresh:
                 self.starts += 1
-                self.actors = {"draft": runner.draft, "target": runner.ranks[0]}
+                self.actors = {"draft": actor, "target": runner.ranks[0]}
                 self.pids = {
                     role: ray.get(actor.__ray_call__.remote(lambda _actor: os.getpid()))
                     for role, actor in self.actors.items()
                 }
+            return actor
 
         def request(runner: Any, trial: Trial, indices: Any = None) -> Any:
             built = original_request(runner, trial, indices)
@@ -158,7 +159,7 @@ class FaultInjector:
                 self._kill(role, how)
             return built
 
-        monkeypatch.setattr(pair_runner, "_start", start)
+        monkeypatch.setattr(pair_runner, "_draft", draft)
         monkeypatch.setattr(pair_runner, "_request", request)
 
     def _kill(self, role: str, how: str) -> None:

@@ -64,13 +64,13 @@ def test_bundles_of_a_two_rank_gpu_pair() -> None:
     pair = make_pair(tp_size=2, target_gpus=1, draft_gpus=0.5)
     assert target_bundles(pair) == [{"CPU": 1.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}]
     assert draft_bundle(pair) == {"CPU": 1.0, "GPU": 0.5}
-    assert worker_group_bundles(pair) == [*target_bundles(pair), {"CPU": 1.0, "GPU": 0.5}]
-    assert bundle_totals(worker_group_bundles(pair)) == {"CPU": 3.0, "GPU": 2.5}
+    assert worker_group_bundles([pair]) == [*target_bundles(pair), {"CPU": 1.0, "GPU": 0.5}]
+    assert bundle_totals(worker_group_bundles([pair])) == {"CPU": 3.0, "GPU": 2.5}
 
 
 def test_cpu_only_pair_has_no_gpu_entries() -> None:
     pair = make_pair(tp_size=1, target_gpus=0, draft_gpus=0)
-    assert worker_group_bundles(pair) == [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert worker_group_bundles([pair]) == [{"CPU": 1.0}, {"CPU": 1.0}]
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,7 @@ def test_group_totals_match_the_planner(
     pair = make_pair(tp_size, target_gpus, draft_gpus)
     plan = Plan(sweep="s", trials=(), jobs=(), skipped=(), pairs=(pair,))
     (resources,) = plan.resources()
-    totals = bundle_totals(worker_group_bundles(pair))
+    totals = bundle_totals(worker_group_bundles([pair]))
     assert totals["CPU"] == resources.cpus == tp_size + 1
     assert totals.get("GPU", 0.0) == pytest.approx(resources.gpus)
     assert totals.get("GPU", 0.0) == pytest.approx(tp_size * target_gpus + draft_gpus)
@@ -98,7 +98,7 @@ def test_fits_on_node_compares_every_needed_resource() -> None:
 def test_message_when_no_node_is_large_enough() -> None:
     pair = make_pair(tp_size=4, target_gpus=1, draft_gpus=0.5, name="llama-70b")
     nodes = [{"CPU": 1.0}, {"CPU": 5.0, "GPU": 3.0}, {"CPU": 5.0, "GPU": 3.0}]
-    message = unplaceable_message(pair, 3.0, nodes)
+    message = unplaceable_message([pair], 3.0, nodes)
     assert "pair 'llama-70b'" in message
     assert "within 3 s" in message
     assert "4 target rank(s) × {CPU: 1, GPU: 1}" in message
@@ -112,7 +112,7 @@ def test_message_when_no_node_is_large_enough() -> None:
 
 def test_message_when_a_node_is_large_enough_but_busy() -> None:
     pair = make_pair(tp_size=2, target_gpus=1, draft_gpus=0.5)
-    message = unplaceable_message(pair, 600, [{"CPU": 96.0, "GPU": 8.0}])
+    message = unplaceable_message([pair], 600, [{"CPU": 96.0, "GPU": 8.0}])
     assert "= {CPU: 3, GPU: 2.5}" in message
     assert "large enough in total" in message
     assert "other work holds its resources" in message
@@ -169,7 +169,7 @@ def ray_cluster() -> Iterator[dict[str, str]]:
 
 def test_group_is_strict_pack_and_actors_land_in_their_bundles(ray_cluster: dict) -> None:
     pair = make_pair(tp_size=2, target_gpus=1, draft_gpus=0.5)
-    group = create_worker_group(pair, timeout_s=60)
+    group = create_worker_group([pair], timeout_s=60)
     try:
         table = placement_group_table(group)
         assert table["strategy"] == GROUP_STRATEGY == "STRICT_PACK"
@@ -199,7 +199,7 @@ def test_group_is_strict_pack_and_actors_land_in_their_bundles(ray_cluster: dict
 
 
 def test_rank_index_outside_the_target_ranks_is_rejected(ray_cluster: dict) -> None:
-    group = create_worker_group(make_pair(tp_size=1, target_gpus=0, draft_gpus=0), timeout_s=60)
+    group = create_worker_group([make_pair(tp_size=1, target_gpus=0, draft_gpus=0)], timeout_s=60)
     try:
         assert actor_options_for_rank(group, 0)["num_gpus"] == 0.0
         with pytest.raises(ValueError, match=r"rank must be in 0\.\.0 "):
@@ -211,9 +211,9 @@ def test_rank_index_outside_the_target_ranks_is_rejected(ray_cluster: dict) -> N
 def test_whole_node_target_fits_only_when_the_draft_shares_a_gpu(ray_cluster: dict) -> None:
     whole_gpus = make_pair(tp_size=GPUS_PER_WORKER_NODE, target_gpus=1, draft_gpus=0.1)
     with pytest.raises(PlacementError, match="No node is that large"):
-        create_worker_group(whole_gpus, timeout_s=PLACEMENT_TIMEOUT_S)
+        create_worker_group([whole_gpus], timeout_s=PLACEMENT_TIMEOUT_S)
     sharing = make_pair(tp_size=GPUS_PER_WORKER_NODE, target_gpus=0.9, draft_gpus=0.1)
-    remove_worker_group(create_worker_group(sharing, timeout_s=60))
+    remove_worker_group(create_worker_group([sharing], timeout_s=60))
 
 
 def test_impossible_group_raises_a_clear_error_within_the_timeout(ray_cluster: dict) -> None:
@@ -221,7 +221,7 @@ def test_impossible_group_raises_a_clear_error_within_the_timeout(ray_cluster: d
     assert 2 * GPUS_PER_WORKER_NODE >= 4 * 1 + 0.5  # the cluster holds it, no single node does
     start = time.monotonic()
     with pytest.raises(PlacementError) as raised:
-        create_worker_group(pair, timeout_s=PLACEMENT_TIMEOUT_S)
+        create_worker_group([pair], timeout_s=PLACEMENT_TIMEOUT_S)
     elapsed = time.monotonic() - start
     assert PLACEMENT_TIMEOUT_S <= elapsed < PLACEMENT_TIMEOUT_S + 10
     message = str(raised.value)

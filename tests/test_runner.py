@@ -12,6 +12,7 @@ from orchestrator.planner import plan_sweep
 from orchestrator.runner import PreflightError, RunOptions, preflight, run_sweep
 from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
+from orchestrator.target_sets import solo
 from workers.lm import CachedLM, load_causal_lm
 from workers.target import LocalTarget
 from workers.trial import run_trial
@@ -85,12 +86,12 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     assert len(summary.fit_notes) == len(fits)
     assert all("run-level fit R²" in note for note in summary.fit_notes)
 
-    from orchestrator.replica import PairReplica
+    from orchestrator.replica import GroupReplica
 
     paths = inputs.model_paths["micro"]
     draft = CachedLM(load_causal_lm(paths.draft))
     target = LocalTarget(CachedLM(load_causal_lm(paths.target)))
-    runner = PairReplica(spec.pairs[0], inputs, True, store)
+    runner = GroupReplica(solo(spec.pairs[0]), inputs, True, store)
     torch.manual_seed(0)
     for trial in plan.trials:
         in_process = run_trial(draft, target, runner._request(trial))
@@ -145,12 +146,12 @@ def test_deepspeed_target_group_on_actors_gives_the_unsharded_greedy_output(
     summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
     assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
 
-    from orchestrator.replica import PairReplica
+    from orchestrator.replica import GroupReplica
 
     paths = inputs.model_paths["micro"]
     target = LocalTarget(CachedLM(load_causal_lm(paths.target)))
     draft = CachedLM(load_causal_lm(paths.draft))
-    runner = PairReplica(spec.pairs[0], inputs, True, store)
+    runner = GroupReplica(solo(spec.pairs[0]), inputs, True, store)
     for trial in plan.trials:
         unsharded = run_trial(draft, target, runner._request(trial))
         stored = store.sample_outputs(trial.trial_id)

@@ -164,7 +164,7 @@ def test_each_groups_rendezvous_port_is_picked_on_its_own_node(
 ) -> None:
     spec = parse_sweep(sweep_text("ports"), "ports.yaml")
     pair = spec.pairs[0]
-    groups = [create_worker_group(pair, timeout_s=60) for _ in range(NODES)]
+    groups = [create_worker_group([pair], timeout_s=60) for _ in range(NODES)]
     try:
         where = ray.remote(lambda: ray.get_runtime_context().get_node_id())
         rank0_nodes = [

@@ -34,6 +34,7 @@ from orchestrator.planner import Plan, plan_sweep
 from orchestrator.preflight import preflight_inputs
 from orchestrator.spec import SweepSpec, parse_sweep
 from orchestrator.store import Store, StoreError, open_store
+from orchestrator.target_sets import solo
 from workers.lm import load_causal_lm
 from workers.records import GenerationResult, RoundRecord
 
@@ -273,12 +274,13 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
 
     monkeypatch.setattr(replica_module, "TargetWorker", FakeActorClass())
     monkeypatch.setattr(replica_module, "DraftWorker", FakeActorClass())
-    monkeypatch.setattr(replica_module, "create_worker_group", lambda pair, timeout_s: None)
-    monkeypatch.setattr(replica_module, "actor_options_for_rank", lambda group, rank: {})
-    monkeypatch.setattr(replica_module, "draft_actor_options", lambda group: {})
+    monkeypatch.setattr(replica_module, "create_worker_group", lambda pairs, timeout_s: None)
+    monkeypatch.setattr(replica_module, "actor_options_for_rank", lambda group, rank, drafts: {})
+    monkeypatch.setattr(replica_module, "draft_actor_options", lambda group, index, drafts: {})
     monkeypatch.setattr(replica_module.ray, "get", lambda refs: refs)
-    monkeypatch.setattr(replica_module.PairReplica, "_warm_up", lambda self, has_draft: None)
-    replica_module.PairReplica(spec.pairs[0], inputs, False, None)._start()  # type: ignore[arg-type]
+    monkeypatch.setattr(replica_module.GroupReplica, "_warm_up", lambda self, pair, draft: None)
+    replica = replica_module.GroupReplica(solo(spec.pairs[0]), inputs, False, None)  # type: ignore[arg-type]
+    replica._draft(spec.pairs[0].name)
     assert [(Path(s.path).name, s.trust_remote_code) for s in specs] == [
         ("target", expected),
         ("draft", expected),

@@ -111,4 +111,4 @@ def test_groups_held_counts_whole_groups_per_node(nodes, expected) -> None:
     pair = PairSpec.model_validate(
         {"name": "p", "target": {"model": "t", "gpus": 1}, "draft": {"model": "d"}}
     )
-    assert groups_held(pair, nodes) == expected
+    assert groups_held([pair], nodes) == expected

@@ -1,0 +1,86 @@
+"""Which pairs share a target group (pure), and the placement a shared group needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.placement import (
+    bundle_totals,
+    groups_held,
+    unplaceable_message,
+    worker_group_bundles,
+)
+from orchestrator.spec import PairSpec
+from orchestrator.target_sets import shared_targets, solo
+
+
+def pair(name: str, target: str = "org/target", draft: str = "org/draft", **target_fields: Any):
+    """Return a pair of ``target`` (with ``target_fields``) and ``draft``."""
+    return PairSpec.model_validate(
+        {"name": name, "target": {"model": target, **target_fields}, "draft": {"model": draft}}
+    )
+
+
+def test_pairs_with_identical_targets_share_and_others_keep_their_own() -> None:
+    pairs = [
+        pair("a", draft="d1"),
+        pair("b", target="org/other"),
+        pair("c", draft="d2"),
+        pair("d", dtype="bfloat16"),
+        pair("e", trust_remote_code=True),
+        pair("f", backend="deepspeed", tp_size=2),
+        pair("g", backend="deepspeed", tp_size=4),
+        pair("h", draft="d3"),
+    ]
+    sets = shared_targets(pairs)
+    assert [s.pair_names for s in sets] == [("a", "c", "h"), ("b",), ("d",), ("e",), ("f",), ("g",)]
+    assert [s.name for s in sets] == ["a+c+h", "b", "d", "e", "f", "g"]
+    assert sets[0].target == pairs[0].target
+
+
+def test_the_resolved_model_path_decides_not_the_reference() -> None:
+    pairs = [pair("a", target="zoo:micro/target"), pair("b", target="/models/target")]
+    assert [s.name for s in shared_targets(pairs)] == ["a", "b"]
+    same = {"a": "/models/target", "b": "/models/target"}
+    assert [s.name for s in shared_targets(pairs, same)] == ["a+b"]
+    apart = {"a": "/models/one", "b": "/models/two"}
+    assert [s.name for s in shared_targets(pairs, apart)] == ["a", "b"]
+
+
+def test_a_shared_group_holds_the_target_once_and_one_draft_bundle_per_pair() -> None:
+    big = {"backend": "deepspeed", "tp_size": 2, "gpus": 1}
+    a = PairSpec.model_validate(
+        {"name": "a", "target": {"model": "t", **big}, "draft": {"model": "d1", "gpus": 0.5}}
+    )
+    b = PairSpec.model_validate(
+        {"name": "b", "target": {"model": "t", **big}, "draft": {"model": "d2", "gpus": 0.25}}
+    )
+    (shared,) = shared_targets([a, b])
+    bundles = worker_group_bundles(shared.pairs)
+    assert bundles == [
+        {"CPU": 1.0, "GPU": 1.0},
+        {"CPU": 1.0, "GPU": 1.0},
+        {"CPU": 1.0, "GPU": 0.5},
+        {"CPU": 1.0, "GPU": 0.25},
+    ]
+    assert bundle_totals(bundles) == {"CPU": 4.0, "GPU": 2.75}
+    assert groups_held(shared.pairs, [{"CPU": 16, "GPU": 8}]) == 2  # 2 × 2.75 GPUs ≤ 8 < 3 × 2.75
+    assert groups_held(solo(a).pairs, [{"CPU": 16, "GPU": 8}]) == 3
+    message = unplaceable_message(shared.pairs, 5, [{"CPU": 2.0, "GPU": 1.0}])
+    assert "pairs 'a', 'b' (sharing one target)" in message
+    assert "drafts {CPU: 1, GPU: 0.5} + {CPU: 1, GPU: 0.25} = {CPU: 4, GPU: 2.75}" in message
+
+
+def test_solo_is_the_pair_alone_named_after_it() -> None:
+    alone = solo(pair("p"))
+    assert (alone.name, alone.pair_names) == ("p", ("p",))
+
+
+@pytest.mark.parametrize("index", [-1, 2])
+def test_draft_index_outside_the_groups_pairs_is_rejected(index: int) -> None:
+    from orchestrator.placement import draft_actor_options
+
+    with pytest.raises(ValueError, match=r"draft index must be in 0\.\.1"):
+        draft_actor_options(None, index, 2)  # type: ignore[arg-type]
