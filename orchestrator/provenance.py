@@ -137,9 +137,8 @@ def _gpu() -> tuple[str | None, str | None, int]:
 
 
 def collect_provenance() -> Provenance:
-    """Return this process's provenance (git commit and dirtiness of the source tree)."""
-    import torch
-
+    """Return the provenance of a run driven from this process (its checkout's commit and
+    dirtiness, its libraries and device; the workers' torch threads)."""
     git = git_state(_REPO)
     versions = {name: _version(name) for name in _LIBRARIES}
     gpu_name, gpu_driver, gpu_count = _gpu()
@@ -156,5 +155,17 @@ def collect_provenance() -> Provenance:
         gpu_name=gpu_name,
         gpu_driver=gpu_driver,
         gpu_count=gpu_count,
-        torch_threads=torch.get_num_threads(),
+        torch_threads=worker_torch_threads(),
     )
+
+
+def worker_torch_threads() -> int:
+    """Return the torch threads each worker actor decodes with (not this driver's).
+
+    Ray starts an actor's process with ``OMP_NUM_THREADS`` set to its CPU count, and every
+    target rank and draft actor reserves ``placement.CPUS_PER_ACTOR`` CPUs; torch sizes its
+    intra-op pool from it (checked against a real actor in tests/test_cli_stats.py).
+    """
+    from orchestrator.placement import CPUS_PER_ACTOR
+
+    return max(1, int(CPUS_PER_ACTOR))

@@ -181,3 +181,21 @@ def test_refresh_fills_intervals_of_trials_stored_without_them(stats_store, caps
         before.speedup_high,
     )
     assert cli.main(["--db", url, "refresh", "nope"]) == 2
+
+
+def test_recorded_torch_threads_are_what_a_worker_actor_runs_with(ray_local) -> None:
+    import ray
+
+    from orchestrator.placement import CPUS_PER_ACTOR
+    from orchestrator.provenance import worker_torch_threads
+
+    @ray.remote(num_cpus=CPUS_PER_ACTOR)
+    class Probe:
+        def threads(self) -> int:
+            import torch
+
+            return torch.get_num_threads()
+
+    probe = Probe.remote()
+    assert ray.get(probe.threads.remote()) == worker_torch_threads()
+    ray.kill(probe)
