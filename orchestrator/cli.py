@@ -241,9 +241,10 @@ def _add_estimate_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--cluster",
         metavar="CLUSTER.yaml",
-        default=str(DEFAULT_CLUSTER_FILE),
-        help="Ray cluster-launcher file whose GPU node types the estimate assumes "
-        "(default: the repository's cluster.yaml)",
+        default=None,
+        help="Ray cluster-launcher file whose GPU node types the estimate assumes (default: "
+        "plan: the repository's cluster.yaml; submit: this machine's GPUs, where a local Ray "
+        "runs the sweep)",
     )
 
 
@@ -542,7 +543,9 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _estimate(args: argparse.Namespace, spec: SweepSpec, plan: Plan) -> SweepEstimate:
+def _estimate(
+    args: argparse.Namespace, spec: SweepSpec, plan: Plan, local: bool = False
+) -> SweepEstimate:
     """Return the plan's estimate on ``--profile`` (or stored fits) over the cluster's GPUs."""
     from orchestrator import estimate_sources
     from orchestrator.cost_model import hardware_profile
@@ -550,21 +553,38 @@ def _estimate(args: argparse.Namespace, spec: SweepSpec, plan: Plan) -> SweepEst
     try:
         options = estimate_sources.options_from_spec(spec, _stored_fits(args.db, plan))
         return estimate.estimate_sweep(
-            plan, hardware_profile(args.profile), _estimate_cluster(args), options
+            plan, hardware_profile(args.profile), _estimate_cluster(args, local), options
         )
     except estimate.EstimateError as error:
         raise UserError([f"error: {error}"]) from None
 
 
-def _estimate_cluster(args: argparse.Namespace) -> estimate.Cluster:
-    """Return the GPUs of ``--address``'s Ray cluster, else ``--gpus N``, else ``--cluster``'s."""
+def _estimate_cluster(args: argparse.Namespace, local: bool = False) -> estimate.Cluster:
+    """Return the GPUs of ``--address``'s Ray cluster, else ``--gpus N``, else ``--cluster``'s;
+    without any of them, ``local`` (submit on a local Ray) counts this machine's GPUs and
+    ``plan`` reads the repository's cluster.yaml."""
     from orchestrator import estimate_sources
 
     if args.address is not None:
         return estimate_sources.ray_cluster(args.address)
     if args.gpus is not None:
         return estimate.gpus_cluster(args.gpus)
-    return estimate.parse_cluster_yaml(_shown_path(Path(args.cluster)))
+    if args.cluster is None and local:
+        return _local_gpus()
+    return estimate.parse_cluster_yaml(_shown_path(Path(args.cluster or DEFAULT_CLUSTER_FILE)))
+
+
+def _local_gpus() -> estimate.Cluster:
+    """Return this machine's GPUs as the cluster a local Ray runs on (EstimateError: none)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise estimate.EstimateError(
+            "this machine has no GPU and the sweep runs on a local Ray here; the estimate's "
+            "profiles are GPU ones (give --address, --gpus or --cluster to estimate a cluster)"
+        )
+    return estimate.gpus_cluster(count, source="this machine")
 
 
 def _stored_fits(url: str | None, plan: Plan) -> dict[str, HardwareProfile]:
@@ -622,7 +642,7 @@ def _estimate_and_confirm(
     runs: the estimate is a warning, not a gate.
     """
     try:
-        result = _estimate(args, spec, plan)
+        result = _estimate(args, spec, plan, local=True)
     except UserError as error:
         reason = "; ".join(line.removeprefix("error: ") for line in error.lines)
         console.print(f"no estimate ({reason}): running without one", markup=False)

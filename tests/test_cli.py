@@ -668,6 +668,7 @@ def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
     sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
     db = tmp_path / "results.db"
     argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
+    argv += ["--cluster", str(cli.DEFAULT_CLUSTER_FILE)]  # estimate the cluster, not this host
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert "--yes" in captured.err and "estimate on profile" in captured.out
@@ -682,6 +683,28 @@ def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
     assert fake_runner.calls == ["preflight", "preflight", "run_sweep"]
 
 
+def test_submit_on_a_local_ray_without_gpus_runs_without_an_estimate(
+    fake_runner: FakeRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+
+    def interrupted(*_args: Any) -> None:
+        raise KeyboardInterrupt
+
+    fake_runner.run = interrupted  # the run starts: that is all this test needs
+    argv = ["--db", f"sqlite:///{tmp_path / 'r.db'}", "submit", str(sweep_file)]
+    assert cli.main([*argv, "--confirm-above", "0"]) == 130
+    out = capsys.readouterr().out
+    assert "no estimate (this machine has no GPU" in out and "estimate on profile" not in out
+    assert fake_runner.calls == ["preflight", "run_sweep"]
+
+
 def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
     fake_runner: FakeRunner,
     tmp_path: Path,
@@ -694,6 +717,7 @@ def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
     argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
+    argv += ["--cluster", str(cli.DEFAULT_CLUSTER_FILE)]  # estimate the cluster, not this host
     assert cli.main(argv) == 0
     assert asked and "run it?" in asked[0]
     assert "not run" in capsys.readouterr().out
