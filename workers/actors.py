@@ -106,9 +106,9 @@ class TargetWorker:
 class RemoteTargetGroup:
     """The target group as the engine sees it: every call goes to all ranks, rank 0 answers.
 
-    ``prefill`` and ``verify`` use the ranks' direct channels, opened on first use; ``prefill``
-    returns once sent, and the next call first collects its answers (re-raising a failure),
-    so the draft prefills while the target does. When a channel breaks, the ranks are asked
+    ``prefill`` and ``verify`` use the ranks' direct channels, opened on first use. (The
+    prefill is not left running while the draft prefills: its wait would land in the first
+    round's verify seconds, which the cost fits read.) When a channel breaks, the ranks are asked
     through Ray whether they are alive, so a dead rank raises Ray's actor error (the runner
     then replaces the worker group) and a live one a ``ConnectionError``.
     """
@@ -116,35 +116,25 @@ class RemoteTargetGroup:
     def __init__(self, ranks: list) -> None:
         self.ranks = ranks
         self.channels: list[ChannelClient] = []
-        self.unanswered: str | None = None
 
-    def _on_channels(self, method: str, *args, wait: bool = True) -> object:
-        """Call ``method`` on every rank over its channel; return rank 0's answer (``wait``)."""
+    def _on_channels(self, method: str, *args) -> object:
+        """Call ``method`` on every rank over its channel; return rank 0's answer."""
         try:
             if not self.channels:
                 addresses = ray.get([rank.open_channel.remote() for rank in self.ranks])
                 self.channels = [ChannelClient(address) for address in addresses]
-            self._collect()
             for channel in self.channels:
                 channel.send(method, *args)
-            self.unanswered = method
-            return self._collect() if wait else None
+            answers = [channel.receive() for channel in self.channels]  # drain every rank
+            return answers[0]
         except (EOFError, OSError) as exc:
-            self.channels, self.unanswered = [], None
+            self.channels = []
             ray.get([rank.node_id.remote() for rank in self.ranks])
             raise ConnectionError(f"target channel broke during {method}: {exc!r}") from exc
 
-    def _collect(self) -> object:
-        """Receive every rank's answer to the call in flight, if any; return rank 0's."""
-        if self.unanswered is None:
-            return None
-        self.unanswered = None
-        answers = [channel.receive() for channel in self.channels]  # drain every rank
-        return answers[0]
-
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
-        """Start a request on every rank; its answers are collected by the next call."""
-        self._on_channels("prefill", prompt_ids, sampling, seed, wait=False)
+        """Start a request on every rank."""
+        self._on_channels("prefill", prompt_ids, sampling, seed)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Verify on every rank (they compute in lockstep); return rank 0's response."""

@@ -34,8 +34,7 @@ class TargetScorer(Protocol):
     """The target side as the engine sees it (a local object or an actor proxy)."""
 
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
-        """Start a request (a remote target may still be prefilling when this returns; its next
-        call waits for it, so the draft's prefill overlaps the target's)."""
+        """Start a request (reset, process the prompt, reseed)."""
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block."""
