@@ -15,7 +15,12 @@ import pytest
 from orchestrator.metrics import trial_metrics
 from orchestrator.pairing import SampleSpeed, paired_ratio
 from orchestrator.planner import Trial
-from orchestrator.provenance import Provenance, collect_provenance, provenance_note
+from orchestrator.provenance import (
+    Provenance,
+    collect_provenance,
+    provenance_note,
+    worker_torch_threads,
+)
 from orchestrator.stats import paired_speed_ratio
 from orchestrator.store import Store
 from tests import test_store
@@ -124,7 +129,8 @@ def test_collect_provenance_reads_this_process() -> None:
     provenance = collect_provenance()
     assert isinstance(provenance, Provenance)
     assert provenance.torch_version == importlib.metadata.version("torch")
-    assert provenance.torch_threads == torch.get_num_threads()
+    # the workers' threads (checked against a real actor in test_cli_stats), not this driver's
+    assert provenance.torch_threads == worker_torch_threads()
     assert provenance.gpu_count == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     assert provenance.commit is None or len(provenance.commit) == 40
 
