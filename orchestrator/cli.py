@@ -576,9 +576,9 @@ def _estimate_cluster(args: argparse.Namespace, local: bool = False) -> estimate
 
 def _local_gpus() -> estimate.Cluster:
     """Return this machine's GPUs as the cluster a local Ray runs on (EstimateError: none)."""
-    import torch
+    from orchestrator.provenance import local_gpu_count
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = local_gpu_count()
     if count == 0:
         raise estimate.EstimateError(
             "this machine has no GPU and the sweep runs on a local Ray here; the estimate's "

@@ -119,11 +119,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def local_gpu_count() -> int:
+    """Return the CUDA GPUs this process sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _gpu() -> tuple[str | None, str | None, int]:
     """Return (GPU name, driver version, count) when CUDA is available, else (None, None, 0)."""
     import torch
 
-    if not torch.cuda.is_available():
+    if local_gpu_count() == 0:
         return None, None, 0
     driver = None
     try:
