@@ -222,3 +222,49 @@ def test_sampled_runs_with_entropy_policies_stay_finite(dirs, target, draft) -> 
             for record in result.rounds:
                 assert record.mean_entropy is None or math.isfinite(record.mean_entropy)
         assert drafted > 0, f"{name} drafted nothing: the test would not reach the features"
+
+
+def test_training_forward_states_give_the_engine_logits(dirs: Dirs, draft: CachedLM) -> None:
+    from training.jobs.head_data import forward_states
+
+    prompt = prompts(1, seed=17, vocab=VOCAB)[0]
+    _, logits = forward_states(load_causal_lm(dirs.restricted), prompt[None])
+    torch.testing.assert_close(logits[0], draft.full_logits(prompt))
+
+
+SWEEP = """
+name: draft-vocab
+pairs:
+  - name: micro-fr
+    target: {{model: "zoo:micro/target"}}
+    draft: {{model: "{draft}"}}
+datasets:
+  - {{name: "builtin:code", samples: 2, max_new_tokens: 8}}
+temperatures: [0.0, 0.8]
+policies:
+  - name: static
+max_draft_lens: [3]
+seeds: [0]
+execution: {{retries: 0, warmup_samples: 1}}
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_a_restricted_draft_from_a_local_directory(
+    dirs: Dirs, job_env: Path, ray_local: None, tmp_path: Path
+) -> None:
+    from orchestrator import api
+    from orchestrator.store import open_store
+
+    sweep_file = tmp_path / "fr.yaml"
+    sweep_file.write_text(SWEEP.format(draft=dirs.restricted), encoding="utf-8")
+    url = f"sqlite:///{tmp_path / 'fr.db'}"
+    frame = api.run_sweep(sweep_file, db=url, progress=False).to_dataframe()
+    assert len(frame) == 4 and (frame["status"] == "done").all()
+    assert (frame.loc[~frame["is_baseline"], "n_drafted"] > 0).all()
+    with open_store(url, read_only=True) as store:
+        outputs = {
+            (row.temperature, row.is_baseline): [s.output_ids for s in store.sample_outputs(tid)]
+            for row, tid in zip(frame.itertuples(), frame["trial_id"], strict=True)
+        }
+    assert outputs[(0.0, False)] == outputs[(0.0, True)]
