@@ -246,7 +246,7 @@ def plan_sweep(spec: SweepSpec) -> Plan:
                 if not _policy_applies(policy, pair.name, group.temperature):
                     continue
                 if POLICIES[policy.name].greedy_only and group.temperature > 0:
-                    n_trials = policy.grid_size() * len(set(spec.max_draft_lens))
+                    n_trials = policy.grid_size() * len(spec.policy_max_draft_lens(policy))
                     skipped.append(group.skip(policy.name, n_trials, "greedy-only policy"))
                     continue
                 for trial in group.policy_trials(policy, baseline.trial_id):
@@ -454,7 +454,7 @@ class _TrialGroup:
         return [
             self._trial(policy.name, params, max_draft_len, baseline_id, policy.job, mode)
             for params in _sorted_items(policy.settings())
-            for max_draft_len in sorted(set(self.spec.max_draft_lens))
+            for max_draft_len in self.spec.policy_max_draft_lens(policy)
         ]
 
     def skip(self, policy: str, n_trials: int, reason: str) -> SkippedGroup:

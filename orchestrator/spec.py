@@ -206,6 +206,7 @@ class PolicySpec(_Frozen):
     one draft is meaningless on another); by default it runs on every pair. ``temperatures``
     restricts it to those of the sweep's temperatures (e.g. a full threshold grid where greedy
     trials replay cheaply, one threshold where sampled trials run live); by default, all.
+    ``max_draft_lens`` replaces the sweep's list of max draft lengths for this entry.
     """
 
     name: str
@@ -214,6 +215,9 @@ class PolicySpec(_Frozen):
     job: Name | None = None
     pairs: tuple[Name, ...] | None = None
     temperatures: tuple[Annotated[float, Field(ge=0.0, le=100.0)], ...] | None = None
+    max_draft_lens: tuple[Annotated[int, Field(ge=1, le=MAX_DRAFT_LEN_LIMIT)], ...] | None = Field(
+        None, min_length=1
+    )
 
     @model_validator(mode="after")
     def _check_parameters(self) -> PolicySpec:
@@ -582,15 +586,21 @@ class SweepSpec(_Frozen):
         chosen = self.execution.live_check.max_draft_len
         return chosen if chosen is not None else max(1, max(self.max_draft_lens) // 2)
 
+    def policy_max_draft_lens(self, policy: PolicySpec) -> tuple[int, ...]:
+        """Return the distinct max draft lengths of one policy entry, ascending (its own list,
+        else the sweep's)."""
+        return tuple(sorted(set(policy.max_draft_lens or self.max_draft_lens)))
+
     def grid_size(self) -> int:
         """Return an upper bound on the number of policy trials (before de-duplication)."""
-        settings = sum(policy.grid_size() for policy in self.policies)
+        settings = sum(
+            policy.grid_size() * len(self.policy_max_draft_lens(policy)) for policy in self.policies
+        )
         return (
             len(self.pairs)
             * len(self.datasets)
             * len(self.temperatures)
             * settings
-            * len(self.max_draft_lens)
             * len(self.seeds)
         )
 

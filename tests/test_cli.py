@@ -197,11 +197,11 @@ def test_bad_retries_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_plan_demo_prints_the_planned_count(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    # By hand: per (dataset, temperature) group 12 policy settings (static 1, max_confidence 2,
-    # adaedl 2, svip 2, hf_heuristic 1, beta_ts 1, cali_ts 1, specdecpp 1, oracle 1) x 2 caps;
-    # the greedy-only oracle is skipped at temperature 1 (2 trials per dataset). 2 datasets x
-    # 2 temperatures -> 4 baselines; policy trials 2 x (24 + 22) = 92; total 96.
-    expected_policy_trials = 2 * (12 * 2 + 11 * 2)
+    # By hand, per dataset: greedy 16 policy settings (static, hf_heuristic, beta_ts, cali_ts,
+    # specdecpp, oracle 1 each; max_confidence and adaedl 3; svip 4) x 3 caps, plus the live
+    # check; at 0.7 static and adaedl x 3 caps and six policies at cap 16 (12); the greedy-only
+    # oracle is skipped at 0.7. 2 datasets x 2 temperatures -> 4 baselines; total 126.
+    expected_policy_trials = 2 * (16 * 3 + 1 + 12)
     expected_trials = expected_policy_trials + 4
     counts = plan_sweep(load_sweep(DEMO)).counts()
     assert counts["trials"] == expected_trials
@@ -210,10 +210,10 @@ def test_plan_demo_prints_the_planned_count(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert (
         f"sweep demo: {expected_trials} trials (4 AR baselines + {expected_policy_trials} "
-        "policy trials), 0 training jobs, 4 trials skipped"
+        "policy trials), 0 training jobs, 6 trials skipped"
     ) in out
-    assert _table_row(out, "demo")[:4] == ["demo", "builtin:code", "0", "ar"]
-    assert "greedy-only policy at temperature 1" in out
+    assert _table_row(out, "smollm2")[:4] == ["smollm2", "humaneval", "0", "ar"]
+    assert "greedy-only policy at temperature 0.7" in out
     assert not db.exists()
 
 
@@ -222,9 +222,9 @@ def test_plan_all_lists_every_trial(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["plan", str(DEMO), "--all"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if any(t.trial_id in line for t in plan.trials)]
-    assert len(listed) == 96
-    svip = _table_row(out, _trial(plan, "svip", 1.5).trial_id)
-    assert svip[4] == "svip" and "threshold=1.5" in svip[5].split(", ")
+    assert len(listed) == len(plan.trials) == 126
+    svip = _table_row(out, _trial(plan, "svip", 0.3).trial_id)
+    assert svip[4] == "svip" and "threshold=0.3" in svip[5].split(", ")
 
 
 MALFORMED = {
@@ -547,7 +547,7 @@ def test_submit_dry_run_runs_nothing(
     db = tmp_path / "results.db"
     assert cli.main(["--db", f"sqlite:///{db}", "submit", str(DEMO), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "sweep demo: 96 trials" in out and "dry run: nothing was run" in out
+    assert "sweep demo: 126 trials" in out and "dry run: nothing was run" in out
     assert fake_runner.calls == []
     assert not db.exists()
 

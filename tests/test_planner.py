@@ -252,11 +252,14 @@ def test_resources_per_pair() -> None:
 def test_demo_sweep_plan() -> None:
     plan = plan_sweep(load_sweep(REPO / "sweeps" / "demo.yaml"))
     counts = plan.counts()
-    # 9 policies: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once and
-    # max_confidence, adaedl, svip with two thresholds = 12 settings greedy, 11 sampled.
-    assert counts["policy_trials"] == 2 * (12 + 11) * 2
+    # Greedy: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once, max_confidence and
+    # adaedl with 3 thresholds, svip with 4 = 16 settings x 3 caps. At 0.7: static and adaedl x
+    # 3 caps, six others at cap 16 = 12. Per dataset, plus its greedy live check.
+    assert counts["policy_trials"] == 2 * (16 * 3 + 12 + 1)
     assert counts["baselines"] == 2 * 2
-    assert 60 <= counts["trials"] <= 100
+    live = [t for t in plan.trials if t.mode == "live"]
+    assert len(live) == 2 * (2 + 1 + 12)  # AR x 2 temperatures, the check, the sampled trials
+    assert {t.max_draft_len for t in live if t.policy == "svip"} == {16}
     assert all(t.code_version == CODE_VERSION for t in plan.trials)
 
 
@@ -325,3 +328,15 @@ def test_policy_temperatures_restrict_a_policy_to_those_temperatures() -> None:
     assert unrestricted == {t.trial_id for t in plan.trials if t.policy != "adaedl"}
     with pytest.raises(SweepError, match=r"no temperature 0.5"):
         _spec(BASE.replace("  - name: static\n", "  - name: static\n    temperatures: [0.5]\n"))
+
+
+def test_policy_max_draft_lens_replace_the_sweeps_for_that_entry() -> None:
+    text = BASE.replace("  - name: static\n", "  - name: static\n    max_draft_lens: [2, 16, 2]\n")
+    plan = _plan(text)
+    caps = {t.max_draft_len for t in plan.trials if t.policy == "static"}
+    assert caps == {2, 16}
+    assert {t.max_draft_len for t in plan.trials if t.policy == "adaedl"} == {4, 8}
+    assert plan.counts()["trials"] == _plan().counts()["trials"]  # 2 caps instead of 2 caps
+    assert _spec(text).grid_size() == _spec().grid_size()
+    with pytest.raises(SweepError):
+        _spec(BASE.replace("  - name: static\n", "  - name: static\n    max_draft_lens: []\n"))

@@ -110,12 +110,15 @@ def test_plan_group_rows_of_the_demo_sweep() -> None:
     plan = plan_sweep(load_sweep(DEMO))
     groups = report.plan_group_rows(plan)
     by_key = {(g["dataset"], g["temperature"], g["policy"]): g for g in groups}
-    # 2 datasets x 2 temperatures x (ar + 9 policies), minus the oracle at temperature 1.
+    # 2 datasets x 2 temperatures x (ar + 9 policies), minus the oracle at temperature 0.7.
     assert len(groups) == 2 * 2 * 10 - 2
-    assert ("builtin:code", 1.0, "oracle") not in by_key
-    adaedl = by_key[("builtin:math", 1.0, "adaedl")]
-    assert (adaedl["trials"], adaedl["settings"], adaedl["max_draft_lens"]) == (4, 2, "4, 16")
-    assert by_key[("builtin:code", 0.0, "ar")]["max_draft_lens"] == "0"
+    assert ("humaneval", 0.7, "oracle") not in by_key
+    adaedl = by_key[("builtin:math", 0.7, "adaedl")]
+    assert (adaedl["trials"], adaedl["settings"], adaedl["max_draft_lens"]) == (3, 1, "3, 7, 16")
+    greedy = by_key[("builtin:math", 0.0, "adaedl")]
+    assert (greedy["trials"], greedy["settings"], greedy["max_draft_lens"]) == (9, 3, "3, 7, 16")
+    assert by_key[("builtin:math", 0.7, "svip")]["max_draft_lens"] == "16"
+    assert by_key[("humaneval", 0.0, "ar")]["max_draft_lens"] == "0"
     assert sum(g["trials"] for g in groups) == len(plan.trials)
 
 

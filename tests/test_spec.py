@@ -90,8 +90,10 @@ def test_demo_sweep_is_valid() -> None:
         "specdecpp",
         "oracle",
     }
-    assert spec.max_draft_lens == (4, 16)
-    assert [t.temperature for t in spec.temperatures] == [0.0, 1.0]
+    assert spec.max_draft_lens == (3, 7, 16)
+    assert [t.temperature for t in spec.temperatures] == [0.0, 0.7]
+    assert {pair.target.model for pair in spec.pairs} == {"zoo:smol/target"}
+    assert {d.name for d in spec.datasets} == {"humaneval", "builtin:math"}
 
 
 def test_field_errors_name_file_line_and_path(tmp_path: Path) -> None:

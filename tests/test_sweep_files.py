@@ -80,33 +80,37 @@ def raw_model(entry: Any) -> dict[str, Any]:
 def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     """Return baselines, policy trials and skipped trials by the grid formula, from raw YAML.
 
-    policy trials = Σ over pairs of datasets x seeds x max draft lens x Σ over temperatures of
-    the settings of the policies run on that pair (a policy's ``pairs`` list restricts it;
-    greedy-only policies only at temperature 0), plus in ``mode: replay`` one live check trial
-    per baseline (``mode: mixed``: per greedy baseline); one AR baseline per (pair, dataset,
-    temperature, seed).
+    policy trials = Σ over pairs of datasets x seeds x Σ over temperatures of the settings x max
+    draft lens of the policies run on that pair at that temperature (a policy's ``pairs`` and
+    ``temperatures`` lists restrict it, its ``max_draft_lens`` replace the sweep's; greedy-only
+    policies only at temperature 0), plus in ``mode: replay`` one live check trial per baseline
+    (``mode: mixed``: per greedy baseline); one AR baseline per (pair, dataset, temperature,
+    seed).
     """
     cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
-    lengths = len(raw["max_draft_lens"])
     run = skipped = 0
     for pair in raw["pairs"]:
         for entry in raw["temperatures"]:
             for policy in raw["policies"]:
                 if pair["name"] not in policy.get("pairs", [pair["name"]]):
                     continue
+                temperature = raw_temperature(entry)
+                if temperature not in policy.get("temperatures", [temperature]):
+                    continue
+                lengths = len(set(policy.get("max_draft_lens", raw["max_draft_lens"])))
                 greedy_only = POLICIES[policy["name"]].greedy_only
-                if greedy_only and raw_temperature(entry) > 0:
-                    skipped += raw_grid_size(policy)
+                if greedy_only and temperature > 0:
+                    skipped += raw_grid_size(policy) * lengths
                 else:
-                    run += raw_grid_size(policy)
+                    run += raw_grid_size(policy) * lengths
     baselines = cells * len(raw["pairs"]) * len(raw["temperatures"])
     greedy = sum(raw_temperature(entry) == 0 for entry in raw["temperatures"])
     mode = raw.get("execution", {}).get("mode")
     live_checks = {"replay": baselines, "mixed": cells * len(raw["pairs"]) * greedy}.get(mode, 0)
     return {
         "baselines": baselines,
-        "policy_trials": cells * lengths * run + live_checks,
-        "skipped": cells * lengths * skipped,
+        "policy_trials": cells * run + live_checks,
+        "skipped": cells * skipped,
     }
 
 
