@@ -7,7 +7,7 @@ replacement), takes the paired bootstrap 95% interval of the speedup
 (``orchestrator.stats.paired_speed_ratio``, the interval every stored speedup carries) and
 reports the mean relative half-width over the draws.
 
-    python bench/sample_size.py --db sqlite:///docs/demo-results.db --n 10 30 100 300
+    python bench/sample_size.py --db sqlite:///docs/toy-demo-results.db --n 10 30 100 300
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def half_width(pooled: list[Quad], n: int, draws: int, seed: int) -> float:
 def main() -> None:
     """Print the half-width per n as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", default="sqlite:///docs/demo-results.db")
+    parser.add_argument("--db", default="sqlite:///docs/toy-demo-results.db")
     parser.add_argument("--n", type=int, nargs="+", default=[10, 30, 100, 300])
     parser.add_argument("--draws", type=int, default=20)
     args = parser.parse_args()

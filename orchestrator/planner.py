@@ -243,7 +243,7 @@ def plan_sweep(spec: SweepSpec) -> Plan:
                 check = group.live_check(baseline.trial_id)
                 trials.setdefault(check.trial_id, check)
             for policy in spec.policies:
-                if policy.pairs is not None and pair.name not in policy.pairs:
+                if not _policy_applies(policy, pair.name, group.temperature):
                     continue
                 if POLICIES[policy.name].greedy_only and group.temperature > 0:
                     n_trials = policy.grid_size() * len(set(spec.max_draft_lens))
@@ -265,6 +265,13 @@ def _normalised_sampling(sampling: TemperatureSpec) -> tuple[float, int, float]:
     if sampling.temperature <= 0:
         return 0.0, 0, 1.0
     return float(sampling.temperature), sampling.top_k, float(sampling.top_p)
+
+
+def _policy_applies(policy: PolicySpec, pair: str, temperature: float) -> bool:
+    """Return whether ``policy`` runs on ``pair`` at ``temperature`` (its restrictions)."""
+    if policy.pairs is not None and pair not in policy.pairs:
+        return False
+    return policy.temperatures is None or temperature in policy.temperatures
 
 
 def _upstream_first(jobs: tuple[TrainingJobSpec, ...]) -> list[TrainingJobSpec]:

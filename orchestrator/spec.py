@@ -203,7 +203,9 @@ class PolicySpec(_Frozen):
 
     ``job`` names the training job whose artifact a trained-head policy loads (SpecDec++ head,
     Cali-TS predictor). ``pairs`` restricts the policy to the named pairs (a head trained for
-    one draft is meaningless on another); by default it runs on every pair.
+    one draft is meaningless on another); by default it runs on every pair. ``temperatures``
+    restricts it to those of the sweep's temperatures (e.g. a full threshold grid where greedy
+    trials replay cheaply, one threshold where sampled trials run live); by default, all.
     """
 
     name: str
@@ -211,6 +213,7 @@ class PolicySpec(_Frozen):
     grid: dict[str, tuple[ParamValue, ...]] = Field(default_factory=dict)
     job: Name | None = None
     pairs: tuple[Name, ...] | None = None
+    temperatures: tuple[Annotated[float, Field(ge=0.0, le=100.0)], ...] | None = None
 
     @model_validator(mode="after")
     def _check_parameters(self) -> PolicySpec:
@@ -503,12 +506,7 @@ class SweepSpec(_Frozen):
             elif policy.job is not None and needed is not None:
                 loc = ("policies", index, "job")
                 problems += _job_problems(jobs, policy.job, frozenset({needed}), loc)
-            pair_names = {pair.name for pair in self.pairs}
-            for position, name in enumerate(policy.pairs or ()):
-                if name not in pair_names:
-                    loc = ("policies", index, "pairs", position)
-                    defined = sorted(pair_names)
-                    problems.append((loc, f"no pair named {name!r} (defined: {defined})"))
+            problems += self._restriction_problems(index, policy)
         for index, job in enumerate(self.training_jobs):
             upstream = job_base_reference(job.base)
             if upstream is not None:
@@ -525,6 +523,24 @@ class SweepSpec(_Frozen):
         if problems:
             raise LocatedProblems(problems)
         return self
+
+    def _restriction_problems(
+        self, index: int, policy: PolicySpec
+    ) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return the problems of a policy's ``pairs`` and ``temperatures`` restrictions: each
+        must name a pair, or a temperature, that the sweep has."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        pair_names = {pair.name for pair in self.pairs}
+        for position, name in enumerate(policy.pairs or ()):
+            if name not in pair_names:
+                loc = ("policies", index, "pairs", position)
+                problems.append((loc, f"no pair named {name!r} (defined: {sorted(pair_names)})"))
+        temperatures = sorted({t.temperature for t in self.temperatures})
+        for position, value in enumerate(policy.temperatures or ()):
+            if value not in temperatures:
+                loc = ("policies", index, "temperatures", position)
+                problems.append((loc, f"the sweep has no temperature {value:g} ({temperatures})"))
+        return problems
 
     def _replay_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
         """Return what a ``mode: replay`` sweep cannot replay exactly (policies.replay)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.planner import CODE_VERSION, Plan, canonical_json, config_id, plan_sweep
-from orchestrator.spec import SweepSpec, load_sweep, parse_sweep
+from orchestrator.spec import SweepError, SweepSpec, load_sweep, parse_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -301,3 +301,27 @@ def test_policy_pairs_restrict_a_policy_to_its_pairs() -> None:
         "distilled": ["ar", "static"],
         "zoo": ["ar", "specdecpp", "specdecpp", "static"],
     }
+
+
+def test_policy_temperatures_restrict_a_policy_to_those_temperatures() -> None:
+    text = BASE.replace(
+        "  - name: adaedl\n    grid: {threshold: [0.2, 0.4, 0.6]}\n",
+        "  - name: adaedl\n    grid: {threshold: [0.2, 0.4, 0.6]}\n    temperatures: [0]\n"
+        "  - name: adaedl\n    grid: {threshold: [0.4]}\n    temperatures: [0.8]\n",
+    )
+    plan = _plan(text)
+    thresholds = {
+        temperature: sorted(
+            {
+                t.threshold
+                for t in plan.trials
+                if t.policy == "adaedl" and t.temperature == temperature
+            }
+        )
+        for temperature in (0.0, 0.8)
+    }
+    assert thresholds == {0.0: [0.2, 0.4, 0.6], 0.8: [0.4]}
+    unrestricted = {t.trial_id for t in _plan().trials if t.policy != "adaedl"}
+    assert unrestricted == {t.trial_id for t in plan.trials if t.policy != "adaedl"}
+    with pytest.raises(SweepError, match=r"no temperature 0.5"):
+        _spec(BASE.replace("  - name: static\n", "  - name: static\n    temperatures: [0.5]\n"))

@@ -116,36 +116,41 @@ def decode_step_seconds(
     context_len: int = 128,
     new_tokens: int | Sequence[int] = 1,
     repeats: int = 50,
-    warmup: int = 5,
+    warmup: int = 3,
     threads: int = DEFAULT_TIMING_THREADS,
     seed: int = 0,
 ) -> list[float]:
     """Return, per entry of ``models``, the median seconds of one cached forward.
 
-    Entry i forwards ``new_tokens[i]`` tokens (or ``new_tokens`` for all) after a prefill of
-    ``context_len`` random tokens, with ``past_key_values`` (batch 1, the model's dtype,
-    ``threads`` threads), then crops its cache back. Entries take turns within every repeat, so
-    all of them share whatever else the machine is doing; a model may appear more than once
-    (e.g. to compare 1-token and 9-token forwards).
+    Each model runs as the engine runs it: a ``CachedLM`` (on a copy; fast Llama path where the
+    model qualifies, a draft's restricted head, the calibrated one-token step). Entry i forwards
+    ``new_tokens[i]`` tokens (or ``new_tokens`` for all) after a prefill of ``context_len``
+    random tokens (batch 1, the model's dtype, ``threads`` threads), then crops its cache back.
+    Entries take turns within every repeat, so all of them share whatever else the machine is
+    doing; a model may appear more than once (e.g. to compare 1-token and 9-token forwards).
     """
     counts = [new_tokens] * len(models) if isinstance(new_tokens, int) else list(new_tokens)
     if len(counts) != len(models):
         raise ValueError(f"{len(counts)} token counts for {len(models)} models")
     generator = torch.Generator().manual_seed(seed)
     with torch_threads(threads):
-        caches, steps = [], []
-        for model, count in zip(models, counts, strict=True):
-            vocab = model.config.vocab_size
-            context = torch.randint(0, vocab, (1, context_len), generator=generator)
-            caches.append(model(input_ids=context, use_cache=True).past_key_values)
-            steps.append(torch.randint(0, vocab, (1, count), generator=generator))
+        distinct = {id(model): model for model in models}
+        by_model = {key: CachedLM(copy.deepcopy(model)) for key, model in distinct.items()}
+        for lm in by_model.values():
+            vocab = lm.model.config.vocab_size
+            lm.forward(torch.randint(0, vocab, (context_len,), generator=generator))
+        lms = [by_model[id(model)] for model in models]
+        steps = [
+            torch.randint(0, lm.model.config.vocab_size, (count,), generator=generator)
+            for lm, count in zip(lms, counts, strict=True)
+        ]
         samples: list[list[float]] = [[] for _ in models]
         for repeat in range(warmup + repeats):
-            for index, model in enumerate(models):
+            for index, lm in enumerate(lms):
                 started = time.perf_counter()
-                model(input_ids=steps[index], past_key_values=caches[index], use_cache=True)
+                lm.forward(steps[index])
                 elapsed = time.perf_counter() - started
-                caches[index].crop(-counts[index])
+                lm.crop(context_len)
                 if repeat >= warmup:
                     samples[index].append(elapsed)
     return [statistics.median(values) for values in samples]
@@ -158,27 +163,13 @@ def cached_step_seconds(
     repeats: int = 20,
     threads: int = DEFAULT_TIMING_THREADS,
 ) -> dict[int, float]:
-    """Return the median seconds of one ``CachedLM`` forward per block size in ``new_tokens``.
-
-    Each forward follows a prefill of ``context_len`` random tokens (fast Llama path where the
-    model qualifies, on a copy: ``CachedLM`` fuses weights in place) and is cropped back; the
-    block sizes take turns within every repeat, after two warm-up rounds.
-    """
-    lm = CachedLM(copy.deepcopy(model))
-    generator = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    samples: dict[int, list[float]] = {count: [] for count in new_tokens}
-    with torch_threads(threads):
-        lm.forward(torch.randint(0, vocab, (context_len,), generator=generator))
-        for repeat in range(repeats + 2):
-            for count in new_tokens:
-                ids = torch.randint(0, vocab, (count,), generator=generator)
-                started = time.perf_counter()
-                lm.forward(ids)
-                if repeat >= 2:
-                    samples[count].append(time.perf_counter() - started)
-                lm.crop(context_len)
-    return {count: statistics.median(values) for count, values in samples.items()}
+    """Return the median seconds of one ``CachedLM`` forward per block size in ``new_tokens``
+    (``decode_step_seconds`` on one copy of ``model``, the block sizes taking turns)."""
+    sizes = list(new_tokens)
+    seconds = decode_step_seconds(
+        [model] * len(sizes), context_len, sizes, repeats, warmup=2, threads=threads
+    )
+    return dict(zip(sizes, seconds, strict=True))
 
 
 def machine_load() -> float:

@@ -786,9 +786,10 @@ REALISM_METHOD = (
     "agreement: fraction of held-out code+math positions (teacher-forced) where the draft's "
     "argmax equals the target's; entropy: of softmax(raw draft logits), nats, over the same "
     "positions; cost: median wall time of one batch-1 fp32 single-token forward with a KV cache "
-    "(after warm-up), draft and target timed alternately; static speedup: wall-clock tokens/s "
-    "of the fastest static K over target-only AR on held-out builtin:code prompts, greedy, "
-    "exactly the same tokens, the methods taking turns prompt by prompt"
+    "as the engine runs it (CachedLM: fast path, a draft's restricted head, the calibrated "
+    "one-token step; after warm-up), draft and target timed alternately; static speedup: "
+    "wall-clock tokens/s of the fastest static K over target-only AR on held-out builtin:code "
+    "prompts, greedy, exactly the same tokens, the methods taking turns prompt by prompt"
 )
 
 #: Dataset and prompt length (last tokens kept) of the cards' static-K speedup.

@@ -16,6 +16,13 @@ two-column product. ``CachedLM`` therefore times both once when it is created
 two-token block (the token twice, the second position cropped off): a step never costs more
 than a block of two, on every model path, so no speedup over the AR baseline comes from a
 slow baseline step.
+
+A draft may restrict its LM head to the tokens it proposes (a frequency-ranked head, as in
+FR-Spec): its ``config.json`` then carries ``draft_vocab``, the sorted ids it may propose, while
+the checkpoint keeps the full embeddings and head. ``CachedLM`` then runs the head on a
+contiguous copy of those rows only and scatters the result into full-width logits whose other
+columns hold ``OUTSIDE_VOCAB_LOGIT``: every softmax gives them probability exactly 0, so
+speculative sampling's residual max(0, p − q) stays exact.
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 SingleStep = Literal["auto", "plain", "padded"]
 #: Timed repetitions of each step kind when calibrating (interleaved, fastest taken).
 CALIBRATION_REPEATS = 7
+#: The logit of a token outside a draft's ``draft_vocab``. Finite, not -inf: temperature divides
+#: logits and policies take entropies as −Σ p·log p, where -inf would give NaN (-inf − -inf, or
+#: 0·-inf); it is low enough that exp(it − any real logit) is exactly 0 in float32, so such a
+#: token has probability exactly 0 under every softmax, warped or not.
+OUTSIDE_VOCAB_LOGIT = -1e9
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,72 @@ class StepOutput:
 
     logits: torch.Tensor
     hidden: torch.Tensor
+
+
+@dataclass(frozen=True)
+class RestrictedHead:
+    """The LM head's rows for the ids in ``kept`` (sorted), as one contiguous matrix."""
+
+    kept: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    vocab_size: int
+
+
+def restricted_head(model: PreTrainedModel) -> RestrictedHead | None:
+    """Return the head restricted to ``model.config.draft_vocab``, or None when it has none.
+
+    Raises ValueError for ids that are unsorted, repeated or outside the head's rows.
+    """
+    draft_vocab = getattr(model.config, "draft_vocab", None)
+    if draft_vocab is None:
+        return None
+    head = model.get_output_embeddings()
+    vocab_size = head.weight.shape[0]
+    ids = list(draft_vocab)
+    if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] >= vocab_size:
+        raise ValueError(
+            f"draft_vocab must be sorted distinct token ids below the head's {vocab_size} rows"
+        )
+    kept = torch.tensor(ids, dtype=torch.long, device=head.weight.device)
+    bias = getattr(head, "bias", None)
+    return RestrictedHead(
+        kept=kept,
+        weight=head.weight.detach()[kept].contiguous(),
+        bias=None if bias is None else bias.detach()[kept].contiguous(),
+        vocab_size=vocab_size,
+    )
+
+
+def scatter_logits(head: RestrictedHead, kept_logits: torch.Tensor) -> torch.Tensor:
+    """Return float logits [..., V]: ``kept_logits`` [..., len(kept)] in their columns, the rest
+    ``OUTSIDE_VOCAB_LOGIT``."""
+    full = kept_logits.new_full(
+        (*kept_logits.shape[:-1], head.vocab_size), OUTSIDE_VOCAB_LOGIT, dtype=torch.float32
+    )
+    full[..., head.kept] = kept_logits.float()
+    return full
+
+
+def head_logits(
+    head: torch.nn.Module,
+    restricted: RestrictedHead | None,
+    hidden: torch.Tensor,
+    fast: bool = False,
+) -> torch.Tensor:
+    """Return float logits [..., V] of last-layer hidden states [..., d] through the LM head.
+
+    ``restricted`` (from ``restricted_head``) scores only its kept rows, scattered to full width.
+    ``fast`` (rows [n, d] only) computes the product with ``block_linear``, otherwise as the head
+    module (or ``F.linear`` on the kept rows) does.
+    """
+    if restricted is None:
+        logits = block_linear(hidden, head.weight) if fast else head(hidden)
+        return logits.float()
+    if fast:
+        return scatter_logits(restricted, block_linear(hidden, restricted.weight))
+    linear = torch.nn.functional.linear(hidden, restricted.weight, restricted.bias)
+    return scatter_logits(restricted, linear)
 
 
 def load_causal_lm(
@@ -89,6 +167,7 @@ class CachedLM:
         self.model = model
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
+        self.restricted = restricted_head(model)
         self.device = next(model.parameters()).device
         use_fast = fast and unsupported_reason(model) is None
         self.fast_decoder = LlamaFastDecoder(model) if use_fast else None
@@ -128,6 +207,11 @@ class CachedLM:
         return self.fast_decoder is not None
 
     @property
+    def vocab_kept(self) -> int | None:
+        """Number of tokens the head scores (``draft_vocab``), or None for the full vocabulary."""
+        return None if self.restricted is None else int(self.restricted.kept.numel())
+
+    @property
     def cached_len(self) -> int:
         """Number of tokens whose keys and values are in the cache."""
         if self.fast_decoder is not None:
@@ -162,13 +246,12 @@ class CachedLM:
         """Run ``ids`` [n] (on the model's device) through decoder and head, as ``forward``."""
         if self.fast_decoder is not None:
             hidden = self.fast_decoder.forward(ids)
-            hidden = hidden[-1:] if last_only else hidden
-            return StepOutput(logits=block_linear(hidden, self.head.weight).float(), hidden=hidden)
-        out = self.decoder(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
-        hidden = out.last_hidden_state[0]
-        if last_only:
-            hidden = hidden[-1:]
-        return StepOutput(logits=self.head(hidden).float(), hidden=hidden)
+        else:
+            out = self.decoder(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
+            hidden = out.last_hidden_state[0]
+        hidden = hidden[-1:] if last_only else hidden
+        logits = head_logits(self.head, self.restricted, hidden, self.fast_path)
+        return StepOutput(logits=logits, hidden=hidden)
 
     def crop(self, length: int) -> None:
         """Roll the cache back so that it holds only the first ``length`` tokens."""
@@ -183,4 +266,4 @@ class CachedLM:
     def full_logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Return logits [n, V] of a from-scratch forward of ``ids`` (no cache involved)."""
         out = self.decoder(input_ids=ids.view(1, -1).to(self.device), use_cache=False)
-        return self.head(out.last_hidden_state[0]).float()
+        return head_logits(self.head, self.restricted, out.last_hidden_state[0])

@@ -41,6 +41,7 @@ from training.jobs.base import (
 )
 from training.lm_trainer import TrainConfig, learning_rate
 from workers.heads import CONFIG_FILE
+from workers.lm import head_logits, restricted_head
 from workers.records import SamplingConfig
 from workers.sampling import warp_probs
 
@@ -201,11 +202,12 @@ def forward_states(model: PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Ten
     """Return (last-layer hidden states [B, L, d], float logits [B, L, V]) of ``ids`` [B, L].
 
     The decoder and the LM head are called as ``workers.lm.CachedLM`` calls them, so the hidden
-    states are exactly those the engine hands to policies.
+    states are exactly those the engine hands to policies, and a draft with a ``draft_vocab``
+    gets the engine's restricted logits (0 probability outside it).
     """
     device = next(model.parameters()).device
     hidden = model.get_decoder()(input_ids=ids.to(device), use_cache=False).last_hidden_state
-    return hidden, model.get_output_embeddings()(hidden).float()
+    return hidden, head_logits(model.get_output_embeddings(), restricted_head(model), hidden)
 
 
 def response_mask(response: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
