@@ -38,7 +38,7 @@ from orchestrator.replica import GroupReplica
 from orchestrator.scheduler import Scheduler
 from orchestrator.spec import SweepSpec
 from orchestrator.store import Store
-from orchestrator.target_sets import SharedTarget, shared_targets
+from orchestrator.target_sets import SharedTarget, shared_targets, split_to_fit
 from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
 from orchestrator.work_units import WorkUnit, missing_units, trial_units
 
@@ -180,6 +180,7 @@ class _SweepRun:
         self.pending_ids = {trial.trial_id for trials in by_pair.values() for trial in trials}
         paths = {name: paths.target for name, paths in self.inputs.model_paths.items()}
         sets = shared_targets([self.pairs[name] for name in by_pair], paths)
+        sets = split_to_fit(sets, alive_node_resources())
         group_of = {pair: shared.name for shared in sets for pair in shared.pair_names}
         units = [
             unit

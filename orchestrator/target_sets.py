@@ -4,7 +4,9 @@ Two pairs share when their targets have the same model (the path it resolves to,
 reference when unresolved), backend, tp_size, dtype and trust_remote_code. A shared group
 holds the target once and one draft actor per pair; the runner names its work units' group
 after the set (:attr:`SharedTarget.name`): the pair's own name when a pair has its target to
-itself, so a sweep without shared targets keeps its pair-named groups.
+itself, so a sweep without shared targets keeps its pair-named groups. A set whose group
+(the target's ranks and one draft actor per pair) no node could hold is split into consecutive
+smaller sets that fit (``split_to_fit``), each loading the target once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.placement import bundle_totals, fits_on_node, worker_group_bundles
 from orchestrator.spec import PairSpec, TargetSpec
 
 #: Joins the pair names of a shared set into its name (pair names never contain it).
@@ -70,13 +73,45 @@ def shared_targets(
     for pair in pairs:
         key = target_key(pair, models.get(pair.name, pair.target.model))
         grouped.setdefault(key, []).append(pair)
-    return [
-        SharedTarget(NAME_SEPARATOR.join(p.name for p in members), key, tuple(members))
-        for key, members in grouped.items()
-    ]
+    return [_set_of(members, key) for key, members in grouped.items()]
 
 
 def solo(pair: PairSpec) -> SharedTarget:
     """Return the set of ``pair`` alone (its own target group)."""
     (only,) = shared_targets([pair])
     return only
+
+
+def _set_of(pairs: Sequence[PairSpec], key: TargetKey) -> SharedTarget:
+    """Return the set serving ``pairs`` (same target ``key``), named after them."""
+    return SharedTarget(NAME_SEPARATOR.join(p.name for p in pairs), key, tuple(pairs))
+
+
+def _fits_a_node(pairs: Sequence[PairSpec], nodes: Sequence[Mapping[str, float]]) -> bool:
+    """True when some node's total resources hold the group serving ``pairs``."""
+    need = bundle_totals(worker_group_bundles(pairs))
+    return any(fits_on_node(need, node) for node in nodes)
+
+
+def split_to_fit(
+    sets: Sequence[SharedTarget], nodes: Sequence[Mapping[str, float]]
+) -> list[SharedTarget]:
+    """Return ``sets`` with each set whose group no node holds cut into consecutive sets.
+
+    ``nodes`` are the alive nodes' total resources. A cut set takes pairs in plan order while
+    its group still fits a node (one pair at least, so a pair too large on its own is left for
+    placement to report); sets that fit, or any set when ``nodes`` is empty, stay whole.
+    """
+    result: list[SharedTarget] = []
+    for shared in sets:
+        if not nodes or _fits_a_node(shared.pairs, nodes):
+            result.append(shared)
+            continue
+        chunk: list[PairSpec] = []
+        for pair in shared.pairs:
+            if chunk and not _fits_a_node([*chunk, pair], nodes):
+                result.append(_set_of(chunk, shared.key))
+                chunk = []
+            chunk.append(pair)
+        result.append(_set_of(chunk, shared.key))
+    return result

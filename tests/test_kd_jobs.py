@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,35 @@ def test_adaspec_trains_reference_and_draft(micro_zoo: ZooManifest, tmp_path: Pa
     drafted = artifact_tensors(result.artifact_path)
     key = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(reference.state_dict()[key], drafted[key])
+
+
+def draft_with_vocab(zoo: ZooManifest, directory: Path) -> tuple[Path, list[int]]:
+    """Copy the micro draft-xs to ``directory`` with a ``draft_vocab`` (every third id) in its
+    config, as the smol zoo's drafts carry; return the copy and the ids."""
+    shutil.copytree(zoo.model_path("draft-xs"), directory)
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    kept = list(range(0, config["vocab_size"], 3))
+    config_path.write_text(json.dumps({**config, "draft_vocab": kept}))
+    return directory, kept
+
+
+@pytest.mark.parametrize("kind", ["distillspec", "adaspec"])
+def test_a_draft_vocab_survives_kd_training(
+    micro_zoo: ZooManifest, tmp_path: Path, kind: str
+) -> None:
+    """KD trains the full head of a draft with a ``draft_vocab`` and its artifact keeps the ids,
+    so the trained draft decodes over the same restricted head as its starting draft."""
+    base, kept = draft_with_vocab(micro_zoo, tmp_path / "base")
+    config = job(micro_zoo, kind, base=str(base))
+    result = run_job(config, tmp_path / "job", progress=False)
+    saved = json.loads((Path(result.artifact_path) / "config.json").read_text())
+    assert saved["draft_vocab"] == kept
+    assert AutoModelForCausalLM.from_pretrained(result.artifact_path).config.draft_vocab == kept
+    assert result.metrics["heldout_kl"] < result.metrics["initial_heldout_kl"]
+    if kind == "adaspec":
+        reference = json.loads((tmp_path / "job" / "reference" / "config.json").read_text())
+        assert reference["draft_vocab"] == kept
 
 
 # ---------------------------------------------------------------------------------------------

@@ -156,3 +156,37 @@ def test_deepspeed_target_group_on_actors_gives_the_unsharded_greedy_output(
         unsharded = run_trial(draft, target, runner._request(trial))
         stored = store.sample_outputs(trial.trial_id)
         assert [r.output_ids for r in unsharded] == [s.output_ids for s in stored]
+
+
+SHARED_TOO_WIDE = """
+name: too-wide
+pairs:
+  - {name: xs, target: {model: "zoo:micro/target"}, draft: {model: "zoo:micro/draft-xs"}}
+  - {name: s, target: {model: "zoo:micro/target"}, draft: {model: "zoo:micro/draft-s"}}
+  - {name: m, target: {model: "zoo:micro/target"}, draft: {model: "zoo:micro/draft-m"}}
+datasets:
+  - {name: "builtin:code", samples: 2, max_new_tokens: 8}
+temperatures: [0.0]
+policies:
+  - name: static
+max_draft_lens: [2]
+execution: {retries: 0, warmup_samples: 0}
+"""
+
+
+def test_pairs_sharing_a_target_wider_than_the_node_run_in_groups_that_fit(
+    zoo_env, ray_local, tmp_path
+):
+    """Three pairs share one target: 1 + 3 actors, one CPU each, on a 3-CPU node. The group is
+    cut into groups that fit (xs+s, then m) instead of waiting for a reservation Ray never
+    grants."""
+    spec = parse_sweep(SHARED_TOO_WIDE, "too-wide.yaml")
+    plan = plan_sweep(spec)
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.register_sweep(spec, plan)
+    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
+    rows = store.trials("too-wide")
+    assert {row.pair for row in rows} == {"xs", "s", "m"}
+    assert all(row.status == "done" for row in rows)
+    store.close()

@@ -13,7 +13,7 @@ from orchestrator.placement import (
     worker_group_bundles,
 )
 from orchestrator.spec import PairSpec
-from orchestrator.target_sets import shared_targets, solo
+from orchestrator.target_sets import shared_targets, solo, split_to_fit
 
 
 def pair(name: str, target: str = "org/target", draft: str = "org/draft", **target_fields: Any):
@@ -71,6 +71,25 @@ def test_a_shared_group_holds_the_target_once_and_one_draft_bundle_per_pair() ->
     message = unplaceable_message(shared.pairs, 5, [{"CPU": 2.0, "GPU": 1.0}])
     assert "pairs 'a', 'b' (sharing one target)" in message
     assert "drafts {CPU: 1, GPU: 0.5} + {CPU: 1, GPU: 0.25} = {CPU: 4, GPU: 2.75}" in message
+
+
+def test_a_shared_group_no_node_holds_is_cut_into_groups_that_fit() -> None:
+    pairs = [pair(name, draft=f"d-{name}") for name in "abcde"] + [pair("z", target="org/z")]
+    sets = shared_targets(pairs)
+    two_cpus = [{"CPU": 2.0}]
+    split = split_to_fit(sets, two_cpus)
+    assert [s.name for s in split] == ["a", "b", "c", "d", "e", "z"]
+    assert {s.key for s in split[:5]} == {sets[0].key}
+    assert all(bundle_totals(worker_group_bundles(s.pairs)) == {"CPU": 2.0} for s in split)
+    three = split_to_fit(sets, [{"CPU": 1.0}, {"CPU": 3.0}])
+    assert [s.name for s in three] == ["a+b", "c+d", "e", "z"]
+    assert split_to_fit(sets, [{"CPU": 6.0}]) == sets
+    assert split_to_fit(sets, []) == sets
+
+
+def test_a_pair_too_large_for_every_node_stays_for_placement_to_report() -> None:
+    big = pair("big", backend="deepspeed", tp_size=4)
+    assert [s.name for s in split_to_fit(shared_targets([big]), [{"CPU": 2.0}])] == ["big"]
 
 
 def test_solo_is_the_pair_alone_named_after_it() -> None:
