@@ -1,10 +1,12 @@
-"""docs/reproduction.md quotes the demo sweep's database: its numbers must be what `query` returns.
+"""docs/reproduction.md quotes the demo sweeps' databases: its numbers must be what `query` returns.
 
-The database the document was written from is committed (docs/demo-results.db). Each SQL block
-in the document is followed by the table of its result; the test runs every block through
-``python -m orchestrator query --format csv`` on that database and compares cell by cell, and
-checks that the database holds exactly the trials the current sweeps/demo.yaml plans (so a
-change to the demo, or to what a trial measures, forces the document to be regenerated).
+The databases the document was written from are committed: docs/demo-results.db
+(sweeps/demo.yaml) and docs/kd-demo-results.db (sweeps/kd_demo.yaml). Each SQL block in the
+document (```sql for the demo's database, ```sql kd-demo for the KD demo's) is followed by the
+table of its result; the test runs every block through ``python -m orchestrator query --format
+csv`` on its database and compares cell by cell, and checks that each database holds exactly the
+trials its current sweep file plans (so a change to a demo, or to what a trial measures, forces
+the document to be regenerated).
 """
 
 from __future__ import annotations
@@ -16,19 +18,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from orchestrator.planner import plan_sweep
 from orchestrator.spec import load_sweep
 from orchestrator.store import open_store
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "reproduction.md"
-DB = REPO / "docs" / "demo-results.db"
-QUERY_BLOCK = re.compile(r"```sql\n(?P<sql>.*?)\n```\s*\n(?P<table>(?:\|[^\n]*\|\n)+)", re.S)
+DATABASES = {
+    "demo": (REPO / "docs" / "demo-results.db", REPO / "sweeps" / "demo.yaml"),
+    "kd-demo": (REPO / "docs" / "kd-demo-results.db", REPO / "sweeps" / "kd_demo.yaml"),
+}
+QUERY_BLOCK = re.compile(
+    r"```sql(?: (?P<db>[a-z-]+))?\n(?P<sql>.*?)\n```\s*\n(?P<table>(?:\|[^\n]*\|\n)+)", re.S
+)
 
 
-def doc_queries() -> list[tuple[str, list[list[str]]]]:
-    """Return each (SQL, table rows including the header) pair of the document."""
-    pairs = []
+def doc_queries() -> list[tuple[str, str, list[list[str]]]]:
+    """Return each (database key, SQL, table rows including the header) of the document."""
+    queries = []
     for match in QUERY_BLOCK.finditer(DOC.read_text(encoding="utf-8")):
         lines = match["table"].strip().splitlines()
         rows = [
@@ -36,13 +45,13 @@ def doc_queries() -> list[tuple[str, list[list[str]]]]:
             for index, line in enumerate(lines)
             if index != 1  # the |---| separator
         ]
-        pairs.append((" ".join(match["sql"].split()), rows))
-    return pairs
+        queries.append((match["db"] or "demo", " ".join(match["sql"].split()), rows))
+    return queries
 
 
-def query_rows(sql: str) -> list[list[str]]:
-    """Return the CSV rows (header first) that `query` prints for ``sql`` on the demo DB."""
-    command = [sys.executable, "-m", "orchestrator", "query", "--db", f"sqlite:///{DB}"]
+def query_rows(db: Path, sql: str) -> list[list[str]]:
+    """Return the CSV rows (header first) that `query` prints for ``sql`` on ``db``."""
+    command = [sys.executable, "-m", "orchestrator", "query", "--db", f"sqlite:///{db}"]
     result = subprocess.run(
         [*command, "--format", "csv", sql],
         cwd=REPO,
@@ -56,13 +65,17 @@ def query_rows(sql: str) -> list[list[str]]:
 def test_every_table_in_the_document_is_what_query_returns() -> None:
     queries = doc_queries()
     assert len(queries) >= 3, "the document should show its numbers as query results"
-    for sql, table in queries:
-        assert table == query_rows(sql), sql
+    assert {key for key, _, _ in queries} == set(DATABASES), "both databases are quoted"
+    for key, sql, table in queries:
+        assert table == query_rows(DATABASES[key][0], sql), sql
 
 
-def test_the_demo_database_holds_the_current_demo_sweep() -> None:
-    plan = plan_sweep(load_sweep(REPO / "sweeps" / "demo.yaml"))
-    with open_store(f"sqlite:///{DB}", read_only=True) as store:
-        rows = store.trials("demo")
+@pytest.mark.parametrize("key", sorted(DATABASES))
+def test_each_database_holds_its_current_sweep(key: str) -> None:
+    db, sweep_file = DATABASES[key]
+    spec = load_sweep(sweep_file)
+    plan = plan_sweep(spec)
+    with open_store(f"sqlite:///{db}", read_only=True) as store:
+        rows = store.trials(spec.name)
     assert {row.trial_id for row in rows} == {trial.trial_id for trial in plan.trials}
     assert {row.status for row in rows} == {"done"}
