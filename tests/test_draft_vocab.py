@@ -90,6 +90,12 @@ def test_config_round_trip_keeps_draft_vocab(dirs: Dirs, tmp_path: Path) -> None
     assert getattr(load_causal_lm(dirs.draft).config, "draft_vocab", None) is None
 
 
+def test_a_restricted_model_is_refused_as_a_target(dirs: Dirs, draft: CachedLM) -> None:
+    with pytest.raises(ValueError, match="a target must score its whole vocabulary"):
+        LocalTarget(draft)
+    assert LocalTarget(CachedLM(load_causal_lm(dirs.draft))).lm.vocab_kept is None
+
+
 def test_draft_vocab_must_be_sorted_distinct_ids_inside_the_head(dirs: Dirs) -> None:
     model = load_causal_lm(dirs.draft)
     for bad in ([5, 3], [3, 3], [], [VOCAB], [-1, 2]):

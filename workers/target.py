@@ -90,6 +90,12 @@ class LocalTarget:
     """
 
     def __init__(self, lm: CachedLM) -> None:
+        if lm.vocab_kept is not None:
+            raise ValueError(
+                f"a target must score its whole vocabulary, but this model's config restricts "
+                f"its head to {lm.vocab_kept} tokens (draft_vocab): use it as a draft, or remove "
+                "draft_vocab from its config.json"
+            )
         self.lm = lm
         self.sampling = SamplingConfig()
         self.generator = torch.Generator(device="cpu")
