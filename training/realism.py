@@ -116,7 +116,7 @@ def decode_step_seconds(
     context_len: int = 128,
     new_tokens: int | Sequence[int] = 1,
     repeats: int = 50,
-    warmup: int = 3,
+    warmup: int = 5,
     threads: int = DEFAULT_TIMING_THREADS,
     seed: int = 0,
 ) -> list[float]:
