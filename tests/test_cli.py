@@ -199,9 +199,9 @@ def test_bad_retries_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
 def test_plan_demo_prints_the_planned_count(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # By hand, per dataset: greedy 16 policy settings (static, hf_heuristic, beta_ts, cali_ts,
     # specdecpp, oracle 1 each; max_confidence and adaedl 3; svip 4) x 3 caps, plus the live
-    # check; at 0.7 static and adaedl x 3 caps and six policies at cap 16 (12); the greedy-only
-    # oracle is skipped at 0.7. 2 datasets x 2 temperatures -> 4 baselines; total 126.
-    expected_policy_trials = 2 * (16 * 3 + 1 + 12)
+    # check; at 0.7 static and adaedl x 3 caps and five policies at cap 16 (11); the greedy-only
+    # oracle is skipped at 0.7. 2 datasets x 2 temperatures -> 4 baselines; total 124.
+    expected_policy_trials = 2 * (16 * 3 + 1 + 11)
     expected_trials = expected_policy_trials + 4
     counts = plan_sweep(load_sweep(DEMO)).counts()
     assert counts["trials"] == expected_trials
@@ -222,7 +222,7 @@ def test_plan_all_lists_every_trial(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["plan", str(DEMO), "--all"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if any(t.trial_id in line for t in plan.trials)]
-    assert len(listed) == len(plan.trials) == 126
+    assert len(listed) == len(plan.trials) == 124
     svip = _table_row(out, _trial(plan, "svip", 0.3).trial_id)
     assert svip[4] == "svip" and "threshold=0.3" in svip[5].split(", ")
 
@@ -547,7 +547,7 @@ def test_submit_dry_run_runs_nothing(
     db = tmp_path / "results.db"
     assert cli.main(["--db", f"sqlite:///{db}", "submit", str(DEMO), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "sweep demo: 126 trials" in out and "dry run: nothing was run" in out
+    assert "sweep demo: 124 trials" in out and "dry run: nothing was run" in out
     assert fake_runner.calls == []
     assert not db.exists()
 
