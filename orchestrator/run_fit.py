@@ -4,7 +4,10 @@ SpecDec++ fits trial seconds ≈ t_draft·N_draft + t_target·N_target over whol
 draft forwards, N_target: target calls, one per round). The runner's stored fit is round-level
 and block-aware (``cost_model.fit_round_costs``) plus a per-sample overhead. Both predict a
 trial's seconds; on the group's trials each gets an R² and a mean relative error, and the one
-with the lower error is the projection fit (pure functions; the runner stores the result).
+with the lower error is the projection fit. The run-level fit competes only when the group has
+more trials than its two costs: on two trials (a replay group's AR baseline and live check) it
+matches both exactly whatever the costs, an error of zero that says nothing (pure functions; the
+runner stores the result).
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ if TYPE_CHECKING:
     from orchestrator.store.records import StoredTrial
 
 FitName = Literal["round", "run"]
+
+#: The run-level fit's free parameters (t_draft, t_target): with no more trials than this it
+#: interpolates them and cannot be scored on them.
+RUN_FIT_PARAMETERS = 2
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,12 @@ class FitComparison:
 
     @property
     def projection_fit(self) -> FitName:
-        """The fit with the lower mean relative error on trial seconds (round on a tie)."""
-        return "run" if self.run_mre < self.round_trial_mre else "round"
+        """The fit with the lower mean relative error on trial seconds (round on a tie).
+
+        The run-level fit is a candidate only over more trials than its two parameters.
+        """
+        over_determined = self.n_trials > RUN_FIT_PARAMETERS
+        return "run" if over_determined and self.run_mre < self.round_trial_mre else "round"
 
     def columns(self) -> dict[str, Any]:
         """Return the ``cost_fits`` columns of this comparison."""

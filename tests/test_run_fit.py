@@ -59,6 +59,21 @@ def test_round_fit_wins_when_time_grows_with_the_block() -> None:
     assert comparison.projection_fit == "round"
 
 
+def test_an_exactly_determined_run_fit_does_not_project() -> None:
+    # Two trials (a replay group's AR baseline and live check): the run-level fit matches both
+    # exactly even though the seconds grow with the block, as only the round fit models.
+    def seconds(t: TrialCounts) -> float:
+        return 0.002 * t.draft_forwards + 0.010 * t.rounds + 0.004 * t.drafted + 0.05 * t.samples
+
+    two = _trials(seconds, np.random.default_rng(2))[:2]
+    comparison = compare_fits(ROUND_FIT, 0.05, two)
+    assert comparison.run_mre == pytest.approx(0.0, abs=1e-9)
+    assert comparison.round_trial_mre > 0.0
+    assert comparison.projection_fit == "round"
+    three = _trials(seconds, np.random.default_rng(2))[:3]
+    assert compare_fits(ROUND_FIT, 0.05, three).projection_fit == "run"
+
+
 def test_compare_fits_needs_separable_trials() -> None:
     one = [TrialCounts(8, 4, 8, 1, 12, 0.1), TrialCounts(16, 8, 16, 1, 24, 0.2)]
     with pytest.raises(CostModelError, match="proportional"):

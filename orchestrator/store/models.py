@@ -418,7 +418,8 @@ class CostFitRow(Base):
     #: The run-level fit in SpecDec++'s form over the group's done trials: trial seconds ≈
     #: run_t_draft·N_draft + run_t_target·N_target; its R² and mean relative error on trial
     #: seconds, beside the same two figures of the round-level fit (plus the overhead per
-    #: sample); ``projection_fit`` ("round" or "run") is the one with the lower error.
+    #: sample); ``projection_fit`` ("round" or "run") is the one with the lower error (the run
+    #: fit only over more than two trials: ``run_fit.RUN_FIT_PARAMETERS``).
     run_t_draft: Mapped[float | None] = mapped_column(Float)
     run_t_target: Mapped[float | None] = mapped_column(Float)
     run_r2: Mapped[float | None] = mapped_column(Float)
