@@ -117,6 +117,8 @@ def test_draft_stage_saves_loadable_drafts_with_the_target_tokenizer(
         assert card["ref"] == f"zoo:smol/{name}" and card["main_draft"] == (name == "draft-s")
         assert card["realism"]["static"]["matches_ar"] is True
         assert set(card["realism"]["greedy_acceptance"]) == {"2", "3"}
+        assert card["realism"]["dataset"] == "humaneval"
+        assert "held-out humaneval prompts" in card["realism"]["method"]
         assert card["distillation"]["teacher_data"]["response_tokens"] > 0
         assert card["distillation"]["steps"] in (6, 4)
         kept = draft.config.draft_vocab

@@ -783,15 +783,20 @@ def _distill(
     return drafts, results
 
 
-REALISM_METHOD = (
+_REALISM_METHOD = (
     "agreement: fraction of held-out code+math positions (teacher-forced) where the draft's "
     "argmax equals the target's; entropy: of softmax(raw draft logits), nats, over the same "
     "positions; cost: median wall time of one batch-1 fp32 single-token forward with a KV cache "
     "as the engine runs it (CachedLM: fast path, a draft's restricted head, the calibrated "
     "one-token step; after warm-up), draft and target timed alternately; static speedup: "
-    "wall-clock tokens/s of the fastest static K over target-only AR on held-out builtin:code "
+    "wall-clock tokens/s of the fastest static K over target-only AR on held-out {dataset} "
     "prompts, greedy, exactly the same tokens, the methods taking turns prompt by prompt"
 )
+
+
+def realism_method(dataset: str) -> str:
+    """Return the cards' description of their measurements, the speedup's ``dataset`` named."""
+    return _REALISM_METHOD.format(dataset=dataset)
 
 #: Dataset and prompt length (last tokens kept) of the cards' static-K speedup.
 SPEEDUP_DATASET = "builtin:code"
@@ -855,7 +860,7 @@ def _realism_cards(
                 "dataset": SPEEDUP_DATASET,
                 **asdict(speedups[name]),
             },
-            "method": REALISM_METHOD,
+            "method": realism_method(SPEEDUP_DATASET),
         }
     return cards
 
@@ -1203,7 +1208,7 @@ def _pretrained_realism(
             "timing_threads": DEFAULT_TIMING_THREADS,
             "static_speedup": speedups[name].speedup,
             "static": asdict(speedups[name]),
-            "method": REALISM_METHOD,
+            "method": realism_method(dataset),
         }
         for name in drafts
     }
