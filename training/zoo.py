@@ -798,6 +798,7 @@ def realism_method(dataset: str) -> str:
     """Return the cards' description of their measurements, the speedup's ``dataset`` named."""
     return _REALISM_METHOD.format(dataset=dataset)
 
+
 #: Dataset and prompt length (last tokens kept) of the cards' static-K speedup.
 SPEEDUP_DATASET = "builtin:code"
 SPEEDUP_PROMPT_TOKENS = 256
