@@ -254,12 +254,14 @@ def test_demo_sweep_plan() -> None:
     counts = plan.counts()
     # Greedy: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once, max_confidence and
     # adaedl with 3 thresholds, svip with 4 = 16 settings x 3 caps. At 0.7: static and adaedl x
-    # 3 caps, six others at cap 16 = 12. Per dataset, plus its greedy live check.
-    assert counts["policy_trials"] == 2 * (16 * 3 + 12 + 1)
+    # 3 caps, five others at cap 16 = 11 (the SpecDec++ stand-in is greedy only). Per dataset,
+    # plus its greedy live check.
+    assert counts["policy_trials"] == 2 * (16 * 3 + 11 + 1)
     assert counts["baselines"] == 2 * 2
     live = [t for t in plan.trials if t.mode == "live"]
-    assert len(live) == 2 * (2 + 1 + 12)  # AR x 2 temperatures, the check, the sampled trials
+    assert len(live) == 2 * (2 + 1 + 11)  # AR x 2 temperatures, the check, the sampled trials
     assert {t.max_draft_len for t in live if t.policy == "svip"} == {16}
+    assert not [t for t in plan.trials if t.policy == "specdecpp" and t.temperature > 0]
     assert all(t.code_version == CODE_VERSION for t in plan.trials)
 
 

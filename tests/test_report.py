@@ -110,9 +110,11 @@ def test_plan_group_rows_of_the_demo_sweep() -> None:
     plan = plan_sweep(load_sweep(DEMO))
     groups = report.plan_group_rows(plan)
     by_key = {(g["dataset"], g["temperature"], g["policy"]): g for g in groups}
-    # 2 datasets x 2 temperatures x (ar + 9 policies), minus the oracle at temperature 0.7.
-    assert len(groups) == 2 * 2 * 10 - 2
+    # 2 datasets x 2 temperatures x (ar + 9 policies), minus the oracle and the SpecDec++
+    # stand-in (greedy only) at temperature 0.7.
+    assert len(groups) == 2 * 2 * 10 - 2 * 2
     assert ("humaneval", 0.7, "oracle") not in by_key
+    assert ("humaneval", 0.7, "specdecpp") not in by_key
     adaedl = by_key[("builtin:math", 0.7, "adaedl")]
     assert (adaedl["trials"], adaedl["settings"], adaedl["max_draft_lens"]) == (3, 1, "3, 7, 16")
     greedy = by_key[("builtin:math", 0.0, "adaedl")]
