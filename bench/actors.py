@@ -25,7 +25,7 @@ from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
 from workers.datasets import DatasetSpec, load_prompts
-from workers.lm import CachedLM, load_causal_lm
+from workers.lm import DTYPES, CachedLM, load_causal_lm
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trial import BASELINE_POLICY, TrialRequest, run_trial
@@ -48,6 +48,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--k", type=int, default=4, help="static draft length")
     parser.add_argument("--repeats", type=int, default=2, help="turns of both placements")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda: in process on cuda, each actor a GPU share"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="both models' weights"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-actors.json"))
     return parser.parse_args(argv)
 
@@ -96,11 +102,17 @@ def main(argv: list[str] | None = None) -> int:
             prompts, sampling, "static", max_draft_len=args.k, warmup_samples=1
         ),
     }
-    draft = CachedLM(load_causal_lm(draft_path))
-    target = LocalTarget(CachedLM(load_causal_lm(target_path)))
+    draft = CachedLM(load_causal_lm(draft_path, args.dtype, args.device))
+    target = LocalTarget(CachedLM(load_causal_lm(target_path, args.dtype, args.device)))
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    target_actor = TargetWorker.options(num_cpus=1).remote(ModelSpec(str(target_path)))
-    draft_actor = DraftWorker.options(num_cpus=1).remote(ModelSpec(str(draft_path)), [target_actor])
+    # An actor loads on cuda when Ray gives it a GPU share (workers.actors._device).
+    gpus = 0.25 if torch.device(args.device).type == "cuda" else 0
+    target_actor = TargetWorker.options(num_cpus=1, num_gpus=gpus).remote(
+        ModelSpec(str(target_path), args.dtype)
+    )
+    draft_actor = DraftWorker.options(num_cpus=1, num_gpus=gpus).remote(
+        ModelSpec(str(draft_path), args.dtype), [target_actor]
+    )
     local: dict[str, list[GenerationResult]] = {name: [] for name in requests}
     split: dict[str, list[GenerationResult]] = {name: [] for name in requests}
     for _ in range(args.repeats):
@@ -114,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "samples": len(prompts),
         "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
+        "device": args.device,
+        "dtype": args.dtype,
         "methods": {name: _method_report(local[name], split[name]) for name in requests},
     }
     for name, figures in report["methods"].items():

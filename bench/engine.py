@@ -36,7 +36,7 @@ from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
-from workers.lm import CachedLM, load_causal_lm
+from workers.lm import DTYPES, CachedLM, load_causal_lm, synchronize
 from workers.records import GenerationResult, SamplingConfig
 from workers.static_comparison import compare_static_k
 from workers.target import LocalTarget
@@ -107,14 +107,17 @@ def standalone_costs(
     def draft_step() -> None:
         draft.forward(token, last_only=True)
         draft.crop(base)
+        synchronize(draft.device)
 
     t_draft = _median_seconds(draft_step, 60)
     samples: dict[int, list[float]] = {n: [] for n in range(1, max_block + 1)}
     for repeat in range(BLOCK_REPEATS + 2):
         for n, times in samples.items():
+            synchronize(target.device)
             start = time.perf_counter()
             target.forward(context[-n:])
             target.crop(base)
+            synchronize(target.device)
             if repeat >= 2:
                 times.append(time.perf_counter() - start)
     t_target = {n: statistics.median(times) for n, times in samples.items()}
@@ -127,12 +130,14 @@ class ForwardClock:
     def __init__(self, *lms: CachedLM) -> None:
         self.seconds = 0.0
         for lm in lms:
-            lm.forward = self._timed(lm.forward)
+            lm.forward = self._timed(lm.forward, lm.device)
 
-    def _timed(self, forward):
+    def _timed(self, forward, device: torch.device):
         def timed(*args, **kwargs):
+            synchronize(device)
             start = time.perf_counter()
             out = forward(*args, **kwargs)
+            synchronize(device)
             self.seconds += time.perf_counter() - start
             return out
 
@@ -226,7 +231,7 @@ def _hf_generate(target_model, prompts, max_new: int, **options):
     """Run ``target_model.generate`` greedily per prompt; return (tokens, seconds, outputs)."""
     tokens, seconds, outputs = 0, 0.0, []
     for prompt in prompts:
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=target_model.device)
         start = time.perf_counter()
         out = target_model.generate(
             ids,
@@ -255,6 +260,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--device", default="cpu", help="torch device of both models (cuda, ...)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPES), help="both models' weights"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-engine.json"))
     return parser.parse_args(argv)
 
@@ -315,6 +324,13 @@ def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
     )
 
 
+def _device_name(device: str) -> str:
+    """Return what ``device`` is, in words (the GPU's name on CUDA)."""
+    if torch.device(device).type == "cuda":
+        return f"{device}: {torch.cuda.get_device_name(torch.device(device))}"
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
@@ -326,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer(p.text)["input_ids"][-256:]
         for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
     ]
-    target_model, draft_model = load_causal_lm(target_path), load_causal_lm(draft_path)
+    target_model = load_causal_lm(target_path, args.dtype, args.device)
+    draft_model = load_causal_lm(draft_path, args.dtype, args.device)
     # Outputs are forced to full length (no EOS) so every method generates the same tokens.
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens))
     ids = [torch.tensor(p) for p in prompts]
@@ -352,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         "samples": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "torch_threads": torch.get_num_threads(),
+        "device": _device_name(args.device),
+        "dtype": args.dtype,
         "standalone_costs": {name: asdict(costs) for name, costs in paths.items()},
         "cost_ratio": paths["plain_torch"].t_draft / paths["plain_torch"].t_target[1],
         "methods": [asdict(r) for r in results],

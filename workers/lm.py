@@ -133,6 +133,16 @@ def head_logits(
     return scatter_logits(restricted, linear)
 
 
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on ``device`` (CUDA runs kernels asynchronously); a no-op on CPU.
+
+    Call it before reading a clock that should include a forward's device time.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def load_causal_lm(
     path: str | Path,
     dtype: str = "float32",
@@ -185,15 +195,17 @@ class CachedLM:
         the repeats counts (a busy machine only adds time). Returns (and keeps in
         ``calibration``) those times and the choice.
         """
-        prefix = torch.zeros(8, dtype=torch.long)
+        prefix = torch.zeros(8, dtype=torch.long, device=self.device)
         times: dict[int, list[float]] = {1: [], 2: []}
         self.pad_single_step = False
         for _ in range(repeats + 1):
             for n in (1, 2):
                 self.reset()
                 self._forward(prefix, last_only=True)
+                synchronize(self.device)
                 start = time.perf_counter()
                 self._forward(prefix[:n], last_only=False)
+                synchronize(self.device)
                 times[n].append(time.perf_counter() - start)
         self.reset()
         one, two = (min(times[n][1:]) for n in (1, 2))

@@ -117,12 +117,14 @@ class LocalTarget:
         n_pending = request.pending.numel()
         logits = out.logits[n_pending - 1 :]
         if self.sampling.greedy:
-            verdict = verify_greedy(request.draft_tokens, logits)
+            verdict = verify_greedy(request.draft_tokens.to(logits.device), logits)
         else:
+            # The K+1 warped rows move to the CPU, where the seeded generator draws (the same
+            # stream on every device) and the rejected row is sent back from.
             verdict = verify_sampling(
-                request.draft_tokens,
-                request.draft_token_probs,
-                warp_probs(logits, self.sampling),
+                request.draft_tokens.cpu(),
+                request.draft_token_probs.cpu(),
+                warp_probs(logits, self.sampling).cpu(),
                 self.generator,
             )
         self.lm.crop(base_len + verdict.n_accepted)

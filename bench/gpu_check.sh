@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The CUDA path, on a machine with an NVIDIA GPU and the `smol` zoo built
+# (python -m orchestrator zoo build --profile smol). Each step runs even when an earlier one
+# failed; its log, JSON and the sweep's database go to OUT_DIR (default runs/gpu), and the last
+# line says which steps failed. Steps (default: all, in this order):
+#   versions       the card and the software: nvidia-smi, torch / CUDA / NCCL / library versions
+#   engine-bf16    bench/engine.py on SmolLM2 + zoo:smol/draft-s in bfloat16: t_target(n), our AR
+#                  against transformers' generate(), static K against assisted generation,
+#                  engine overhead
+#   sweep          sweeps/gpu_smoke.yaml: a live sweep with an hf bfloat16 target and a DeepSpeed
+#                  tp-1 float16 target over NCCL, stored in OUT_DIR/gpu-smoke.db, and its table
+#   actors-bf16    bench/actors.py on the same pair in bfloat16: the Ray split against one process
+#   engine-fp16    bench/engine.py as engine-bf16, in float16
+# Usage: bash bench/gpu_check.sh [OUT_DIR [STEP ...]]
+# Environment: PYTHON (default python3), GPU_CHECK_SAMPLES (prompts, default 4),
+# GPU_CHECK_TOKENS (new tokens per prompt, default 96).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/gpu}
+shift || true
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(versions engine-bf16 sweep actors-bf16 engine-fp16)
+py=${PYTHON:-python3}
+samples=${GPU_CHECK_SAMPLES:-4}
+tokens=${GPU_CHECK_TOKENS:-96}
+pair=(--target zoo:smol/target --draft zoo:smol/draft-s --dataset humaneval)
+mkdir -p "$out"
+failed=()
+
+run() {  # run NAME COMMAND...: log to OUT_DIR/NAME.log, remember a failure, show the log's end
+  local name=$1
+  shift
+  echo "== $name: $*"
+  local started=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then
+    echo "   ok in $((SECONDS - started)) s"
+  else
+    echo "   FAILED (exit $?) in $((SECONDS - started)) s"
+    failed+=("$name")
+  fi
+  tail -n 14 "$out/$name.log"
+}
+
+engine() {  # engine DTYPE
+  run "engine-$1" "$py" bench/engine.py "${pair[@]}" --samples "$samples" \
+    --max-new-tokens "$tokens" --device cuda --dtype "$1" --out "$out/engine-$1.json"
+}
+
+for step in "${steps[@]}"; do
+  case $step in
+    versions)
+      nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+      run versions "$py" -c "
+import torch, transformers, ray, deepspeed
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())
+print('gpu', torch.cuda.get_device_name(0), 'count', torch.cuda.device_count())
+print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__)"
+      ;;
+    engine-bf16) engine bfloat16 ;;
+    engine-fp16) engine float16 ;;
+    sweep)
+      run sweep "$py" -m orchestrator submit sweeps/gpu_smoke.yaml \
+        --db "sqlite:///$out/gpu-smoke.db" --yes --no-progress
+      run sweep-table "$py" -m orchestrator query --db "sqlite:///$out/gpu-smoke.db" "
+        SELECT pair, temperature AS temp, policy, round(tokens_per_s, 1) AS tok_s,
+               round(speedup, 3) AS speedup, round(speedup_low, 3) AS lo,
+               round(speedup_high, 3) AS hi, round(acceptance_rate, 3) AS acc
+        FROM trials WHERE status = 'done' ORDER BY pair, temperature, policy"
+      ;;
+    actors-bf16)
+      run actors-bf16 "$py" bench/actors.py "${pair[@]}" --samples "$samples" \
+        --max-new-tokens "$tokens" --repeats 3 --device cuda --dtype bfloat16 \
+        --out "$out/actors-bf16.json"
+      ;;
+    *) echo "unknown step $step (have: versions engine-bf16 sweep actors-bf16 engine-fp16)"; exit 2 ;;
+  esac
+done
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "gpu_check: ${steps[*]}: all passed; outputs in $out"
+else
+  echo "gpu_check: failed steps: ${failed[*]}; outputs in $out"
+  exit 1
+fi
