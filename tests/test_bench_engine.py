@@ -1,0 +1,54 @@
+"""bench/engine.py end to end on the micro zoo: its JSON, and its model-dtype option."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.zoo import ZooManifest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "engine.py"
+
+
+def _bench_engine():
+    """Import bench/engine.py (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str) -> dict:
+    out = tmp_path / f"engine-{dtype}.json"
+    args = ["--target", str(micro_zoo.model_path("target"))]
+    args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
+    args += ["--samples", "2", "--max-new-tokens", "8", "--threads", "1", "--dtype", dtype]
+    assert _bench_engine().main([*args, "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
+    micro_zoo: ZooManifest, tmp_path: Path
+) -> None:
+    report = _run(micro_zoo, tmp_path, "float32")
+    assert (report["device"], report["dtype"]) == ("cpu", "float32")
+    for costs in report["standalone_costs"].values():
+        assert sorted(int(n) for n in costs["t_target"]) == list(range(1, 10))
+        assert all(t > 0 for t in costs["t_target"].values())
+    ours = [m for m in report["methods"] if m["method"].startswith("ours static")]
+    assert len(ours) == 6 and all(m["matches_ar"] for m in ours)
+    assert 0 <= min(m["overhead_fraction"] for m in ours) < 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16"])
+def test_dtype_option_loads_both_models_in_it(
+    micro_zoo: ZooManifest, tmp_path: Path, dtype: str
+) -> None:
+    report = _run(micro_zoo, tmp_path, dtype)
+    assert report["dtype"] == dtype
+    assert all(m["tokens"] == 2 * 8 for m in report["methods"])
