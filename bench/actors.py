@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import ray
@@ -25,7 +26,7 @@ from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
 from workers.datasets import DatasetSpec, load_prompts
-from workers.lm import DTYPES, CachedLM, load_causal_lm
+from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trial import BASELINE_POLICY, TrialRequest, run_trial
@@ -80,6 +81,33 @@ def _method_report(local: list[GenerationResult], split: list[GenerationResult])
     }
 
 
+def _asdict(calibration: SingleStepCalibration | None) -> dict | None:
+    """Return a one-token step calibration as JSON-ready fields (None when there is none)."""
+    return None if calibration is None else asdict(calibration)
+
+
+def _calibrations(draft: CachedLM, target: LocalTarget, draft_actor, target_actor) -> dict:
+    """Return the one-token step calibrations of both models in both placements."""
+    return {
+        "in_process": {
+            "draft": _asdict(draft.calibration),
+            "target": _asdict(target.lm.calibration),
+        },
+        "actors": {
+            "draft": _asdict(ray.get(draft_actor.single_step_calibration.remote())),
+            "target": _asdict(ray.get(target_actor.single_step_calibration.remote())),
+        },
+    }
+
+
+def _padding(calibrations: dict) -> str:
+    """Return which models pad their one-token steps in each placement, as text."""
+    return "; ".join(
+        f"{place} " + ", ".join(f"{model} {bool(c and c['padded'])}" for model, c in models.items())
+        for place, models in calibrations.items()
+    )
+
+
 def _ci(bounds: list[float] | None) -> str:
     """Return an interval as text ("n/a" when there is none)."""
     return "n/a" if bounds is None else f"{bounds[0]:.3f}-{bounds[1]:.3f}"
@@ -119,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, request in requests.items():
             local[name] += run_trial(draft, target, request)
             split[name] += ray.get(draft_actor.run_trial.remote(request))
+    calibrations = _calibrations(draft, target, draft_actor, target_actor)
     ray.shutdown()
     report = {
         "target": str(target_path),
@@ -129,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "dtype": args.dtype,
         "methods": {name: _method_report(local[name], split[name]) for name in requests},
+        "single_step_calibration": calibrations,
     }
     for name, figures in report["methods"].items():
         print(
@@ -139,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             f"same accepted {figures['same_accepted_counts']}"
         )
     args.out.write_text(json.dumps(report, indent=2))
-    print(f"JSON: {args.out}")
+    print(f"one-token steps padded: {_padding(calibrations)}; JSON: {args.out}")
     return 0
 
 

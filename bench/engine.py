@@ -331,6 +331,11 @@ def _device_name(device: str) -> str:
     return device
 
 
+def _calibration(lm: CachedLM) -> dict | None:
+    """Return ``lm``'s one-token step calibration (times and whether steps are padded)."""
+    return None if lm.calibration is None else asdict(lm.calibration)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
@@ -349,11 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     ids = [torch.tensor(p) for p in prompts]
     results: list[MethodResult] = []
     paths: dict[str, StandaloneCosts] = {}
+    calibrations: dict[str, dict] = {}
     reference: list[list[int]] | None = None
     for suffix, fast in (("", True), (TRANSFORMERS_MODULES, False)):
         draft, target_lm = CachedLM(draft_model, fast=fast), CachedLM(target_model, fast=fast)
         costs = standalone_costs(draft, target_lm, ids, max(STATIC_KS) + 1, args.max_new_tokens)
-        paths["plain_torch" if fast else "transformers_modules"] = costs
+        path = "plain_torch" if fast else "transformers_modules"
+        paths[path] = costs
+        calibrations[path] = {"draft": _calibration(draft), "target": _calibration(target_lm)}
         path_results, outputs = _run_ours(
             draft, LocalTarget(target_lm), ids, settings, suffix, reference
         )
@@ -372,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": _device_name(args.device),
         "dtype": args.dtype,
         "standalone_costs": {name: asdict(costs) for name, costs in paths.items()},
+        "single_step_calibration": calibrations,
         "cost_ratio": paths["plain_torch"].t_draft / paths["plain_torch"].t_target[1],
         "methods": [asdict(r) for r in results],
         "ratios": _ratios(results),

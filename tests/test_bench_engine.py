@@ -43,6 +43,9 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
     ours = [m for m in report["methods"] if m["method"].startswith("ours static")]
     assert len(ours) == 6 and all(m["matches_ar"] for m in ours)
     assert 0 <= min(m["overhead_fraction"] for m in ours) < 1
+    for models in report["single_step_calibration"].values():
+        assert set(models) == {"draft", "target"}
+        assert all(c["one_token_s"] > 0 and c["two_tokens_s"] > 0 for c in models.values())
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16"])

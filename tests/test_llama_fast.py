@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 import workers.llama_fast as llama_fast
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
-from workers.lm import CachedLM
+from workers.lm import CachedLM, prefers_padding
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
 
@@ -199,7 +199,15 @@ def test_calibration_times_both_steps_and_leaves_the_cache_empty() -> None:
     calibration = lm.calibration
     assert calibration is not None
     assert calibration.one_token_s > 0 and calibration.two_tokens_s > 0
-    assert calibration.padded == (calibration.two_tokens_s < calibration.one_token_s)
+    assert calibration.padded == prefers_padding(calibration.one_token_s, calibration.two_tokens_s)
     assert lm.pad_single_step == calibration.padded
     assert lm.cached_len == 0
     assert CachedLM(target, single_step="plain").calibration is None
+
+
+@pytest.mark.parametrize(
+    "one,two,padded",
+    [(37.1, 19.1, True), (10.0, 8.9, True), (10.0, 9.1, False), (22.7, 26.1, False)],
+)
+def test_padding_needs_a_clear_gain_over_one_token_steps(one, two, padded) -> None:
+    assert prefers_padding(one, two) == padded

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from workers.channel import ChannelAddress, ChannelClient, serve_channel
-from workers.lm import CachedLM, StepOutput, load_causal_lm
+from workers.lm import CachedLM, SingleStepCalibration, StepOutput, load_causal_lm
 from workers.model_spec import ModelSpec, RankSpec
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
@@ -80,6 +80,10 @@ class TargetWorker:
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
         """Decode one request with the target alone, the token loop inside this actor."""
         return self._call("generate", (prompt_ids, settings))
+
+    def single_step_calibration(self) -> SingleStepCalibration | None:
+        """Return how this rank's one-token steps were calibrated (None when forced)."""
+        return self.target.lm.calibration
 
     def lm_forward(self, ids: torch.Tensor, last_only: bool) -> tuple[torch.Tensor, int]:
         """Forward ``ids`` through the target's cached LM; return CPU logits and cached length."""
@@ -193,6 +197,10 @@ class DraftWorker:
     def run_trial(self, request: TrialRequest) -> list[GenerationResult]:
         """Run one trial (all its prompts) and return one result per prompt."""
         return run_trial(self.draft, self.target, request)
+
+    def single_step_calibration(self) -> SingleStepCalibration | None:
+        """Return how the draft's one-token steps were calibrated (None without a draft)."""
+        return None if self.draft is None else self.draft.calibration
 
     def record_traces(
         self, prompts: list[list[int]], max_new_tokens: int, cap: int, eos_token_id: int | None

@@ -43,6 +43,12 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 SingleStep = Literal["auto", "plain", "padded"]
 #: Timed repetitions of each step kind when calibrating (interleaved, fastest taken).
 CALIBRATION_REPEATS = 7
+#: A one-token step is padded only when a two-token block is at least this fraction faster. A
+#: padded step computes the same values in other kernels (last-bit differences, enough in
+#: bfloat16 to change a greedy output), so a choice that near-equal timings could flip from one
+#: process to the next is not taken (on an H100 the two took 22.7 and 26.1 ms, near enough for
+#: a busy host to reverse them).
+PAD_MIN_GAIN = 0.10
 #: The logit of a token outside a draft's ``draft_vocab``. Finite, not -inf: temperature divides
 #: logits and policies take entropies as −Σ p·log p, where -inf would give NaN (-inf − -inf, or
 #: 0·-inf); it is low enough that exp(it − any real logit) is exactly 0 in float32, so such a
@@ -57,6 +63,11 @@ class SingleStepCalibration:
     one_token_s: float
     two_tokens_s: float
     padded: bool
+
+
+def prefers_padding(one_token_s: float, two_tokens_s: float) -> bool:
+    """Return whether a two-token block is enough faster than a one-token step to pad steps."""
+    return two_tokens_s < one_token_s * (1 - PAD_MIN_GAIN)
 
 
 @dataclass(frozen=True)
@@ -192,8 +203,9 @@ class CachedLM:
         """Time one-token steps and two-token blocks, taking turns; pad steps if blocks win.
 
         Both run after a short prefix from an empty cache, which is left empty. The fastest of
-        the repeats counts (a busy machine only adds time). Returns (and keeps in
-        ``calibration``) those times and the choice.
+        the repeats counts (a busy machine only adds time); blocks win when they are at least
+        ``PAD_MIN_GAIN`` faster. Returns (and keeps in ``calibration``) those times and the
+        choice.
         """
         prefix = torch.zeros(8, dtype=torch.long, device=self.device)
         times: dict[int, list[float]] = {1: [], 2: []}
@@ -209,7 +221,7 @@ class CachedLM:
                 times[n].append(time.perf_counter() - start)
         self.reset()
         one, two = (min(times[n][1:]) for n in (1, 2))
-        self.calibration = SingleStepCalibration(one, two, padded=two < one)
+        self.calibration = SingleStepCalibration(one, two, padded=prefers_padding(one, two))
         self.pad_single_step = self.calibration.padded
         return self.calibration
 

@@ -1,0 +1,37 @@
+"""bench/actors.py end to end on the micro zoo, in its own process (it starts its own Ray)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from training.zoo import ZooManifest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "actors.py"
+
+
+def test_both_placements_decode_alike_and_report_their_calibrations(
+    micro_zoo: ZooManifest, tmp_path: Path
+) -> None:
+    out = tmp_path / "actors.json"
+    args = ["--target", str(micro_zoo.model_path("target"))]
+    args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
+    args += ["--samples", "3", "--max-new-tokens", "8", "--repeats", "1", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["methods"]) == {"ar", "static K=4"}
+    for figures in report["methods"].values():
+        assert figures["same_outputs"] and figures["same_accepted_counts"]
+        assert figures["in_process_tokens_per_s"] > 0 and figures["actors_tokens_per_s"] > 0
+        low, high = figures["ratio_ci95"]
+        assert low <= figures["actors_over_in_process"] <= high
+    for place in ("in_process", "actors"):
+        for model in ("draft", "target"):
+            calibration = report["single_step_calibration"][place][model]
+            assert calibration["one_token_s"] > 0 and calibration["two_tokens_s"] > 0
+    assert "one-token steps padded: in_process draft" in run.stdout
