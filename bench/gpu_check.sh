@@ -11,6 +11,8 @@
 #                  tp-1 float16 target over NCCL, stored in OUT_DIR/gpu-smoke.db, and its table
 #   actors-bf16    bench/actors.py on the same pair in bfloat16: the Ray split against one process
 #   engine-fp16    bench/engine.py as engine-bf16, in float16
+#   replicas       bench/gpu_replicas.py: gpu_smoke.yaml's hf pair with one replica (the default)
+#                  and with two time-sharing the GPU, each sample's cost per token
 # Usage: bash bench/gpu_check.sh [OUT_DIR [STEP ...]]
 # Environment: PYTHON (default python3), GPU_CHECK_SAMPLES (prompts, default 4),
 # GPU_CHECK_TOKENS (new tokens per prompt, default 96).
@@ -19,7 +21,7 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
 shift || true
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(versions engine-bf16 sweep actors-bf16 engine-fp16)
+[ ${#steps[@]} -eq 0 ] && steps=(versions engine-bf16 sweep actors-bf16 engine-fp16 replicas)
 py=${PYTHON:-python3}
 samples=${GPU_CHECK_SAMPLES:-4}
 tokens=${GPU_CHECK_TOKENS:-96}
@@ -72,7 +74,11 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
         --max-new-tokens "$tokens" --repeats 3 --device cuda --dtype bfloat16 \
         --out "$out/actors-bf16.json"
       ;;
-    *) echo "unknown step $step (have: versions engine-bf16 sweep actors-bf16 engine-fp16)"; exit 2 ;;
+    replicas)
+      run replicas "$py" bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out "$out/replicas.json"
+      ;;
+    *) echo "unknown step $step (have: versions engine-bf16 sweep actors-bf16 engine-fp16 replicas)"
+       exit 2 ;;
   esac
 done
 if [ ${#failed[@]} -eq 0 ]; then

@@ -92,9 +92,13 @@ def groups_held(pairs: Sequence[PairSpec], node_resources: Iterable[Mapping[str,
     """Return how many worker groups serving ``pairs`` the nodes hold in total, each on one node.
 
     Counts each node's total resources (not what is in use); the runner's default replica
-    count starts from this.
+    count starts from this. A group's GPUs count whole (0.5 of a GPU counts as one), so the
+    default never starts two replicas that would time-share a GPU: two processes on one GPU
+    interleave their kernels, and each one's timings then depend on what the other runs.
     """
     need = bundle_totals(worker_group_bundles(pairs))
+    if "GPU" in need:
+        need["GPU"] = float(math.ceil(need["GPU"] - 1e-9))
     return sum(
         min(math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items())
         for node in node_resources

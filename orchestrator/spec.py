@@ -463,8 +463,9 @@ class ExecutionSpec(_Frozen):
 
     A live trial's prompts run in shards of ``shard_prompts`` (a trial whose policy keeps
     state across requests stays one shard), spread over ``replicas`` replicas of each worker
-    group (default: as many as the cluster holds, shared among the ``max_concurrent_pairs``
-    groups run at once, at most one per pending shard). Pairs with identical targets share one
+    group (default: as many as the cluster holds, counting a group's GPUs whole so that no two
+    replicas time-share a GPU, shared among the ``max_concurrent_pairs`` groups run at once, at
+    most one per pending shard). Pairs with identical targets share one
     worker group (``orchestrator.target_sets``), which counts once here.
     """
 

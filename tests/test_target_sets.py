@@ -66,8 +66,9 @@ def test_a_shared_group_holds_the_target_once_and_one_draft_bundle_per_pair() ->
         {"CPU": 1.0, "GPU": 0.25},
     ]
     assert bundle_totals(bundles) == {"CPU": 4.0, "GPU": 2.75}
-    assert groups_held(shared.pairs, [{"CPU": 16, "GPU": 8}]) == 2  # 2 × 2.75 GPUs ≤ 8 < 3 × 2.75
-    assert groups_held(solo(a).pairs, [{"CPU": 16, "GPU": 8}]) == 3
+    assert groups_held(shared.pairs, [{"CPU": 16, "GPU": 8}]) == 2  # 2.75 GPUs count as 3
+    assert groups_held(solo(a).pairs, [{"CPU": 16, "GPU": 8}]) == 2  # so do 2.5
+    assert groups_held(solo(a).pairs, [{"CPU": 16, "GPU": 9}]) == 3
     message = unplaceable_message(shared.pairs, 5, [{"CPU": 2.0, "GPU": 1.0}])
     assert "pairs 'a', 'b' (sharing one target)" in message
     assert "drafts {CPU: 1, GPU: 0.5} + {CPU: 1, GPU: 0.25} = {CPU: 4, GPU: 2.75}" in message

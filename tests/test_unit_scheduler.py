@@ -112,3 +112,15 @@ def test_groups_held_counts_whole_groups_per_node(nodes, expected) -> None:
         {"name": "p", "target": {"model": "t", "gpus": 1}, "draft": {"model": "d"}}
     )
     assert groups_held([pair], nodes) == expected
+
+
+@pytest.mark.parametrize("gpus,expected", [(1, 1), (2, 2), (3, 3)])
+def test_groups_held_never_lets_two_replicas_share_a_gpu(gpus, expected) -> None:
+    pair = PairSpec.model_validate(
+        {
+            "name": "p",
+            "target": {"model": "t", "gpus": 0.4},
+            "draft": {"model": "d", "gpus": 0.1},
+        }
+    )
+    assert groups_held([pair], [{"CPU": 16, "GPU": gpus}]) == expected
