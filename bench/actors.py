@@ -29,7 +29,7 @@ from workers.datasets import DatasetSpec, load_prompts
 from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
-from workers.trial import BASELINE_POLICY, TrialRequest, run_trial
+from workers.trial import BASELINE_POLICY, GPU_WARMUP_SECONDS, TrialRequest, run_trial, warm_up
 
 
 def _tokens_per_s(results: list[GenerationResult]) -> float:
@@ -54,6 +54,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--dtype", default="float32", choices=sorted(DTYPES), help="both models' weights"
+    )
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=None,
+        help=f"untimed decoding in each placement first (default {GPU_WARMUP_SECONDS:g} on cuda, "
+        "else one pass)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-actors.json"))
     return parser.parse_args(argv)
@@ -84,6 +91,18 @@ def _method_report(local: list[GenerationResult], split: list[GenerationResult])
 def _asdict(calibration: SingleStepCalibration | None) -> dict | None:
     """Return a one-token step calibration as JSON-ready fields (None when there is none)."""
     return None if calibration is None else asdict(calibration)
+
+
+def _warm_both(
+    args: argparse.Namespace, draft: CachedLM, target: LocalTarget, draft_actor, request
+) -> float:
+    """Decode ``request`` untimed in both placements for the warm-up time; return that time."""
+    warmup = args.warmup_seconds
+    if warmup is None:
+        warmup = GPU_WARMUP_SECONDS if torch.device(args.device).type == "cuda" else 0.0
+    warm_up(draft, target, request, warmup)
+    ray.get(draft_actor.warm_up.remote(request, warmup))
+    return warmup
 
 
 def _calibrations(draft: CachedLM, target: LocalTarget, draft_actor, target_actor) -> dict:
@@ -141,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     draft_actor = DraftWorker.options(num_cpus=1, num_gpus=gpus).remote(
         ModelSpec(str(draft_path), args.dtype), [target_actor]
     )
+    warmup = _warm_both(args, draft, target, draft_actor, requests[f"static K={args.k}"])
     local: dict[str, list[GenerationResult]] = {name: [] for name in requests}
     split: dict[str, list[GenerationResult]] = {name: [] for name in requests}
     for _ in range(args.repeats):
@@ -156,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
         "device": args.device,
+        "warmup_seconds": warmup,
         "dtype": args.dtype,
         "methods": {name: _method_report(local[name], split[name]) for name in requests},
         "single_step_calibration": calibrations,

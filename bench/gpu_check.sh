@@ -13,6 +13,7 @@
 #   engine-fp16    bench/engine.py as engine-bf16, in float16
 #   replicas       bench/gpu_replicas.py: gpu_smoke.yaml's hf pair with one replica (the default)
 #                  and with two time-sharing the GPU, each sample's cost per token
+#   warmup         bench/gpu_warmup.py: a fresh process's cost per token over its first 75 s
 # Usage: bash bench/gpu_check.sh [OUT_DIR [STEP ...]]
 # Environment: PYTHON (default python3), GPU_CHECK_SAMPLES (prompts, default 4),
 # GPU_CHECK_TOKENS (new tokens per prompt, default 96).
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
 shift || true
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(versions engine-bf16 sweep actors-bf16 engine-fp16 replicas)
+[ ${#steps[@]} -eq 0 ] && steps=(versions warmup engine-bf16 sweep actors-bf16 engine-fp16 replicas)
 py=${PYTHON:-python3}
 samples=${GPU_CHECK_SAMPLES:-4}
 tokens=${GPU_CHECK_TOKENS:-96}
@@ -74,10 +75,14 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
         --max-new-tokens "$tokens" --repeats 3 --device cuda --dtype bfloat16 \
         --out "$out/actors-bf16.json"
       ;;
+    warmup)
+      run warmup "$py" bench/gpu_warmup.py --target zoo:smol/target --device cuda \
+        --dtype bfloat16 --out "$out/warmup.json"
+      ;;
     replicas)
       run replicas "$py" bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out "$out/replicas.json"
       ;;
-    *) echo "unknown step $step (have: versions engine-bf16 sweep actors-bf16 engine-fp16 replicas)"
+    *) echo "unknown step $step (have: versions warmup engine-bf16 sweep actors-bf16 engine-fp16 replicas)"
        exit 2 ;;
   esac
 done

@@ -60,7 +60,7 @@ from workers.actors import DraftWorker, TargetWorker
 from workers.model_spec import ModelSpec, RankSpec
 from workers.prompt_format import response_text
 from workers.records import BASELINE_POLICY, SamplingConfig
-from workers.trial import TrialRequest
+from workers.trial import GPU_WARMUP_SECONDS, TrialRequest
 
 #: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
 WARMUP_TOKENS = 8
@@ -89,12 +89,14 @@ class GroupReplica:
         record_rounds: bool,
         store: Store,
         artifacts: dict[str, str] | None = None,
+        warmup_seconds: float | None = None,
     ) -> None:
         self.shared = shared
         self.name = shared.name
         self.artifacts = artifacts or {}
         self.inputs = inputs
         self.record_rounds = record_rounds
+        self.warmup_seconds = group_warmup_seconds(warmup_seconds, shared)
         self.store = store
         self.ranks: list = []
         self.drafts: dict[str, Any] = {}
@@ -300,11 +302,13 @@ class GroupReplica:
         self._warm_up(pair, model is not None)
 
     def _warm_up(self, pair: str, has_draft: bool) -> None:
-        """Decode a few tokens of one prompt on ``pair``'s new draft actor; discard the result.
+        """Decode one prompt's first tokens on ``pair``'s new draft actor, untimed, for
+        ``warmup_seconds`` (at least once).
 
-        The first forwards of a fresh process pay for lazy initialisation and allocator growth;
-        without this they would land in whichever trial runs first (often the AR baseline,
-        which every speedup divides by). ``warmup_samples`` still warms each trial on top.
+        The first forwards of a fresh process pay for lazy initialisation and allocator growth
+        (on a GPU, seconds of slower steps: ``workers.trial.GPU_WARMUP_SECONDS``); without this
+        they would land in whichever trial runs first (often the AR baseline, which every
+        speedup divides by). ``warmup_samples`` still warms each trial on top.
         """
         key = next(iter(self.inputs.prompts))
         prompt = self.inputs.token_ids(pair, key, WARMUP_TOKENS)[:1]
@@ -314,7 +318,7 @@ class GroupReplica:
             policy="static" if has_draft else BASELINE_POLICY,
             max_draft_len=WARMUP_DRAFT_LEN,
         )
-        ray.get(self.drafts[pair].run_trial.remote(request))
+        ray.get(self.drafts[pair].warm_up.remote(request, self.warmup_seconds))
 
     def close(self) -> None:
         """Kill the group's actors (every draft and rank) and free their placement group."""
@@ -323,6 +327,16 @@ class GroupReplica:
         if self.group is not None:
             remove_worker_group(self.group)
         self.drafts, self.ranks, self.group = {}, [], None
+
+
+def group_warmup_seconds(setting: float | None, shared: SharedTarget) -> float:
+    """Return how long a new draft actor of ``shared``'s group warms up: ``setting`` when
+    given, else ``GPU_WARMUP_SECONDS`` when the target or any draft uses a GPU, else 0 (one
+    pass)."""
+    if setting is not None:
+        return setting
+    uses_gpu = any(pair.target.gpus > 0 or pair.draft.gpus > 0 for pair in shared.pairs)
+    return GPU_WARMUP_SECONDS if uses_gpu else 0.0
 
 
 @dataclass(frozen=True)

@@ -238,8 +238,15 @@ class _SweepRun:
 
     def _replica(self, shared: SharedTarget) -> GroupReplica:
         """Return a new (not yet started) replica of ``shared``'s worker group."""
-        record = self.spec.execution.record_rounds
-        return GroupReplica(shared, self.inputs, record, self.store, self.artifacts)
+        execution = self.spec.execution
+        return GroupReplica(
+            shared,
+            self.inputs,
+            execution.record_rounds,
+            self.store,
+            self.artifacts,
+            warmup_seconds=execution.warmup_seconds,
+        )
 
     def run_shard(self, replica: GroupReplica, unit: WorkUnit) -> None:
         """Run one shard on ``replica`` and store it; finish its trial once all are stored."""

@@ -467,10 +467,15 @@ class ExecutionSpec(_Frozen):
     replicas time-share a GPU, shared among the ``max_concurrent_pairs`` groups run at once, at
     most one per pending shard). Pairs with identical targets share one
     worker group (``orchestrator.target_sets``), which counts once here.
+
+    Each new draft actor decodes untimed for ``warmup_seconds`` (default: 20 s when its worker
+    group uses a GPU, else one short pass) before its first timed shard; ``warmup_samples``
+    prompts of each trial are then decoded untimed on a replica's first shard of that trial.
     """
 
     retries: int = Field(2, ge=0, le=100)
     warmup_samples: int = Field(1, ge=0, le=1000)
+    warmup_seconds: float | None = Field(None, ge=0.0, le=3600.0)
     record_rounds: bool = True
     max_concurrent_pairs: int = Field(1, ge=1, le=1024)
     shard_prompts: int = Field(4, ge=1, le=1_000_000)

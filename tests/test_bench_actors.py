@@ -35,3 +35,4 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
             calibration = report["single_step_calibration"][place][model]
             assert calibration["one_token_s"] > 0 and calibration["two_tokens_s"] > 0
     assert "one-token steps padded: in_process draft" in run.stdout
+    assert report["warmup_seconds"] == 0.0

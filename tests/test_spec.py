@@ -63,6 +63,7 @@ def test_minimal_sweep_gets_defaults_and_shorthands(tmp_path: Path) -> None:
     assert spec.seeds == (0,)
     assert spec.execution.retries == 2
     assert spec.execution.record_rounds is True
+    assert spec.execution.warmup_seconds is None
 
 
 def test_spec_is_frozen(tmp_path: Path) -> None:
@@ -281,7 +282,7 @@ def test_absurd_sizes_are_rejected(tmp_path: Path) -> None:
         policies: [{name: static}]
         max_draft_lens: [4]
         seeds: [-1]
-        execution: {retries: -1}
+        execution: {retries: -1, warmup_seconds: -2}
         """,
     )
     paths = [": ".join(p.split(": ")[:2]) for p in problems]
@@ -291,6 +292,7 @@ def test_absurd_sizes_are_rejected(tmp_path: Path) -> None:
         "8: temperatures[0].top_p",
         "11: seeds[0]",
         "12: execution.retries",
+        "12: execution.warmup_seconds",
     ]
 
 

@@ -12,6 +12,9 @@ from tiny_models import build_tiny_pair, prompts
 
 from orchestrator.planner import Trial
 from orchestrator.replay_stage import replay_rounds
+from orchestrator.replica import group_warmup_seconds
+from orchestrator.spec import PairSpec
+from orchestrator.target_sets import solo
 from policies import make_policy
 from policies.replay import replay
 from workers.engine import RequestSettings, speculative_generate
@@ -19,7 +22,7 @@ from workers.lm import CachedLM
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
 from workers.trace import record_trace
-from workers.trial import TrialRequest, run_trial, sample_seed
+from workers.trial import GPU_WARMUP_SECONDS, TrialRequest, run_trial, sample_seed, warm_up
 
 torch.set_num_threads(1)
 
@@ -167,3 +170,35 @@ def test_a_verify_request_pickles_to_the_same_request():
             a, b = getattr(request, name), getattr(copy, name)
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert copy.want_hidden == request.want_hidden
+
+
+def test_warm_up_runs_one_pass_or_passes_until_its_time_is_up(pair) -> None:
+    draft, target = pair
+    request = TrialRequest(prompts(2), GREEDY, "static", max_draft_len=2)
+    once = warm_up(draft, target, request, min_seconds=0.0)
+    assert once.passes == 1 and len(once.seconds_per_token) == 1
+    timed = warm_up(draft, target, request, min_seconds=0.3)
+    assert timed.seconds >= 0.3 and timed.passes == len(timed.seconds_per_token) >= 2
+    assert all(cost > 0 for cost in timed.seconds_per_token)
+
+
+@pytest.mark.parametrize(
+    "target_gpus,draft_gpus,setting,expected",
+    [
+        (0, 0, None, 0.0),
+        (0.4, 0.1, None, GPU_WARMUP_SECONDS),
+        (0, 0.5, None, GPU_WARMUP_SECONDS),
+        (1, 0, 3.0, 3.0),
+    ],
+)
+def test_new_actors_warm_up_longer_when_their_group_uses_a_gpu(
+    target_gpus, draft_gpus, setting, expected
+) -> None:
+    spec = PairSpec.model_validate(
+        {
+            "name": "p",
+            "target": {"model": "t", "gpus": target_gpus},
+            "draft": {"model": "d", "gpus": draft_gpus},
+        }
+    )
+    assert group_warmup_seconds(setting, solo(spec)) == expected

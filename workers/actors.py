@@ -22,7 +22,7 @@ from workers.model_spec import ModelSpec, RankSpec
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 from workers.trace import GreedyTrace, record_trace
-from workers.trial import TrialRequest, run_trial
+from workers.trial import TrialRequest, WarmUp, run_trial, warm_up
 
 __all__ = [
     "DraftWorker",
@@ -197,6 +197,10 @@ class DraftWorker:
     def run_trial(self, request: TrialRequest) -> list[GenerationResult]:
         """Run one trial (all its prompts) and return one result per prompt."""
         return run_trial(self.draft, self.target, request)
+
+    def warm_up(self, request: TrialRequest, min_seconds: float) -> WarmUp:
+        """Decode ``request`` untimed for at least ``min_seconds`` (``workers.trial.warm_up``)."""
+        return warm_up(self.draft, self.target, request, min_seconds)
 
     def single_step_calibration(self) -> SingleStepCalibration | None:
         """Return how the draft's one-token steps were calibrated (None without a draft)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,14 @@ from workers.engine import (
 from workers.lm import CachedLM
 from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 
-__all__ = ["BASELINE_POLICY", "TrialRequest", "run_trial", "sample_seed"]
+__all__ = ["BASELINE_POLICY", "TrialRequest", "WarmUp", "run_trial", "sample_seed", "warm_up"]
+
+#: Seconds a new process on a GPU decodes before its first timed sample. On an H200, decoding
+#: in a fresh process ran at 47–71 ms a token, in spells, for about its first 12 s, then at a
+#: steady 13–16 ms, whatever the prompt or temperature, while a pure-Python probe between
+#: requests kept one speed (docs/gpu/warmup-transient-h200.log); a one-prompt warm-up left
+#: that spell in the first trials' samples.
+GPU_WARMUP_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,33 @@ def run_trial(
         _decode(draft, target, request, policy, prompt, seed=sample_seed(request.seed, index))
         for index, prompt in zip(indices, request.prompts, strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What a warm-up did: passes over its prompts, seconds spent, per-token cost of each pass."""
+
+    passes: int
+    seconds: float
+    seconds_per_token: tuple[float, ...]
+
+
+def warm_up(
+    draft: CachedLM | None, target: TargetScorer, request: TrialRequest, min_seconds: float
+) -> WarmUp:
+    """Decode ``request`` (results discarded) in passes until ``min_seconds`` have gone by.
+
+    At least one pass runs. A process's first decoding can be slower for a while (lazy
+    initialisation, allocator growth; on a GPU a spell of several seconds, see
+    ``GPU_WARMUP_SECONDS``), and that time must not land in a timed sample.
+    """
+    start = time.perf_counter()
+    costs: list[float] = []
+    while not costs or time.perf_counter() - start < min_seconds:
+        results = run_trial(draft, target, request)
+        tokens = sum(r.n_generated for r in results)
+        costs.append(sum(r.seconds for r in results) / max(tokens, 1))
+    return WarmUp(len(costs), time.perf_counter() - start, tuple(costs))
 
 
 def sample_seed(trial_seed: int, index: int) -> int:
