@@ -33,11 +33,14 @@ class Verdict:
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """Verify ``draft_tokens`` [K] against target logits [K+1, V] under greedy decoding."""
-    target_choice = target_logits.argmax(dim=-1)
-    n_draft = draft_tokens.shape[0]
-    mismatch = (draft_tokens != target_choice[:n_draft]).nonzero()
-    n_accepted = int(mismatch[0, 0]) if mismatch.numel() else n_draft
-    return Verdict(n_accepted=n_accepted, next_token=int(target_choice[n_accepted]))
+    # K is small: one argmax, one copy to Python, and a Python scan cost less than tensor ops.
+    target_choice = target_logits.argmax(dim=-1).tolist()
+    n_accepted = 0
+    for drafted in draft_tokens.tolist():
+        if drafted != target_choice[n_accepted]:
+            break
+        n_accepted += 1
+    return Verdict(n_accepted=n_accepted, next_token=target_choice[n_accepted])
 
 
 def verify_sampling(
