@@ -4,8 +4,9 @@ Takes a sweep file's first pair (on a one-GPU machine: ``sweeps/gpu_smoke.yaml``
 take half a GPU), keeps its first policy and runs the sweep twice into fresh SQLite files: with
 the runner's default replica count (a group's GPUs count whole, so one replica per GPU) and
 with ``execution.replicas: 2`` (two groups time-sharing the GPU). For every trial it reports
-each sample's seconds per token and the spread (slowest / fastest sample), as JSON: samples
-of one trial cost about the same unless something else runs on the GPU beside them.
+each sample's seconds per token and the spread (slowest / fastest sample), as JSON. A wide
+spread with one replica points at the process itself (on the H200 it was a fresh process's
+warm-up spell, see bench/gpu_warmup.py), one only with two at the GPU being shared.
 
     python bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out runs/gpu/replicas.json
 """

@@ -176,9 +176,9 @@ def test_warm_up_runs_one_pass_or_passes_until_its_time_is_up(pair) -> None:
     draft, target = pair
     request = TrialRequest(prompts(2), GREEDY, "static", max_draft_len=2)
     once = warm_up(draft, target, request, min_seconds=0.0)
-    assert once.passes == 1 and len(once.seconds_per_token) == 1
+    assert once.passes == 1
     timed = warm_up(draft, target, request, min_seconds=0.3)
-    assert timed.seconds >= 0.3 and timed.passes == len(timed.seconds_per_token) >= 2
+    assert timed.seconds >= 0.3 and timed.passes >= 2
     assert all(cost > 0 for cost in timed.seconds_per_token)
 
 

@@ -117,7 +117,7 @@ class LocalTarget:
         n_pending = request.pending.numel()
         logits = out.logits[n_pending - 1 :]
         if self.sampling.greedy:
-            verdict = verify_greedy(request.draft_tokens.to(logits.device), logits)
+            verdict = verify_greedy(request.draft_tokens, logits)
         else:
             # The K+1 warped rows move to the CPU, where the seeded generator draws (the same
             # stream on every device) and the rejected row is sent back from.

@@ -21,10 +21,10 @@ from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 __all__ = ["BASELINE_POLICY", "TrialRequest", "WarmUp", "run_trial", "sample_seed", "warm_up"]
 
 #: Seconds a new process on a GPU decodes before its first timed sample. On an H200, decoding
-#: in a fresh process ran at 47–71 ms a token, in spells, for about its first 12 s, then at a
-#: steady 13–16 ms, whatever the prompt or temperature, while a pure-Python probe between
-#: requests kept one speed (docs/gpu/warmup-transient-h200.log); a one-prompt warm-up left
-#: that spell in the first trials' samples.
+#: in a fresh process ran at 47–71 ms a token, in spells, for about its first 12 s, then mostly
+#: at 13–16 ms, whatever the prompt or temperature, while a pure-Python probe between requests
+#: kept its speed (docs/gpu/warmup-transient-h200.log); a one-prompt warm-up left that spell in
+#: the first trials' samples.
 GPU_WARMUP_SECONDS = 20.0
 
 
@@ -86,9 +86,13 @@ def run_trial(
 class WarmUp:
     """What a warm-up did: passes over its prompts, seconds spent, per-token cost of each pass."""
 
-    passes: int
     seconds: float
     seconds_per_token: tuple[float, ...]
+
+    @property
+    def passes(self) -> int:
+        """Number of passes over the request's prompts."""
+        return len(self.seconds_per_token)
 
 
 def warm_up(
@@ -106,7 +110,7 @@ def warm_up(
         results = run_trial(draft, target, request)
         tokens = sum(r.n_generated for r in results)
         costs.append(sum(r.seconds for r in results) / max(tokens, 1))
-    return WarmUp(len(costs), time.perf_counter() - start, tuple(costs))
+    return WarmUp(time.perf_counter() - start, tuple(costs))
 
 
 def sample_seed(trial_seed: int, index: int) -> int:

@@ -32,7 +32,10 @@ class Verdict:
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
-    """Verify ``draft_tokens`` [K] against target logits [K+1, V] under greedy decoding."""
+    """Verify ``draft_tokens`` [K] against target logits [K+1, V] under greedy decoding.
+
+    The two may live on different devices: both are compared as Python lists.
+    """
     # K is small: one argmax, one copy to Python, and a Python scan cost less than tensor ops.
     target_choice = target_logits.argmax(dim=-1).tolist()
     n_accepted = 0
