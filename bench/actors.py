@@ -2,12 +2,18 @@
 
 Runs target-only AR and static-K speculative decoding on one pair and prompt set, greedy, in
 process (draft and target in this process, one torch thread, as each actor has) and with the
-target in a TargetWorker and the draft in a DraftWorker, the two placements taking turns trial by
-trial (``--repeats`` turns), so drift of a shared machine hits both alike. Checks that outputs and
+target in a TargetWorker and the draft in a DraftWorker, after both placements have decoded the
+prompts once untimed. The placements take turns prompt by prompt (each prompt one trial, the
+placement that goes first alternating), over ``--repeats`` passes: on this repository's 2-core
+machine the same prompt's cost drifts by up to ±20% over tens of seconds, and turns a whole
+trial long left that drift in the ratio (two runs of 6-prompt trials on SmolLM2 gave static
+K = 4 0.884× and 0.962×, each interval excluding the other's figure). Checks that outputs and
 accepted counts are identical and reports tokens/s of both and their ratio, with a paired
-bootstrap 95% interval over (prompt, repeat) samples, as JSON.
+bootstrap 95% interval over (prompt, repeat) samples and every sample's seconds, as JSON.
 
-    python bench/actors.py --target zoo:demo/target --draft zoo:demo/draft-s --out bench-actors.json
+    python bench/actors.py --target zoo:smol/target --draft zoo:smol/draft-s --out bench-actors.json
+
+Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import ray
@@ -27,6 +33,7 @@ from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
 from workers.datasets import DatasetSpec, load_prompts
 from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
+from workers.prompt_format import encode_prompt, uses_chat_template
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trial import BASELINE_POLICY, GPU_WARMUP_SECONDS, TrialRequest, run_trial, warm_up
@@ -42,13 +49,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--target", default="zoo:demo/target")
-    parser.add_argument("--draft", default="zoo:demo/draft-s")
-    parser.add_argument("--dataset", default="builtin:code")
-    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--target", default="zoo:smol/target")
+    parser.add_argument("--draft", default="zoo:smol/draft-s")
+    parser.add_argument("--dataset", default="humaneval")
+    parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--k", type=int, default=4, help="static draft length")
-    parser.add_argument("--repeats", type=int, default=2, help="turns of both placements")
+    parser.add_argument("--repeats", type=int, default=6, help="turns of both placements")
     parser.add_argument(
         "--device", default="cpu", help="cpu, or cuda: in process on cuda, each actor a GPU share"
     )
@@ -69,7 +76,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _method_report(local: list[GenerationResult], split: list[GenerationResult]) -> dict:
     """Return one method's figures in both placements and whether their rounds agree.
 
-    The ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples.
+    The ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples, each listed
+    with its tokens and seconds in both placements.
     """
     in_process, actors = _tokens_per_s(local), _tokens_per_s(split)
     ratio = paired_speed_ratio(
@@ -83,6 +91,10 @@ def _method_report(local: list[GenerationResult], split: list[GenerationResult])
         "actors_tokens_per_s": actors,
         "actors_over_in_process": actors / in_process,
         "ratio_ci95": None if ratio is None else [ratio.low, ratio.high],
+        "per_sample": [
+            {"tokens": a.n_generated, "in_process_s": a.seconds, "actors_s": b.seconds}
+            for a, b in zip(local, split, strict=True)
+        ],
         "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
         "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
     }
@@ -132,6 +144,28 @@ def _ci(bounds: list[float] | None) -> str:
     return "n/a" if bounds is None else f"{bounds[0]:.3f}-{bounds[1]:.3f}"
 
 
+def _take_turns(
+    draft: CachedLM, target: LocalTarget, draft_actor, requests: dict, repeats: int
+) -> tuple[dict[str, list[GenerationResult]], dict[str, list[GenerationResult]]]:
+    """Run every (repeat, prompt, method) in both placements back to back, the one that goes
+    first alternating from prompt to prompt and from repeat to repeat; return each method's
+    results in process and on the actors, in the same order."""
+    local: dict[str, list[GenerationResult]] = {name: [] for name in requests}
+    split: dict[str, list[GenerationResult]] = {name: [] for name in requests}
+    prompts = next(iter(requests.values())).prompts
+    for repeat in range(repeats):
+        for index, prompt in enumerate(prompts):
+            order = (True, False) if (repeat + index) % 2 == 0 else (False, True)
+            for name, request in requests.items():
+                one = replace(request, prompts=[prompt], warmup_samples=0)
+                for in_process in order:
+                    if in_process:
+                        local[name] += run_trial(draft, target, one)
+                    else:
+                        split[name] += ray.get(draft_actor.run_trial.remote(one))
+    return local, split
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both placements in turns, print the comparison and write JSON; return exit code."""
     args = _parse_args(argv)
@@ -139,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts = [
-        tokenizer(p.text)["input_ids"][-256:]
+        encode_prompt(tokenizer, p.text, uses_chat_template(tokenizer, None), 256)
         for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
     ]
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
@@ -161,12 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         ModelSpec(str(draft_path), args.dtype), [target_actor]
     )
     warmup = _warm_both(args, draft, target, draft_actor, requests[f"static K={args.k}"])
-    local: dict[str, list[GenerationResult]] = {name: [] for name in requests}
-    split: dict[str, list[GenerationResult]] = {name: [] for name in requests}
-    for _ in range(args.repeats):
-        for name, request in requests.items():
-            local[name] += run_trial(draft, target, request)
-            split[name] += ray.get(draft_actor.run_trial.remote(request))
+    local, split = _take_turns(draft, target, draft_actor, requests, args.repeats)
     calibrations = _calibrations(draft, target, draft_actor, target_actor)
     ray.shutdown()
     report = {

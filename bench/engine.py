@@ -15,8 +15,10 @@ suffixed "(transformers modules)", on the transformers forward (``CachedLM(fast=
 the report separates what the engine loop gains from what the model path gains. Within a path,
 AR and the static K take turns prompt by prompt, so drift of a shared machine hits them alike.
 
-    python bench/engine.py --target zoo:demo/target --draft zoo:demo/draft-m \
-        --dataset builtin:code --samples 16 --max-new-tokens 64 --out bench-engine.json
+    python bench/engine.py --target zoo:smol/target --draft zoo:smol/draft-s \
+        --dataset humaneval --samples 4 --max-new-tokens 48 --out bench-engine.json
+
+Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from policies import make_policy
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import DTYPES, CachedLM, load_causal_lm, synchronize
+from workers.prompt_format import encode_prompt, uses_chat_template
 from workers.records import GenerationResult, SamplingConfig
 from workers.static_comparison import compare_static_k
 from workers.target import LocalTarget
@@ -254,11 +257,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--target", default="zoo:demo/target")
-    parser.add_argument("--draft", default="zoo:demo/draft-m")
-    parser.add_argument("--dataset", default="builtin:code")
-    parser.add_argument("--samples", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--target", default="zoo:smol/target")
+    parser.add_argument("--draft", default="zoo:smol/draft-s")
+    parser.add_argument("--dataset", default="humaneval")
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--device", default="cpu", help="torch device of both models (cuda, ...)")
     parser.add_argument(
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts = [
-        tokenizer(p.text)["input_ids"][-256:]
+        encode_prompt(tokenizer, p.text, uses_chat_template(tokenizer, None), 256)
         for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
     ]
     target_model = load_causal_lm(target_path, args.dtype, args.device)

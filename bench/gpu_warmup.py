@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 from orchestrator.preflight import resolve_model_path
 from workers.datasets import DatasetSpec, load_prompts
 from workers.lm import DTYPES, CachedLM, load_causal_lm
+from workers.prompt_format import encode_prompt, uses_chat_template
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     path = resolve_model_path(args.target)
     tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = [
-        tokenizer(p.text)["input_ids"][-256:]
+        encode_prompt(tokenizer, p.text, uses_chat_template(tokenizer, None), 256)
         for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
     ]
     target = LocalTarget(CachedLM(load_causal_lm(path, args.dtype, args.device)))

@@ -14,8 +14,10 @@ error repeats the comparison with the fit leaving the config's own live run out,
 block-aware error adds a per-drafted-token target cost to the fit (the target's forward grows
 with the block it verifies, which the two-cost model leaves out).
 
-    python bench/replay.py --target zoo:demo/target --draft zoo:demo/draft-m \
-        --dataset builtin:code --samples 4 --max-new-tokens 32 --out bench-replay.json
+    python bench/replay.py --target zoo:smol/target --draft zoo:smol/draft-s \
+        --dataset humaneval --samples 4 --max-new-tokens 32 --out bench-replay.json
+
+Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from policies.replay import GreedyTrace, ReplayedRound, replay
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, speculative_generate
 from workers.lm import CachedLM, load_causal_lm
+from workers.prompt_format import encode_prompt, uses_chat_template
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trace import record_trace
@@ -282,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--target", default="zoo:demo/target")
-    parser.add_argument("--draft", default="zoo:demo/draft-m")
-    parser.add_argument("--dataset", default="builtin:code")
+    parser.add_argument("--target", default="zoo:smol/target")
+    parser.add_argument("--draft", default="zoo:smol/draft-s")
+    parser.add_argument("--dataset", default="humaneval")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=64, help="keep the last N tokens")
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -302,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
+    chat = uses_chat_template(tokenizer, None)
     ids = [
-        torch.tensor(tokenizer(p.text)["input_ids"][-args.prompt_tokens :])
+        torch.tensor(encode_prompt(tokenizer, p.text, chat, args.prompt_tokens))
         for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
     ]
     draft = CachedLM(load_causal_lm(draft_path))

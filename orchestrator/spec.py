@@ -102,7 +102,7 @@ def _model_ref_shorthand(value: Any) -> Any:
 def _check_zoo_ref(ref: str | None) -> str | None:
     """Reject ``zoo:`` references without a name after the prefix."""
     if ref is not None and ref.startswith(ZOO_PREFIX) and len(ref) == len(ZOO_PREFIX):
-        raise ValueError("a zoo reference needs a name, e.g. 'zoo:demo/target'")
+        raise ValueError("a zoo reference needs a name, e.g. 'zoo:smol/target'")
     return ref
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from training.zoo import ZooManifest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "actors.py"
@@ -18,7 +20,7 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
     out = tmp_path / "actors.json"
     args = ["--target", str(micro_zoo.model_path("target"))]
     args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
-    args += ["--samples", "3", "--max-new-tokens", "8", "--repeats", "1", "--out", str(out)]
+    args += ["--samples", "3", "--max-new-tokens", "8", "--repeats", "2", "--out", str(out)]
     run = subprocess.run(
         [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300
     )
@@ -30,6 +32,11 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
         assert figures["in_process_tokens_per_s"] > 0 and figures["actors_tokens_per_s"] > 0
         low, high = figures["ratio_ci95"]
         assert low <= figures["actors_over_in_process"] <= high
+        samples = figures["per_sample"]  # one per (repeat, prompt), each placement timed
+        assert len(samples) == 2 * 3 and all(s["tokens"] == 8 for s in samples)
+        for place in ("in_process", "actors"):
+            seconds = sum(s[f"{place}_s"] for s in samples)
+            assert figures[f"{place}_tokens_per_s"] == pytest.approx(48 / seconds)
     for place in ("in_process", "actors"):
         for model in ("draft", "target"):
             calibration = report["single_step_calibration"][place][model]

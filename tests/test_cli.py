@@ -50,8 +50,8 @@ SWEEP = """\
 name: cli
 pairs:
   - name: demo
-    target: zoo:demo/target
-    draft: zoo:demo/draft-s
+    target: zoo:micro/target
+    draft: zoo:micro/draft-s
 datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
 temperatures: [0]
 policies:
@@ -65,8 +65,8 @@ DONE_SWEEP = """\
 name: done
 pairs:
   - name: demo
-    target: zoo:demo/target
-    draft: zoo:demo/draft-s
+    target: zoo:micro/target
+    draft: zoo:micro/draft-s
 datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
 temperatures: [0]
 policies:
@@ -378,9 +378,9 @@ def test_status_lists_training_jobs_with_their_state(tmp_path: Path, capsys) -> 
         tmp_path / "jobs.yaml",
         DONE_SWEEP.replace("name: done", "name: jobs")
         + "training_jobs:\n"
-        + "  - {name: kd1, kind: distillspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,"
+        + "  - {name: kd1, kind: distillspec, base: zoo:micro/draft-s, teacher: zoo:micro/target,"
         + ' dataset: "builtin:code"}\n'
-        + "  - {name: kd2, kind: adaspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,"
+        + "  - {name: kd2, kind: adaspec, base: zoo:micro/draft-s, teacher: zoo:micro/target,"
         + ' dataset: "builtin:code"}\n',
     )
     spec = load_sweep(sweep_file)
@@ -555,7 +555,7 @@ def test_submit_dry_run_runs_nothing(
 def test_submit_preflight_failure_touches_no_store(
     fake_runner: FakeRunner, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    problem = "pairs[0].target.model: zoo:demo/target and zoo:demo/draft-s tokenizers differ"
+    problem = "pairs[0].target.model: zoo:micro/target and zoo:micro/draft-s tokenizers differ"
     fake_runner.preflight_problems = [problem]
     db = tmp_path / "results.db"
     sweep_file = _write(tmp_path / "cli.yaml", SWEEP)

@@ -22,8 +22,8 @@ SWEEP = """\
 name: est
 pairs:
   - name: p
-    target: {model: "zoo:demo/target", gpus: 1}
-    draft: {model: "zoo:demo/draft-s", gpus: 1}
+    target: {model: "zoo:micro/target", gpus: 1}
+    draft: {model: "zoo:micro/draft-s", gpus: 1}
 datasets: [{name: "builtin:code", samples: 4, max_new_tokens: 50}]
 temperatures: [0]
 policies: [{name: static}]
@@ -75,8 +75,8 @@ def test_pairs_with_the_same_target_share_one_replica_and_load_it_once() -> None
     spec = parse_sweep(
         (SWEEP % "[4]").replace(
             "pairs:\n",
-            'pairs:\n  - name: q\n    target: {model: "zoo:demo/target", gpus: 1}\n'
-            '    draft: {model: "zoo:demo/draft-m", gpus: 1}\n',
+            'pairs:\n  - name: q\n    target: {model: "zoo:micro/target", gpus: 1}\n'
+            '    draft: {model: "zoo:micro/draft-m", gpus: 1}\n',
         )
     )
     plan = plan_sweep(spec)

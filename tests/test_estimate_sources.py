@@ -19,11 +19,11 @@ SWEEP = """\
 name: {name}
 pairs:
   - name: {pair}
-    target: {{model: "zoo:demo/target", gpus: 1}}
-    draft: {{model: "zoo:demo/draft-s", gpus: 1}}
+    target: {{model: "zoo:micro/target", gpus: 1}}
+    draft: {{model: "zoo:micro/draft-s", gpus: 1}}
   - name: other
-    target: {{model: "zoo:demo/target", gpus: 1}}
-    draft: {{model: "zoo:demo/draft-m", gpus: 1}}
+    target: {{model: "zoo:micro/target", gpus: 1}}
+    draft: {{model: "zoo:micro/draft-m", gpus: 1}}
 datasets: [{{name: "builtin:code", samples: 4, max_new_tokens: 50}}]
 temperatures: [0]
 policies: [{{name: static}}]

@@ -47,12 +47,12 @@ def make_pair(
         {
             "name": name,
             "target": {
-                "model": "zoo:demo/target",
+                "model": "zoo:micro/target",
                 "backend": backend,
                 "tp_size": tp_size,
                 "gpus": target_gpus,
             },
-            "draft": {"model": "zoo:demo/draft", "gpus": draft_gpus},
+            "draft": {"model": "zoo:micro/draft", "gpus": draft_gpus},
         }
     )
 

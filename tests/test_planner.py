@@ -18,10 +18,10 @@ BASE = """\
 name: grid
 pairs:
   - name: p1
-    target: zoo:demo/target
-    draft: zoo:demo/draft-s
+    target: zoo:micro/target
+    draft: zoo:micro/draft-m
   - name: p2
-    target: zoo:demo/target
+    target: zoo:micro/target
     draft: zoo:micro/draft-s
 datasets:
   - {name: "builtin:code", samples: 4, max_new_tokens: 16}
@@ -157,7 +157,7 @@ def test_ids_change_with_what_is_measured() -> None:
         ("samples: 4, max_new_tokens: 16", "samples: 5, max_new_tokens: 16"),
         ("samples: 4, max_new_tokens: 16", "samples: 4, max_new_tokens: 17"),
         ("temperatures: [0, 0.8]", "temperatures: [0.1, 0.9]"),
-        ("target: zoo:demo/target", "target: {model: zoo:demo/target, dtype: bfloat16}"),
+        ("target: zoo:micro/target", "target: {model: zoo:micro/target, dtype: bfloat16}"),
         ("seeds: [0, 1]", "seeds: [0, 1]\nexecution: {warmup_samples: 2}"),
     ]:
         changed = BASE.replace(old, new)
@@ -195,7 +195,7 @@ JOBS = """\
 name: kd
 pairs:
   - name: distilled
-    target: zoo:demo/target
+    target: zoo:micro/target
     draft: {job: kd_draft}
 datasets: ["builtin:code"]
 temperatures: [0]
@@ -204,9 +204,9 @@ policies:
   - {name: specdecpp, job: head, grid: {threshold: [0.5, 0.7]}}
 max_draft_lens: [4]
 training_jobs:
-  - {name: kd_draft, kind: distillspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,
+  - {name: kd_draft, kind: distillspec, base: zoo:micro/draft-s, teacher: zoo:micro/target,
      dataset: "builtin:code", epochs: 1, config: {divergence: forward_kl}}
-  - {name: head, kind: specdecpp_head, base: zoo:demo/draft-s, teacher: zoo:demo/target,
+  - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s, teacher: zoo:micro/target,
      dataset: {name: "builtin:code", samples: 32}}
 """
 
@@ -238,9 +238,9 @@ def test_job_config_changes_job_and_trial_ids() -> None:
 
 def test_resources_per_pair() -> None:
     text = BASE.replace(
-        "  - name: p2\n    target: zoo:demo/target\n",
+        "  - name: p2\n    target: zoo:micro/target\n",
         "  - name: p2\n"
-        "    target: {model: zoo:demo/target, backend: deepspeed, tp_size: 2, gpus: 1}\n",
+        "    target: {model: zoo:micro/target, backend: deepspeed, tp_size: 2, gpus: 1}\n",
     ).replace("draft: zoo:micro/draft-s", "draft: {model: zoo:micro/draft-s, gpus: 0.5}")
     resources = {r.pair: r for r in _plan(text).resources()}
     assert (resources["p1"].cpus, resources["p1"].gpus) == (2, 0.0)
@@ -266,7 +266,7 @@ def test_demo_sweep_plan() -> None:
 
 
 CHAINED = JOBS.replace(
-    "  - {name: head, kind: specdecpp_head, base: zoo:demo/draft-s,",
+    "  - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s,",
     "  - {name: head, kind: specdecpp_head, base: 'job:kd_draft',",
 )
 
@@ -295,7 +295,7 @@ def test_policy_pairs_restrict_a_policy_to_its_pairs() -> None:
     ).replace(
         "    draft: {job: kd_draft}\n",
         "    draft: {job: kd_draft}\n"
-        "  - {name: zoo, target: zoo:demo/target, draft: zoo:demo/draft-s}\n",
+        "  - {name: zoo, target: zoo:micro/target, draft: zoo:micro/draft-s}\n",
     )
     plan = _plan(text)
     by_pair = {

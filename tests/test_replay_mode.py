@@ -284,8 +284,8 @@ CLI_SWEEP = """\
 name: cli
 pairs:
   - name: demo
-    target: zoo:demo/target
-    draft: zoo:demo/draft-s
+    target: zoo:micro/target
+    draft: zoo:micro/draft-s
 datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
 temperatures: [0]
 policies:

@@ -128,8 +128,8 @@ JOBS_SWEEP = """\
 name: jobs
 pairs:
   - name: big
-    target: {model: "zoo:demo/target", backend: deepspeed, tp_size: 2, gpus: 1.0}
-    draft: {model: "zoo:demo/draft-s", gpus: 0.5}
+    target: {model: "zoo:micro/target", backend: deepspeed, tp_size: 2, gpus: 1.0}
+    draft: {model: "zoo:micro/draft-s", gpus: 0.5}
 datasets: ["builtin:code"]
 temperatures: [0, 1]
 policies:
@@ -137,7 +137,7 @@ policies:
   - {name: oracle}
 max_draft_lens: [4]
 training_jobs:
-  - {name: head, kind: specdecpp_head, base: "zoo:demo/draft-s", teacher: "zoo:demo/target",
+  - {name: head, kind: specdecpp_head, base: "zoo:micro/draft-s", teacher: "zoo:micro/target",
      dataset: "builtin:code", epochs: 2}
 """
 

@@ -24,8 +24,8 @@ MINIMAL = """\
 name: tiny
 pairs:
   - name: demo
-    target: zoo:demo/target
-    draft: zoo:demo/draft-s
+    target: zoo:micro/target
+    draft: zoo:micro/draft-s
 datasets:
   - {name: "builtin:code", samples: 4, max_new_tokens: 16}
 temperatures: [0]
@@ -55,9 +55,9 @@ def _has_prefix(problems: list[str], prefix: str) -> bool:
 def test_minimal_sweep_gets_defaults_and_shorthands(tmp_path: Path) -> None:
     spec = load_sweep(_write(tmp_path, MINIMAL))
     pair = spec.pairs[0]
-    assert pair.target.model == "zoo:demo/target"
+    assert pair.target.model == "zoo:micro/target"
     assert (pair.target.backend, pair.target.tp_size, pair.target.dtype) == ("hf", 1, "float32")
-    assert pair.draft.model == "zoo:demo/draft-s" and pair.draft.job is None
+    assert pair.draft.model == "zoo:micro/draft-s" and pair.draft.job is None
     assert spec.temperatures[0].temperature == 0.0
     assert (spec.temperatures[0].top_k, spec.temperatures[0].top_p) == (0, 1.0)
     assert spec.seeds == (0,)
@@ -105,9 +105,9 @@ def test_field_errors_name_file_line_and_path(tmp_path: Path) -> None:
         pairs:
           - name: demo
             target:
-              model: zoo:demo/target
+              model: zoo:micro/target
               dtype: fp8
-            draft: zoo:demo/draft-s
+            draft: zoo:micro/draft-s
         datasets:
           - {name: "builtin:code", samples: 2000000}
         temperatures: [0]
@@ -131,7 +131,7 @@ def test_missing_field_points_at_parent_mapping(tmp_path: Path) -> None:
           - name: demo
             target:
               backend: hf
-            draft: zoo:demo/draft-s
+            draft: zoo:micro/draft-s
         datasets: ["builtin:code"]
         temperatures: [0]
         policies: [{name: static}]
@@ -153,7 +153,7 @@ def test_policy_problems(tmp_path: Path) -> None:
         tmp_path,
         """\
         name: tiny
-        pairs: [{name: demo, target: zoo:demo/target, draft: zoo:demo/draft-s}]
+        pairs: [{name: demo, target: zoo:micro/target, draft: zoo:micro/draft-s}]
         datasets: ["builtin:code"]
         temperatures: [0]
         policies:
@@ -195,7 +195,7 @@ def test_coerce_param_value() -> None:
 
 def test_hf_backend_is_one_actor(tmp_path: Path) -> None:
     text = MINIMAL.replace(
-        "    target: zoo:demo/target\n", "    target: {model: zoo:demo/target, tp_size: 2}\n"
+        "    target: zoo:micro/target\n", "    target: {model: zoo:micro/target, tp_size: 2}\n"
     )
     problems = _problems(tmp_path, text)
     assert problems == [
@@ -210,13 +210,13 @@ def test_cross_reference_problems(tmp_path: Path) -> None:
         name: tiny
         pairs:
           - name: a
-            target: zoo:demo/target
+            target: zoo:micro/target
             draft: {job: kd}
           - name: a
-            target: zoo:demo/target
+            target: zoo:micro/target
             draft: {job: head}
           - name: b
-            target: zoo:demo/target
+            target: zoo:micro/target
             draft: {job: missing}
         datasets: ["builtin:code"]
         temperatures: [0]
@@ -225,9 +225,9 @@ def test_cross_reference_problems(tmp_path: Path) -> None:
           - {name: static, job: head}
         max_draft_lens: [4]
         training_jobs:
-          - {name: kd, kind: distillspec, base: zoo:demo/draft-s, teacher: zoo:demo/target,
+          - {name: kd, kind: distillspec, base: zoo:micro/draft-s, teacher: zoo:micro/target,
              dataset: "builtin:code"}
-          - {name: head, kind: specdecpp_head, base: zoo:demo/draft-s, teacher: zoo:demo/target,
+          - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s, teacher: zoo:micro/target,
              dataset: "builtin:code"}
         """,
     )
@@ -250,8 +250,8 @@ def test_draft_needs_exactly_one_source_and_teacher_is_required(tmp_path: Path) 
         name: tiny
         pairs:
           - name: a
-            target: zoo:demo/target
-            draft: {model: zoo:demo/draft-s, job: kd}
+            target: zoo:micro/target
+            draft: {model: zoo:micro/draft-s, job: kd}
         datasets: ["builtin:code"]
         temperatures: [0]
         policies: [{name: static}]
@@ -259,7 +259,7 @@ def test_draft_needs_exactly_one_source_and_teacher_is_required(tmp_path: Path) 
         training_jobs:
           - name: kd
             kind: adaspec
-            base: zoo:demo/draft-s
+            base: zoo:micro/draft-s
             dataset: "builtin:code"
         """,
     )
@@ -274,8 +274,8 @@ def test_absurd_sizes_are_rejected(tmp_path: Path) -> None:
         name: tiny
         pairs:
           - name: a
-            target: {model: zoo:demo/target, backend: deepspeed, tp_size: 65, gpus: 1.5}
-            draft: {model: zoo:demo/draft-s, gpus: 0.25}
+            target: {model: zoo:micro/target, backend: deepspeed, tp_size: 65, gpus: 1.5}
+            draft: {model: zoo:micro/draft-s, gpus: 0.25}
         datasets:
           - {name: gsm8k, max_new_tokens: 100001}
         temperatures: [{temperature: 0.7, top_p: 0}]
@@ -302,9 +302,9 @@ def test_empty_lists_are_rejected(tmp_path: Path) -> None:
 
 
 def test_zoo_reference_needs_a_name(tmp_path: Path) -> None:
-    problems = _problems(tmp_path, MINIMAL.replace("draft: zoo:demo/draft-s", 'draft: "zoo:"'))
+    problems = _problems(tmp_path, MINIMAL.replace("draft: zoo:micro/draft-s", 'draft: "zoo:"'))
     assert problems == [
-        "5: pairs[0].draft.model: a zoo reference needs a name, e.g. 'zoo:demo/target'"
+        "5: pairs[0].draft.model: a zoo reference needs a name, e.g. 'zoo:smol/target'"
     ]
 
 
@@ -362,7 +362,7 @@ def test_check_local_paths(tmp_path: Path) -> None:
         draft: ./no/such/draft
       - name: b
         target: some-org/some-model
-        draft: zoo:demo/draft-s
+        draft: zoo:micro/draft-s
     datasets:
       - {{name: gsm8k, local_path: {tmp_path / "missing.jsonl"}}}
     temperatures: [0]
@@ -395,11 +395,11 @@ JOB_CHAIN = (
     MINIMAL
     + """\
 training_jobs:
-  - {name: a, kind: distillspec, base: "job:b", teacher: zoo:demo/target, dataset: "builtin:code"}
-  - {name: b, kind: distillspec, base: "job:a", teacher: zoo:demo/target, dataset: "builtin:code"}
-  - {name: c, kind: specdecpp_head, base: "job:nope", teacher: zoo:demo/target,
+  - {name: a, kind: distillspec, base: "job:b", teacher: zoo:micro/target, dataset: "builtin:code"}
+  - {name: b, kind: distillspec, base: "job:a", teacher: zoo:micro/target, dataset: "builtin:code"}
+  - {name: c, kind: specdecpp_head, base: "job:nope", teacher: zoo:micro/target,
      dataset: "builtin:code"}
-  - {name: d, kind: cali_ts_predictor, base: "job:c", teacher: zoo:demo/target,
+  - {name: d, kind: cali_ts_predictor, base: "job:c", teacher: zoo:micro/target,
      dataset: "builtin:code"}
 """
 )
@@ -422,7 +422,7 @@ def test_policy_pairs_must_name_pairs(tmp_path: Path) -> None:
 def test_job_settings_are_checked_by_the_jobs_own_parser(tmp_path: Path) -> None:
     text = MINIMAL + (
         "training_jobs:\n"
-        "  - {name: a, kind: adaspec, base: zoo:demo/draft-xs, teacher: zoo:demo/target,\n"
+        "  - {name: a, kind: adaspec, base: zoo:micro/draft-xs, teacher: zoo:micro/target,\n"
         '     dataset: "builtin:code", config: {k: 0.4}}\n'
     )
     problems = _problems(tmp_path, text)

@@ -50,8 +50,8 @@ SWEEP = """\
 name: store
 pairs:
   - name: demo
-    target: zoo:demo/target
-    draft: zoo:demo/draft-s
+    target: zoo:micro/target
+    draft: zoo:micro/draft-s
 datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
 temperatures: [0]
 policies:
@@ -60,7 +60,7 @@ policies:
     grid: {threshold: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
 max_draft_lens: [4, 8]
 training_jobs:
-  - {name: head, kind: specdecpp_head, base: zoo:demo/draft-s, teacher: zoo:demo/target,
+  - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s, teacher: zoo:micro/target,
      dataset: "builtin:code"}
 """
 
@@ -409,7 +409,7 @@ def test_training_jobs_and_artifacts(store: Store) -> None:
     with store.engine.connect() as connection:
         row = connection.execute(select(TrainingJobRow)).one()
     assert (row.status, row.attempts, row.metrics, row.seconds) == ("done", 1, {"loss": 0.5}, 12.0)
-    assert row.config["base"] == "zoo:demo/draft-s"
+    assert row.config["base"] == "zoo:micro/draft-s"
 
 
 def test_read_only_store_reads_and_rejects_writes(db_url: str) -> None:

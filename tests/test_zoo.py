@@ -185,7 +185,9 @@ def test_model_refs_resolve_to_the_cached_zoo(
     monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
     for name in ZOO_MODEL_NAMES:
         assert resolve_model_ref(f"zoo:micro/{name}", progress=False) == micro_zoo.models[name]
-    assert parse_model_ref("zoo:demo/draft-m") == ("demo", "draft-m")
+    assert parse_model_ref("zoo:smol/draft-exit") == ("smol", "draft-exit")
+    with pytest.raises(ValueError, match=r"toy 'demo' profile was removed.*zoo:smol/target"):
+        parse_model_ref("zoo:demo/target")
     for bad in ("zoo:nano/target", "zoo:micro/draft-xl", "hf:gpt2", "zoo:micro", "zoo:a/b/c"):
         with pytest.raises(ValueError):
             parse_model_ref(bad)
@@ -262,7 +264,7 @@ def test_recipe_hash_tracks_every_field() -> None:
     ]
     hashes = {recipe.recipe_hash() for recipe in variants}
     assert len(hashes) == len(variants) and MICRO_RECIPE.recipe_hash() not in hashes
-    assert PROFILES["demo"].recipe_hash() != PROFILES["micro"].recipe_hash()
+    assert PROFILES["smol"].recipe_hash() != PROFILES["micro"].recipe_hash()
 
 
 def test_recipes_are_validated() -> None:

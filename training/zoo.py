@@ -318,33 +318,6 @@ SMOL_RECIPE = PretrainedRecipe(profile="smol", source=SMOLLM2_SOURCE, drafts=SMO
 #: SmolLM2 alone (a minute or two: download, conversion, cost card), for a quick real target.
 SMOL_BASE_RECIPE = PretrainedRecipe(profile="smol-base", source=SMOLLM2_SOURCE)
 
-DEMO_RECIPE = ZooRecipe(
-    profile="demo",
-    vocab_size=4096,
-    code_chars=1_500_000,
-    math_problems=2000,
-    heldout_chars=20_000,
-    seq_len=128,
-    batch_size=8,
-    warmup_steps=20,
-    target=ModelShape(hidden_size=192, num_layers=4, intermediate_size=512, num_heads=4),
-    target_steps=260,
-    target_lr=3e-3,
-    enlargement=Enlargement(extra_layers=44, intermediate_size=512),
-    drafts=(
-        DraftRecipe("draft-xs", ModelShape(64, 1, 192, 2), lr=5e-3),
-        DraftRecipe("draft-s", ModelShape(128, 1, 384, 4), lr=4e-3),
-        DraftRecipe("draft-m", ModelShape(192, 2, 512, 4), lr=3e-3),
-    ),
-    main_draft="draft-m",
-    distill_steps=160,
-    seed=0,
-    onpolicy_fraction=1.0,
-    timing_repeats=30,
-    speedup_prompts=6,
-    speedup_new_tokens=48,
-)
-
 MICRO_RECIPE = ZooRecipe(
     profile="micro",
     vocab_size=1024,
@@ -371,8 +344,15 @@ MICRO_RECIPE = ZooRecipe(
     timing_repeats=10,
 )
 
+#: Profiles that existed once, with what to use instead (named when a ref still uses one).
+REMOVED_PROFILES = {
+    "demo": (
+        ": the toy 'demo' profile was removed; the demo's pair is now zoo:smol/target with "
+        "zoo:smol/draft-s (or draft-exit), and zoo:micro/... is the fast toy"
+    ),
+}
+
 PROFILES: dict[str, Recipe] = {
-    "demo": DEMO_RECIPE,
     "micro": MICRO_RECIPE,
     "smol": SMOL_RECIPE,
     "smol-base": SMOL_BASE_RECIPE,
@@ -486,7 +466,7 @@ def _remove_stale_builds(final: Path) -> None:
 
 
 def build_zoo(
-    profile: str | Recipe = "demo",
+    profile: str | Recipe = "smol",
     cache_dir: Path | None = None,
     progress: bool = True,
     force: bool = False,
@@ -532,7 +512,10 @@ def parse_model_ref(ref: str) -> tuple[str, str]:
         raise ValueError(f"not a zoo model ref (zoo:<profile>/<model>): {ref!r}")
     profile, name = ref[len(MODEL_REF_PREFIX) :].split("/")
     if profile not in PROFILES:
-        raise ValueError(f"unknown zoo profile {profile!r} in {ref!r}; have {sorted(PROFILES)}")
+        hint = REMOVED_PROFILES.get(profile, "")
+        raise ValueError(
+            f"unknown zoo profile {profile!r} in {ref!r}; have {sorted(PROFILES)}{hint}"
+        )
     names = PROFILES[profile].model_names
     if name not in names:
         raise ValueError(f"unknown zoo model {name!r} in {ref!r}; have {names}")

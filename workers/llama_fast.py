@@ -3,8 +3,8 @@
 Batch-1 decoding of a small model is dominated by per-call bookkeeping, not arithmetic: the
 transformers forward builds a causal mask, position ids and cache objects and goes through
 seven ``nn.Module`` calls per layer, and its ``DynamicCache`` grows by concatenation. On the
-demo zoo's 48-layer target on a 2-core CPU that bookkeeping is most of a decode step. This
-module runs the same computation on the model's own weights with nothing else: q/k/v and
+former toy demo zoo's 48-layer target on a 2-core CPU that bookkeeping was most of a decode step.
+This module runs the same computation on the model's own weights with nothing else: q/k/v and
 gate/up as one matmul each (the module weights become views of the fused tensors, so no memory
 is duplicated), the rotary table computed once by the model's own rotary module, one
 preallocated key/value buffer per layer that grows by doubling, and rollback by moving a
@@ -187,7 +187,8 @@ def block_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     One row goes through ``F.linear`` (a matrix-vector product). A block of several rows is
     computed as ``(weight @ x.T).T``: the same dot products, but on CPU MKL's kernel for a
     few-row block times a transposed weight is far slower than for the weight on the left (the
-    demo target's 5-token block took 1.48x a 1-token step with ``F.linear`` and 1.2x this way).
+    former toy demo target's 5-token block took 1.48x a 1-token step with ``F.linear``, 1.2x
+    this way).
     Verifying a draft block is exactly such a product, so this decides whether speculation pays.
     """
     if x.shape[0] == 1:
