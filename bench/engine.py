@@ -241,7 +241,7 @@ def _hf_generate(target_model, prompts, max_new: int, **options):
             attention_mask=torch.ones_like(ids),
             do_sample=False,
             max_new_tokens=max_new,
-            min_new_tokens=max_new,
+            eos_token_id=None,  # decode past EOS like our rows (min_new_tokens would mask EOS)
             pad_token_id=target_model.config.eos_token_id,
             **options,
         )
