@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from orchestrator.preflight import resolve_model_path
 from workers.datasets import DatasetSpec, load_prompts
 from workers.lm import DTYPES, CachedLM, load_causal_lm
-from workers.prompt_format import encode_prompt, uses_chat_template
+from workers.prompt_format import encode_prompts
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget
 
@@ -58,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     path = resolve_model_path(args.target)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    prompts = [
-        encode_prompt(tokenizer, p.text, uses_chat_template(tokenizer, None), 256)
-        for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))
-    ]
+    texts = [p.text for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))]
+    prompts = encode_prompts(tokenizer, texts, 256)
     target = LocalTarget(CachedLM(load_causal_lm(path, args.dtype, args.device)))
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens), seed=1)
     start, requests = time.perf_counter(), []

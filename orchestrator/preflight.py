@@ -18,7 +18,7 @@ from orchestrator.spec import SweepSpec, job_base_reference
 from training.gguf_import import GGUFImportError
 from training.zoo import is_model_ref, resolve_model_ref
 from workers.datasets import DatasetSpec, DatasetUnavailable, Prompt, UnknownDataset, load_prompts
-from workers.prompt_format import encode_prompt, uses_chat_template
+from workers.prompt_format import encode_prompts, uses_chat_template
 
 PromptKey = tuple[str, str | None, int, str | None]
 
@@ -62,8 +62,8 @@ class PreparedInputs:
         """
         budget = max(8, self.max_positions[pair] - max_new_tokens - 130)
         tokenizer = self.tokenizers[pair]
-        chat = uses_chat_template(tokenizer, chat_template)
-        return [encode_prompt(tokenizer, p.text, chat, budget) for p in self.prompts[key]]
+        texts = [p.text for p in self.prompts[key]]
+        return encode_prompts(tokenizer, texts, budget, chat_template)
 
 
 def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:

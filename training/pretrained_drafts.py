@@ -44,7 +44,7 @@ from training.lm_trainer import (
     optimizer_step,
 )
 from workers.corpus import code_functions, math_problems
-from workers.prompt_format import encode_prompt, uses_chat_template
+from workers.prompt_format import encode_prompts
 
 _TOPICS = (
     "recursion", "hash tables", "photosynthesis", "the water cycle", "unit tests", "gravity",
@@ -215,11 +215,7 @@ def teacher_samples(
     similar length (sorted), so little compute goes into padding; the output keeps the
     prompts' shuffled order.
     """
-    chat = uses_chat_template(tokenizer, None)
-    encoded = [
-        encode_prompt(tokenizer, text, chat, recipe.max_prompt_tokens)
-        for text in distillation_prompts(recipe)
-    ]
+    encoded = encode_prompts(tokenizer, distillation_prompts(recipe), recipe.max_prompt_tokens)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     results: dict[int, TeacherSample] = {}
     started = time.perf_counter()

@@ -75,7 +75,7 @@ from training.tokenizer import encode_corpus, save_tokenizer, train_bpe_tokenize
 from workers.corpus import heldout_text, training_corpus
 from workers.datasets import DatasetSpec, DatasetUnavailable, load_prompts
 from workers.lm import CachedLM, load_causal_lm
-from workers.prompt_format import encode_prompt, uses_chat_template
+from workers.prompt_format import encode_prompts
 
 ZOO_VERSION = 4
 ZOO_MODEL_NAMES = ("target", "draft-xs", "draft-s", "draft-m")
@@ -347,7 +347,7 @@ MICRO_RECIPE = ZooRecipe(
 #: Profiles that existed once, with what to use instead (named when a ref still uses one).
 REMOVED_PROFILES = {
     "demo": (
-        ": the toy 'demo' profile was removed; the demo's pair is now zoo:smol/target with "
+        "the toy 'demo' profile was removed; the demo's pair is now zoo:smol/target with "
         "zoo:smol/draft-s (or draft-exit), and zoo:micro/... is the fast toy"
     ),
 }
@@ -512,10 +512,10 @@ def parse_model_ref(ref: str) -> tuple[str, str]:
         raise ValueError(f"not a zoo model ref (zoo:<profile>/<model>): {ref!r}")
     profile, name = ref[len(MODEL_REF_PREFIX) :].split("/")
     if profile not in PROFILES:
-        hint = REMOVED_PROFILES.get(profile, "")
-        raise ValueError(
-            f"unknown zoo profile {profile!r} in {ref!r}; have {sorted(PROFILES)}{hint}"
-        )
+        message = f"unknown zoo profile {profile!r} in {ref!r}; have {sorted(PROFILES)}"
+        if profile in REMOVED_PROFILES:
+            message += f": {REMOVED_PROFILES[profile]}"
+        raise ValueError(message)
     names = PROFILES[profile].model_names
     if name not in names:
         raise ValueError(f"unknown zoo model {name!r} in {ref!r}; have {names}")
@@ -1147,17 +1147,15 @@ def _teacher_data_card(
 def _eval_prompts(tokenizer: Any, evaluation: EvalRecipe) -> tuple[list[torch.Tensor], str]:
     """Return the held-out prompts of the static-K measurement and the dataset they are from
     (``builtin:code``'s held-out functions when the configured dataset is unavailable)."""
-    chat = uses_chat_template(tokenizer, None)
     dataset = evaluation.dataset
     try:
         prompts = load_prompts(DatasetSpec(dataset, samples=evaluation.prompts))
     except DatasetUnavailable:
         dataset = SPEEDUP_DATASET
         prompts = load_prompts(DatasetSpec(dataset, samples=evaluation.prompts))
-    ids = [
-        torch.tensor(encode_prompt(tokenizer, p.text, chat, evaluation.prompt_tokens))
-        for p in prompts
-    ]
+    texts = [p.text for p in prompts]
+    encoded = encode_prompts(tokenizer, texts, evaluation.prompt_tokens)
+    ids = [torch.tensor(prompt) for prompt in encoded]
     return ids, dataset
 
 

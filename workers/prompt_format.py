@@ -7,6 +7,7 @@ Used by the sweep preflight, and by whatever else prompts a target (zoo cards, b
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -33,6 +34,15 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool, budget: int) -> list[in
         content = tokenizer(text, add_special_tokens=False)["input_ids"]
         ids = _chat_ids(tokenizer, tokenizer.decode(content[excess:]))[-budget:]
     return ids
+
+
+def encode_prompts(
+    tokenizer: Any, texts: Iterable[str], budget: int, chat_template: bool | None = None
+) -> list[list[int]]:
+    """Return the token ids of each prompt text (``encode_prompt``, at most ``budget`` each),
+    through the chat template under ``chat_template`` (see ``uses_chat_template``)."""
+    chat = uses_chat_template(tokenizer, chat_template)
+    return [encode_prompt(tokenizer, text, chat, budget) for text in texts]
 
 
 def response_text(tokenizer: Any, output_ids: list[int]) -> str:
