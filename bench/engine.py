@@ -10,10 +10,13 @@ not cost more than a 2-token block, or every speedup over AR is inflated), and t
 overhead: the share of each method's wall time spent outside the models' forward calls
 (sampling, verification, policy, cache bookkeeping, Python), measured in a second pass over
 the prompts with every ``CachedLM.forward`` call timed.
-Our rows run twice: on the plain-torch Llama path (``workers.llama_fast``, the default) and,
-suffixed "(transformers modules)", on the transformers forward (``CachedLM(fast=False)``), so
-the report separates what the engine loop gains from what the model path gains. Within a path,
-AR and the static K take turns prompt by prompt, so drift of a shared machine hits them alike.
+Our rows run on three model paths: the plain-torch Llama path (``workers.llama_fast``, the
+default, its weights oneDNN-packed on CPU in float32), the same path with unpacked weights
+(``CachedLM(prepack=False)``, suffixed "(unpacked weights)") and the transformers forward
+(``CachedLM(fast=False)``, suffixed "(transformers modules)"), so the report separates what the
+engine loop gains from what each model path gains. The paths' block costs are timed taking
+turns, and within a path AR and the static K take turns prompt by prompt, so drift of a shared
+machine hits them alike.
 
     python bench/engine.py --target zoo:smol/target --draft zoo:smol/draft-s \
         --dataset humaneval --samples 4 --max-new-tokens 48 --out bench-engine.json
@@ -51,6 +54,12 @@ BLOCK_REPEATS = 25
 TRANSFORMERS_MODULES = " (transformers modules)"
 #: The row of transformers' plain ``generate()`` on the target (the AR baseline's reference).
 TRANSFORMERS_GENERATE = "transformers generate() (target only)"
+#: Each model path: its rows' name suffix and the ``CachedLM`` options that select it.
+PATHS = {
+    "plain_torch": ("", {"fast": True}),
+    "plain_torch_unpacked": (" (unpacked weights)", {"fast": True, "prepack": False}),
+    "transformers_modules": (TRANSFORMERS_MODULES, {"fast": False}),
+}
 
 
 @dataclass
@@ -92,30 +101,29 @@ class StandaloneCosts:
 
 
 def standalone_costs(
-    draft: CachedLM,
-    target: CachedLM,
+    models: dict[str, tuple[CachedLM, CachedLM]],
     prompts: list[torch.Tensor],
     max_block: int,
     max_new_tokens: int,
-) -> StandaloneCosts:
-    """Return the standalone costs of ``draft`` and ``target`` on these prompts (see above)."""
+) -> dict[str, StandaloneCosts]:
+    """Return the standalone costs of each path's (draft, target) on these prompts (see above).
+
+    The paths take turns block size by block size, so drift hits them alike.
+    """
     context = torch.cat([prompts[0], prompts[0][-1:].repeat(max_new_tokens // 2)])
-    draft.reset()
-    draft.forward(context, last_only=True)
-    target.reset()
-    target.forward(context, last_only=True)
     base = context.numel()
-    token = context[-1:]
-
-    def draft_step() -> None:
-        draft.forward(token, last_only=True)
-        draft.crop(base)
-        synchronize(draft.device)
-
-    t_draft = _median_seconds(draft_step, 60)
-    samples: dict[int, list[float]] = {n: [] for n in range(1, max_block + 1)}
+    for draft, target in models.values():
+        for lm in (draft, target):
+            lm.reset()
+            lm.forward(context, last_only=True)
+    t_draft = {
+        path: _median_seconds(_step(draft, context[-1:], base), 60)
+        for path, (draft, _) in models.items()
+    }
+    samples = {(path, n): [] for path in models for n in range(1, max_block + 1)}
     for repeat in range(BLOCK_REPEATS + 2):
-        for n, times in samples.items():
+        for (path, n), times in samples.items():
+            target = models[path][1]
             synchronize(target.device)
             start = time.perf_counter()
             target.forward(context[-n:])
@@ -123,8 +131,24 @@ def standalone_costs(
             synchronize(target.device)
             if repeat >= 2:
                 times.append(time.perf_counter() - start)
-    t_target = {n: statistics.median(times) for n, times in samples.items()}
-    return StandaloneCosts(t_draft, t_target)
+    return {
+        path: StandaloneCosts(
+            t_draft[path],
+            {n: statistics.median(samples[path, n]) for n in range(1, max_block + 1)},
+        )
+        for path in models
+    }
+
+
+def _step(lm: CachedLM, token: torch.Tensor, base: int):
+    """Return a callable running one cached step of ``token`` and rolling back to ``base``."""
+
+    def step() -> None:
+        lm.forward(token, last_only=True)
+        lm.crop(base)
+        synchronize(lm.device)
+
+    return step
 
 
 class ForwardClock:
@@ -321,6 +345,8 @@ def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
         print(f"t_target(n) ms, {path}: {blocks}; t_draft {costs['t_draft'] * 1e3:.2f} ms")
     for name, value in report["ratios"].items():
         print(f"{name}: {value:.2f}x")
+    packed = " ".join(f"{n}:{r:.2f}" for n, r in report["packed_vs_unpacked_t_target"].items())
+    print(f"t_target(n) packed / unpacked weights: {packed}")
     print(
         f"t_draft/t_target: {report['cost_ratio']:.3f}; best static vs AR: "
         f"{report['best_static_speedup_vs_ar']:.2f}x; JSON: {out}"
@@ -353,16 +379,19 @@ def main(argv: list[str] | None = None) -> int:
     # Outputs are forced to full length (no EOS) so every method generates the same tokens.
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens))
     ids = [torch.tensor(p) for p in prompts]
+    models = {
+        path: (CachedLM(draft_model, **options), CachedLM(target_model, **options))
+        for path, (_, options) in PATHS.items()
+    }
+    paths = standalone_costs(models, ids, max(STATIC_KS) + 1, args.max_new_tokens)
+    calibrations = {
+        path: {"draft": _calibration(draft), "target": _calibration(target_lm)}
+        for path, (draft, target_lm) in models.items()
+    }
     results: list[MethodResult] = []
-    paths: dict[str, StandaloneCosts] = {}
-    calibrations: dict[str, dict] = {}
     reference: list[list[int]] | None = None
-    for suffix, fast in (("", True), (TRANSFORMERS_MODULES, False)):
-        draft, target_lm = CachedLM(draft_model, fast=fast), CachedLM(target_model, fast=fast)
-        costs = standalone_costs(draft, target_lm, ids, max(STATIC_KS) + 1, args.max_new_tokens)
-        path = "plain_torch" if fast else "transformers_modules"
-        paths[path] = costs
-        calibrations[path] = {"draft": _calibration(draft), "target": _calibration(target_lm)}
+    for path, (suffix, _) in PATHS.items():
+        draft, target_lm = models[path]
         path_results, outputs = _run_ours(
             draft, LocalTarget(target_lm), ids, settings, suffix, reference
         )
@@ -386,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         "methods": [asdict(r) for r in results],
         "ratios": _ratios(results),
         "best_static_speedup_vs_ar": best_static / by_name["target-only AR"].tokens_per_s,
+        "packed_vs_unpacked_t_target": {
+            n: paths["plain_torch"].t_target[n] / paths["plain_torch_unpacked"].t_target[n]
+            for n in paths["plain_torch"].t_target
+        },
     }
     args.out.write_text(json.dumps(report, indent=2))
     _print_report(report, results, args.out)

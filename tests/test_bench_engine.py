@@ -37,11 +37,17 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
 ) -> None:
     report = _run(micro_zoo, tmp_path, "float32")
     assert (report["device"], report["dtype"]) == ("cpu", "float32")
+    paths = {"plain_torch", "plain_torch_unpacked", "transformers_modules"}
+    assert set(report["standalone_costs"]) == paths
     for costs in report["standalone_costs"].values():
         assert sorted(int(n) for n in costs["t_target"]) == list(range(1, 10))
         assert all(t > 0 for t in costs["t_target"].values())
+    packed = report["standalone_costs"]["plain_torch"]["t_target"]
+    unpacked = report["standalone_costs"]["plain_torch_unpacked"]["t_target"]
+    assert report["packed_vs_unpacked_t_target"] == {n: packed[n] / unpacked[n] for n in packed}
     ours = [m for m in report["methods"] if m["method"].startswith("ours static")]
-    assert len(ours) == 6 and all(m["matches_ar"] for m in ours)
+    assert len(ours) == 9 and all(m["matches_ar"] for m in ours)
+    assert sum(m["method"].endswith("(unpacked weights)") for m in ours) == 3
     assert 0 <= min(m["overhead_fraction"] for m in ours) < 1
     for models in report["single_step_calibration"].values():
         assert set(models) == {"draft", "target"}

@@ -103,7 +103,7 @@ def test_fused_weights_share_the_modules_memory_and_keep_their_forward() -> None
     parameters = sum(p.numel() for p in target.parameters())
     fast = llama_fast.LlamaFastDecoder(target)
     attention = target.model.layers[0].self_attn
-    fused = fast.layers[0].qkv
+    fused = fast.layers[0].qkv.weight
     assert attention.q_proj.weight.data_ptr() == fused.data_ptr()
     shared = fused.untyped_storage().data_ptr()
     assert attention.k_proj.weight.untyped_storage().data_ptr() == shared
@@ -145,6 +145,36 @@ def test_block_linear_is_the_linear_map_and_returns_a_contiguous_block(rows: int
     assert out.shape == (rows, 48) and out.is_contiguous()
     expected = (x.double() @ weight.double().t()).float()
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_linear_is_the_linear_map_and_rows_do_not_depend_on_the_block(dtype) -> None:
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(96, 40, generator=generator, dtype=dtype)
+    x = torch.randn(9, 40, generator=generator, dtype=dtype)
+    product = llama_fast.PackedLinear(weight)
+    packs = dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    assert (product.packed is not None) == packs
+    one_by_one = torch.cat([product(x[i : i + 1]) for i in range(9)])
+    torch.testing.assert_close(one_by_one, (x.double() @ weight.double().t()).to(dtype))
+    for rows in range(2, 10):
+        block = product(x[:rows])
+        assert block.shape == (rows, 96) and block.is_contiguous()
+        if packs:
+            torch.testing.assert_close(block, one_by_one[:rows], atol=0, rtol=0)
+
+
+def test_the_fast_path_prepacks_every_projection_and_the_head_on_cpu() -> None:
+    draft, target = build_tiny_pair(seed=0)
+    for model in (draft, target):
+        lm = CachedLM(model, single_step="plain")
+        layers = lm.fast_decoder.layers
+        products = [lm.head_product] + [
+            getattr(layer, name) for layer in layers for name in ("qkv", "out", "gate_up", "down")
+        ]
+        assert all(p.packed is not None for p in products) == torch.backends.mkldnn.is_available()
+        head = model.get_output_embeddings().weight
+        assert lm.head_product.weight.data_ptr() == head.data_ptr()
 
 
 def test_a_biased_lm_head_keeps_the_transformers_forward() -> None:

@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from workers.llama_fast import LlamaFastDecoder, block_linear, unsupported_reason
+from workers.llama_fast import LlamaFastDecoder, PackedLinear, unsupported_reason
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -127,21 +127,29 @@ def head_logits(
     head: torch.nn.Module,
     restricted: RestrictedHead | None,
     hidden: torch.Tensor,
-    fast: bool = False,
+    product: PackedLinear | None = None,
 ) -> torch.Tensor:
     """Return float logits [..., V] of last-layer hidden states [..., d] through the LM head.
 
     ``restricted`` (from ``restricted_head``) scores only its kept rows, scattered to full width.
-    ``fast`` (rows [n, d] only) computes the product with ``block_linear``, otherwise as the head
-    module (or ``F.linear`` on the kept rows) does.
+    ``product`` (rows [n, d] only; from ``head_product``) computes the product with the head's
+    prepared weight, otherwise it runs as the head module (or ``F.linear`` on the kept rows) does.
     """
     if restricted is None:
-        logits = block_linear(hidden, head.weight) if fast else head(hidden)
+        logits = product(hidden) if product is not None else head(hidden)
         return logits.float()
-    if fast:
-        return scatter_logits(restricted, block_linear(hidden, restricted.weight))
+    if product is not None:
+        return scatter_logits(restricted, product(hidden))
     linear = torch.nn.functional.linear(hidden, restricted.weight, restricted.bias)
     return scatter_logits(restricted, linear)
+
+
+def head_product(
+    head: torch.nn.Module, restricted: RestrictedHead | None, prepack: bool = True
+) -> PackedLinear:
+    """Return the fast path's prepared LM-head product: the kept rows when ``restricted``."""
+    weight = head.weight if restricted is None else restricted.weight
+    return PackedLinear(weight.detach(), prepack)
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -180,10 +188,16 @@ class CachedLM:
     ``fast_path`` says whether it did. ``single_step`` says how one-token steps run: "auto"
     (default) times both ways now (``calibrate_single_step``), "plain" and "padded" force one
     (a tensor-parallel rank must not decide alone: its ranks run the same kernels in lockstep).
+    ``prepack`` (default) lets the fast path keep oneDNN-packed copies of the weights on CPU in
+    float32 (``workers.llama_fast.PackedLinear``: faster steps, twice the projections' memory).
     """
 
     def __init__(
-        self, model: PreTrainedModel, fast: bool = True, single_step: SingleStep = "auto"
+        self,
+        model: PreTrainedModel,
+        fast: bool = True,
+        single_step: SingleStep = "auto",
+        prepack: bool = True,
     ) -> None:
         self.model = model
         self.decoder = model.get_decoder()
@@ -191,7 +205,10 @@ class CachedLM:
         self.restricted = restricted_head(model)
         self.device = next(model.parameters()).device
         use_fast = fast and unsupported_reason(model) is None
-        self.fast_decoder = LlamaFastDecoder(model) if use_fast else None
+        self.fast_decoder = LlamaFastDecoder(model, prepack) if use_fast else None
+        self.head_product = None
+        if use_fast:
+            self.head_product = head_product(self.head, self.restricted, prepack)
         self.cache = None if use_fast else DynamicCache(config=model.config)
         self.pad_single_step = single_step == "padded"
         self.calibration: SingleStepCalibration | None = None
@@ -274,7 +291,7 @@ class CachedLM:
             out = self.decoder(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
             hidden = out.last_hidden_state[0]
         hidden = hidden[-1:] if last_only else hidden
-        logits = head_logits(self.head, self.restricted, hidden, self.fast_path)
+        logits = head_logits(self.head, self.restricted, hidden, self.head_product)
         return StepOutput(logits=logits, hidden=hidden)
 
     def crop(self, length: int) -> None:
