@@ -201,9 +201,10 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 def forward_states(model: PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (last-layer hidden states [B, L, d], float logits [B, L, V]) of ``ids`` [B, L].
 
-    The decoder and the LM head are called as ``workers.lm.CachedLM`` calls them, so the hidden
-    states are exactly those the engine hands to policies, and a draft with a ``draft_vocab``
-    gets the engine's restricted logits (0 probability outside it).
+    The decoder and the LM head compute what ``workers.lm.CachedLM`` computes, so the hidden
+    states are those the engine hands to policies (up to float rounding: the engine's fast path
+    runs other kernels), and a draft with a ``draft_vocab`` gets the engine's restricted logits
+    (0 probability outside it).
     """
     device = next(model.parameters()).device
     hidden = model.get_decoder()(input_ids=ids.to(device), use_cache=False).last_hidden_state
