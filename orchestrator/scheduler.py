@@ -82,11 +82,10 @@ class Scheduler:
         try:
             for thread in threads:
                 thread.start()
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(JOIN_SECONDS)
+            _join(threads)
         except BaseException:
             self.halt()
+            _join(threads)
             raise
         finally:
             self.progress.close()
@@ -154,3 +153,14 @@ class Scheduler:
                 self.active.discard(unit.group)
             self._cond.notify_all()
             return final and error is not None
+
+
+def _join(threads: Sequence[threading.Thread]) -> None:
+    """Wait for ``threads`` to end, in slices so that Ctrl-C still reaches the main thread.
+
+    After an interrupt the scheduler waits here again, so units in flight finish and are stored
+    while Ray is still up; a second Ctrl-C abandons them.
+    """
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(JOIN_SECONDS)
