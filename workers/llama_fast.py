@@ -73,9 +73,10 @@ class PackedLinear:
 
     On CPU in float32 (``packs_for_onednn``) the weight is copied once into oneDNN's blocked
     layout and every product runs oneDNN's prepacked kernel, the one PyTorch's own CPU inductor
-    uses for frozen linears. Against ``block_linear`` on SmolLM2-135M's 30 layers (2 threads) a
-    1-token step took 23–27 ms instead of 33–38, a 5-token block 31–37 instead of 46–58: MKL
-    repacks an unpacked weight on every call, which costs as much as the product. Row i of an
+    uses for frozen linears. Against ``block_linear``, the products of SmolLM2-135M's 30 layers
+    (random weights of its shapes, 2 threads) took 23–27 ms instead of 33–38 for one row and
+    31–37 ms instead of 46–58 for five; oneDNN's kernel given the unpacked weight took 43 ms
+    for two rows against 23 packed, so the one-time reorder is what helps. Row i of an
     n-row block is bit-for-bit the product of row i alone (tests check it), so verifying a
     block gives the logits one-token steps would. The copy doubles the projections' memory;
     ``weight`` itself is kept (the model's modules still use it). Elsewhere (GPU, half
