@@ -71,6 +71,8 @@ class Scheduler:
         self.active: set[str] = set()
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
+        #: Worker threads started and not yet ended.
+        self.serving = 0
         self._cond = threading.Condition()
 
     def run(self, workers: Sequence[Worker]) -> SchedulerResult:
@@ -81,11 +83,12 @@ class Scheduler:
         ]
         try:
             for thread in threads:
+                self.serving += 1
                 thread.start()
-            _join(threads)
+            self._wait_for_workers()
         except BaseException:
             self.halt()
-            _join(threads)
+            self._wait_for_workers()
             raise
         finally:
             self.progress.close()
@@ -116,6 +119,22 @@ class Scheduler:
             self.halt()
         finally:
             worker.close()
+            with self._cond:
+                self.serving -= 1
+                self._cond.notify_all()
+
+    def _wait_for_workers(self) -> None:
+        """Wait until every worker thread has ended, in slices so that Ctrl-C still reaches the
+        main thread.
+
+        After an interrupt the scheduler waits here again, so units in flight finish and are
+        stored while Ray is still up; a second Ctrl-C abandons them. It counts the threads itself:
+        a ``Thread.join`` that Ctrl-C interrupts marks a still running thread as ended (CPython
+        3.11), and the interpreter would then exit, shutting Ray down, under its feet.
+        """
+        with self._cond:
+            while self.serving:
+                self._cond.wait(JOIN_SECONDS)
 
     def _take(self, group: str) -> WorkUnit | None:
         """Wait for and return the next ready unit of ``group``; None when there is none left."""
@@ -153,14 +172,3 @@ class Scheduler:
                 self.active.discard(unit.group)
             self._cond.notify_all()
             return final and error is not None
-
-
-def _join(threads: Sequence[threading.Thread]) -> None:
-    """Wait for ``threads`` to end, in slices so that Ctrl-C still reaches the main thread.
-
-    After an interrupt the scheduler waits here again, so units in flight finish and are stored
-    while Ray is still up; a second Ctrl-C abandons them.
-    """
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(JOIN_SECONDS)

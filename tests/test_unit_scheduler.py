@@ -3,8 +3,14 @@ and the pure helpers of shard-level resume and replica counts."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from tqdm import tqdm
@@ -13,6 +19,8 @@ from orchestrator.placement import groups_held
 from orchestrator.scheduler import Scheduler
 from orchestrator.spec import PairSpec
 from orchestrator.work_units import WorkUnit, missing_units, trial_units
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -124,3 +132,51 @@ def test_groups_held_never_lets_two_replicas_share_a_gpu(gpus, expected) -> None
         }
     )
     assert groups_held([pair], [{"CPU": 16, "GPU": gpus}]) == expected
+
+
+# A scheduler in its own process whose one unit takes 2 s; it reports when the unit started and
+# what had happened when run() gave the interrupt back.
+_INTERRUPTED_RUN = textwrap.dedent(
+    """
+    import sys, time
+    from tqdm import tqdm
+    from orchestrator.scheduler import Scheduler
+    from orchestrator.work_units import WorkUnit
+
+    class SlowWorker:
+        group = "g"
+        finished = False
+        def run(self, unit):
+            print("started", flush=True)
+            time.sleep(2.0)
+            self.finished = True
+        def give_up(self, unit, error):
+            pass
+        def close(self):
+            pass
+
+    worker = SlowWorker()
+    units = [WorkUnit(key=f"u{i}", group="g") for i in range(3)]
+    try:
+        Scheduler(units, 0, tqdm(disable=True)).run([worker])
+    except KeyboardInterrupt:
+        print("interrupted; unit finished:", worker.finished, flush=True)
+    """
+)
+
+
+def test_ctrl_c_returns_only_after_the_unit_in_flight_has_finished() -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_RUN],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "started"
+    time.sleep(0.5)  # the main thread is waiting for its worker now
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    # The unit in flight ran to its end, and no further unit started.
+    assert output.strip().splitlines() == ["interrupted; unit finished: True"]
