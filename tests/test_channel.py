@@ -67,7 +67,20 @@ def test_a_client_without_the_key_is_refused_and_the_target_keeps_serving(served
         ChannelClient(replace(address, authkey=b"not the key"))
     client.send("verify", 7)
     assert client.receive() == ("verify", 7)
-    assert len(recorder.calls) == 1
+    # The listener survives the failed handshake: a client with the key still gets in (a dead
+    # listener would leave it waiting for the challenge for ever, hence the thread).
+    connected: list[ChannelClient] = []
+    opener = threading.Thread(target=lambda: connected.append(ChannelClient(address)), daemon=True)
+    opener.start()
+    opener.join(10)
+    assert connected, "no new client was accepted after a failed handshake"
+    later = connected[0]
+    try:
+        later.send("verify", 8)
+        assert later.receive() == ("verify", 8)
+    finally:
+        later.close()
+    assert len(recorder.calls) == 2
 
 
 def test_send_returns_before_the_target_is_done(served):

@@ -16,6 +16,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
@@ -84,8 +85,8 @@ def serve_channel(host: str, call: Callable[[str, tuple], Any]) -> ChannelAddres
         while True:
             try:
                 conn = listener.accept()
-            except (OSError, EOFError):  # a client that failed the handshake, or a closed socket
-                continue
+            except (AuthenticationError, OSError, EOFError):
+                continue  # a client that failed the handshake, or one that hung up during it
             threading.Thread(target=_serve_connection, args=(conn, call), daemon=True).start()
 
     threading.Thread(target=accept_forever, daemon=True, name="target-channel").start()
