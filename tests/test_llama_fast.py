@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 import workers.llama_fast as llama_fast
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
-from workers.lm import CachedLM, prefers_padding
+from workers.lm import CachedLM, avoid_cudnn_attention, prefers_padding
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
 
@@ -241,3 +241,17 @@ def test_calibration_times_both_steps_and_leaves_the_cache_empty() -> None:
 )
 def test_padding_needs_a_clear_gain_over_one_token_steps(one, two, padded) -> None:
     assert prefers_padding(one, two) == padded
+
+
+def test_cuda_models_take_cudnn_out_of_attention_and_cpu_models_leave_it() -> None:
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        _, target = build_tiny_pair()
+        CachedLM(target)
+        avoid_cudnn_attention("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        avoid_cudnn_attention(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

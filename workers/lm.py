@@ -162,6 +162,18 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
+def avoid_cudnn_attention(device: torch.device | str) -> None:
+    """On CUDA, take cuDNN out of ``scaled_dot_product_attention``'s backends, process-wide.
+
+    cuDNN's attention builds an execution graph for each new key length, and decoding meets a
+    new length at every step. On an H200 (bfloat16, SmolLM2) that made each first visit of a
+    length cost several times a cached one (see the README's GPU runs); flash and
+    memory-efficient attention have no such per-length cost. A no-op on other devices.
+    """
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def load_causal_lm(
     path: str | Path,
     dtype: str = "float32",
@@ -204,6 +216,7 @@ class CachedLM:
         self.head = model.get_output_embeddings()
         self.restricted = restricted_head(model)
         self.device = next(model.parameters()).device
+        avoid_cudnn_attention(self.device)
         use_fast = fast and unsupported_reason(model) is None
         self.fast_decoder = LlamaFastDecoder(model, prepack) if use_fast else None
         self.head_product = None

@@ -24,7 +24,9 @@ __all__ = ["BASELINE_POLICY", "TrialRequest", "WarmUp", "run_trial", "sample_see
 #: in a fresh process ran at 47–71 ms a token, in spells, for about its first 12 s, then mostly
 #: at 13–16 ms, whatever the prompt or temperature, while a pure-Python probe between requests
 #: kept its speed (docs/gpu/warmup-transient-h200.log); a one-prompt warm-up left that spell in
-#: the first trials' samples.
+#: the first trials' samples. A later H200 run traced the spells to cuDNN attention building a
+#: graph for each new key length, which ``workers.lm.avoid_cudnn_attention`` now prevents;
+#: whether this warm-up is still needed was not measured.
 GPU_WARMUP_SECONDS = 20.0
 
 
