@@ -73,11 +73,29 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _round_split(results: list[GenerationResult]) -> dict[str, float]:
+    """Return the mean ms per round spent drafting, verifying, and elsewhere in the loop.
+
+    A round's verify time is what the round's caller waited for its verdict (for target-only
+    AR, where the loop runs inside the target, the target's own step).
+    """
+    rounds = [r for result in results for r in result.rounds]
+    draft = sum(r.draft_seconds for r in rounds)
+    verify = sum(r.verify_seconds for r in rounds)
+    other = sum(r.seconds for r in results) - draft - verify
+    return {
+        "draft_ms": 1000 * draft / len(rounds),
+        "verify_ms": 1000 * verify / len(rounds),
+        "other_ms": 1000 * other / len(rounds),
+    }
+
+
 def _method_report(local: list[GenerationResult], split: list[GenerationResult]) -> dict:
     """Return one method's figures in both placements and whether their rounds agree.
 
     The ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples, each listed
-    with its tokens and seconds in both placements.
+    with its tokens and seconds in both placements; ``per_round_ms`` splits each placement's
+    rounds into drafting, verifying and the rest (``_round_split``).
     """
     in_process, actors = _tokens_per_s(local), _tokens_per_s(split)
     ratio = paired_speed_ratio(
@@ -95,6 +113,7 @@ def _method_report(local: list[GenerationResult], split: list[GenerationResult])
             {"tokens": a.n_generated, "in_process_s": a.seconds, "actors_s": b.seconds}
             for a, b in zip(local, split, strict=True)
         ],
+        "per_round_ms": {"in_process": _round_split(local), "actors": _round_split(split)},
         "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
         "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
     }
@@ -136,6 +155,15 @@ def _padding(calibrations: dict) -> str:
     return "; ".join(
         f"{place} " + ", ".join(f"{model} {bool(c and c['padded'])}" for model, c in models.items())
         for place, models in calibrations.items()
+    )
+
+
+def _splits(figures: dict) -> str:
+    """Return both placements' per-round time splits as text."""
+    return "; ".join(
+        f"{place} "
+        + " / ".join(f"{split[part]:.2f}" for part in ("draft_ms", "verify_ms", "other_ms"))
+        for place, split in figures["per_round_ms"].items()
     )
 
 
@@ -216,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             f"same outputs {figures['same_outputs']}  "
             f"same accepted {figures['same_accepted_counts']}"
         )
+        print(f"{'':14} ms per round (draft / verify / other): {_splits(figures)}")
     args.out.write_text(json.dumps(report, indent=2))
     print(f"one-token steps padded: {_padding(calibrations)}; JSON: {args.out}")
     return 0

@@ -27,7 +27,7 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert set(report["methods"]) == {"ar", "static K=4"}
-    for figures in report["methods"].values():
+    for name, figures in report["methods"].items():
         assert figures["same_outputs"] and figures["same_accepted_counts"]
         assert figures["in_process_tokens_per_s"] > 0 and figures["actors_tokens_per_s"] > 0
         low, high = figures["ratio_ci95"]
@@ -37,6 +37,12 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
         for place in ("in_process", "actors"):
             seconds = sum(s[f"{place}_s"] for s in samples)
             assert figures[f"{place}_tokens_per_s"] == pytest.approx(48 / seconds)
+            split = figures["per_round_ms"][place]
+            assert split["verify_ms"] > 0 and split["other_ms"] > -1e-6
+            if name == "ar":  # one round per token, no drafting; the parts add up
+                total = split["draft_ms"] + split["verify_ms"] + split["other_ms"]
+                assert split["draft_ms"] == 0
+                assert total * 48 == pytest.approx(1000 * seconds)
     for place in ("in_process", "actors"):
         for model in ("draft", "target"):
             calibration = report["single_step_calibration"][place][model]
