@@ -31,9 +31,8 @@ from transformers import AutoTokenizer
 from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
-from workers.datasets import DatasetSpec, load_prompts
 from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
-from workers.prompt_format import encode_prompts
+from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trial import BASELINE_POLICY, GPU_WARMUP_SECONDS, TrialRequest, run_trial, warm_up
@@ -200,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    texts = [p.text for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))]
-    prompts = encode_prompts(tokenizer, texts, 256)
+    prompts = encode_dataset(tokenizer, args.dataset, args.samples, 256)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
     requests = {
         "ar": TrialRequest(prompts, sampling, BASELINE_POLICY, warmup_samples=1),

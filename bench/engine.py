@@ -39,10 +39,9 @@ from transformers import AutoTokenizer
 
 from orchestrator.preflight import resolve_model_path
 from policies import make_policy
-from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import DTYPES, CachedLM, load_causal_lm, synchronize
-from workers.prompt_format import encode_prompts
+from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
 from workers.static_comparison import compare_static_k
 from workers.target import LocalTarget
@@ -372,8 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    texts = [p.text for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))]
-    prompts = encode_prompts(tokenizer, texts, 256)
+    prompts = encode_dataset(tokenizer, args.dataset, args.samples, 256)
     target_model = load_causal_lm(target_path, args.dtype, args.device)
     draft_model = load_causal_lm(draft_path, args.dtype, args.device)
     # Outputs are forced to full length (no EOS) so every method generates the same tokens.

@@ -21,9 +21,8 @@ import torch
 from transformers import AutoTokenizer
 
 from orchestrator.preflight import resolve_model_path
-from workers.datasets import DatasetSpec, load_prompts
 from workers.lm import DTYPES, CachedLM, load_causal_lm
-from workers.prompt_format import encode_prompts
+from workers.prompt_format import encode_dataset
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget
 
@@ -58,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     path = resolve_model_path(args.target)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    texts = [p.text for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))]
-    prompts = encode_prompts(tokenizer, texts, 256)
+    prompts = encode_dataset(tokenizer, args.dataset, args.samples, 256)
     target = LocalTarget(CachedLM(load_causal_lm(path, args.dtype, args.device)))
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens), seed=1)
     start, requests = time.perf_counter(), []

@@ -42,10 +42,9 @@ from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from policies.adaedl import entropy_acceptance_bound
 from policies.replay import GreedyTrace, ReplayedRound, replay
-from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, speculative_generate
 from workers.lm import CachedLM, load_causal_lm
-from workers.prompt_format import encode_prompts
+from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trace import record_trace
@@ -305,8 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    texts = [p.text for p in load_prompts(DatasetSpec(args.dataset, samples=args.samples))]
-    encoded = encode_prompts(tokenizer, texts, args.prompt_tokens)
+    encoded = encode_dataset(tokenizer, args.dataset, args.samples, args.prompt_tokens)
     ids = [torch.tensor(prompt) for prompt in encoded]
     draft = CachedLM(load_causal_lm(draft_path))
     target_lm = CachedLM(load_causal_lm(target_path))

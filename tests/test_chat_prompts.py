@@ -13,8 +13,13 @@ from orchestrator.planner import plan_sweep, replay_groups
 from orchestrator.preflight import PreparedInputs, _check_chat_templates
 from orchestrator.spec import parse_sweep
 from training.gguf_import import convert_gguf
-from workers.datasets import Prompt
-from workers.prompt_format import encode_prompt, response_text, uses_chat_template
+from workers.datasets import DatasetSpec, Prompt, load_prompts
+from workers.prompt_format import (
+    encode_dataset,
+    encode_prompt,
+    response_text,
+    uses_chat_template,
+)
 
 SWEEP = """\
 name: chat
@@ -57,6 +62,14 @@ def test_chat_prompt_is_one_user_turn_and_the_assistant_header(chat_tokenizer) -
     )
     plain = encode_prompt(chat_tokenizer, "the cat", chat=False, budget=1000)
     assert plain == chat_tokenizer("the cat")["input_ids"] != ids
+
+
+def test_a_dataset_is_encoded_prompt_by_prompt_through_the_template(chat_tokenizer) -> None:
+    texts = [p.text for p in load_prompts(DatasetSpec("builtin:code", samples=3))]
+    for tokenizer, chat in ((chat_tokenizer, True), (_plain(chat_tokenizer), False)):
+        expected = [encode_prompt(tokenizer, text, chat=chat, budget=40) for text in texts]
+        assert encode_dataset(tokenizer, "builtin:code", 3, 40) == expected
+    assert len(expected) == 3 and all(0 < len(ids) <= 40 for ids in expected)
 
 
 def test_long_chat_prompt_loses_the_start_of_the_user_text(chat_tokenizer) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from workers.datasets import DatasetSpec, load_prompts
+
 
 def uses_chat_template(tokenizer: Any, setting: bool | None) -> bool:
     """Return whether prompts go through ``tokenizer``'s chat template under ``setting``.
@@ -43,6 +45,13 @@ def encode_prompts(
     through the chat template under ``chat_template`` (see ``uses_chat_template``)."""
     chat = uses_chat_template(tokenizer, chat_template)
     return [encode_prompt(tokenizer, text, chat, budget) for text in texts]
+
+
+def encode_dataset(tokenizer: Any, dataset: str, samples: int, budget: int) -> list[list[int]]:
+    """Return the token ids of ``dataset``'s first ``samples`` prompts (``encode_prompts``, at
+    most ``budget`` each, through the chat template when the tokenizer has one)."""
+    texts = [prompt.text for prompt in load_prompts(DatasetSpec(dataset, samples=samples))]
+    return encode_prompts(tokenizer, texts, budget)
 
 
 def response_text(tokenizer: Any, output_ids: list[int]) -> str:
