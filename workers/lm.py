@@ -202,6 +202,7 @@ class CachedLM:
     (a tensor-parallel rank must not decide alone: its ranks run the same kernels in lockstep).
     ``prepack`` (default) lets the fast path keep oneDNN-packed copies of the weights on CPU in
     float32 (``workers.llama_fast.PackedLinear``: faster steps, twice the projections' memory).
+    A model on CUDA takes cuDNN out of attention for the whole process (``avoid_cudnn_attention``).
     """
 
     def __init__(
