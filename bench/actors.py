@@ -73,7 +73,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _round_split(results: list[GenerationResult]) -> dict[str, float]:
-    """Return the mean ms per round spent drafting, verifying, and elsewhere in the loop.
+    """Return the mean ms per round spent drafting, verifying, and the rest (both models'
+    prefills and the loop around the rounds), over every round of ``results``.
 
     A round's verify time is what the round's caller waited for its verdict (for target-only
     AR, where the loop runs inside the target, the target's own step).
@@ -81,11 +82,11 @@ def _round_split(results: list[GenerationResult]) -> dict[str, float]:
     rounds = [r for result in results for r in result.rounds]
     draft = sum(r.draft_seconds for r in rounds)
     verify = sum(r.verify_seconds for r in rounds)
-    other = sum(r.seconds for r in results) - draft - verify
+    rest = sum(r.seconds for r in results) - draft - verify
     return {
         "draft_ms": 1000 * draft / len(rounds),
         "verify_ms": 1000 * verify / len(rounds),
-        "other_ms": 1000 * other / len(rounds),
+        "rest_ms": 1000 * rest / len(rounds),
     }
 
 
@@ -161,7 +162,7 @@ def _splits(figures: dict) -> str:
     """Return both placements' per-round time splits as text."""
     return "; ".join(
         f"{place} "
-        + " / ".join(f"{split[part]:.2f}" for part in ("draft_ms", "verify_ms", "other_ms"))
+        + " / ".join(f"{split[part]:.2f}" for part in ("draft_ms", "verify_ms", "rest_ms"))
         for place, split in figures["per_round_ms"].items()
     )
 
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             f"same outputs {figures['same_outputs']}  "
             f"same accepted {figures['same_accepted_counts']}"
         )
-        print(f"{'':14} ms per round (draft / verify / other): {_splits(figures)}")
+        print(f"{'':14} ms per round (draft / verify / rest): {_splits(figures)}")
     args.out.write_text(json.dumps(report, indent=2))
     print(f"one-token steps padded: {_padding(calibrations)}; JSON: {args.out}")
     return 0
