@@ -28,6 +28,7 @@ import ray
 import torch
 from transformers import AutoTokenizer
 
+from orchestrator.metrics import trial_metrics
 from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
@@ -79,14 +80,12 @@ def _round_split(results: list[GenerationResult]) -> dict[str, float]:
     A round's verify time is what the round's caller waited for its verdict (for target-only
     AR, where the loop runs inside the target, the target's own step).
     """
-    rounds = [r for result in results for r in result.rounds]
-    draft = sum(r.draft_seconds for r in rounds)
-    verify = sum(r.verify_seconds for r in rounds)
-    rest = sum(r.seconds for r in results) - draft - verify
+    metrics = trial_metrics(results)
+    rest = metrics.seconds - metrics.draft_seconds - metrics.verify_seconds
     return {
-        "draft_ms": 1000 * draft / len(rounds),
-        "verify_ms": 1000 * verify / len(rounds),
-        "rest_ms": 1000 * rest / len(rounds),
+        "draft_ms": 1000 * metrics.draft_seconds / metrics.n_rounds,
+        "verify_ms": 1000 * metrics.verify_seconds / metrics.n_rounds,
+        "rest_ms": 1000 * rest / metrics.n_rounds,
     }
 
 

@@ -13,6 +13,7 @@ from tiny_models import build_tiny_pair, prompts, tiny_config
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import workers.llama_fast as llama_fast
+import workers.lm
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM, avoid_cudnn_attention, prefers_padding
@@ -243,11 +244,16 @@ def test_padding_needs_a_clear_gain_over_one_token_steps(one, two, padded) -> No
     assert prefers_padding(one, two) == padded
 
 
-def test_cuda_models_take_cudnn_out_of_attention_and_cpu_models_leave_it() -> None:
+def test_cuda_models_take_cudnn_out_of_attention_and_cpu_models_leave_it(monkeypatch) -> None:
     before = torch.backends.cuda.cudnn_sdp_enabled()
+    asked: list[torch.device] = []
     try:
         torch.backends.cuda.enable_cudnn_sdp(True)
         _, target = build_tiny_pair()
+        with monkeypatch.context() as patch:
+            patch.setattr(workers.lm, "avoid_cudnn_attention", asked.append)
+            CachedLM(target)
+        assert asked == [torch.device("cpu")]  # every CachedLM hands over its model's device
         CachedLM(target)
         avoid_cudnn_attention("cpu")
         assert torch.backends.cuda.cudnn_sdp_enabled()
