@@ -11,6 +11,12 @@ K = 4 0.884× and 0.962×, each interval excluding the other's figure). Checks t
 accepted counts are identical and reports tokens/s of both and their ratio, with a paired
 bootstrap 95% interval over (prompt, repeat) samples and every sample's seconds, as JSON.
 
+Per round, each placement's time is split into drafting, verifying and the rest, and what its
+processes used is reported beside it (``getrusage`` around each sample's call: this process in
+process; both actors' processes on actors): CPU ms, voluntary switches (blocking: a socket, a
+lock, the GIL, a device) and involuntary ones (preemption). A placement that is slower with the
+same CPU ms per round waits more; one with more CPU ms does more work or runs its work slower.
+
     python bench/actors.py --target zoo:smol/target --draft zoo:smol/draft-s --out bench-actors.json
 
 Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
@@ -21,7 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import ray
@@ -33,10 +40,19 @@ from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
 from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
+from workers.process_usage import ProcessUsage, actor_process_usage, process_usage
 from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trial import BASELINE_POLICY, GPU_WARMUP_SECONDS, TrialRequest, run_trial, warm_up
+
+
+@dataclass
+class PlacementRuns:
+    """One method's samples in one placement, and what its processes used while they ran."""
+
+    results: list[GenerationResult] = field(default_factory=list)
+    usage: ProcessUsage = field(default_factory=ProcessUsage)
 
 
 def _tokens_per_s(results: list[GenerationResult]) -> float:
@@ -89,13 +105,33 @@ def _round_split(results: list[GenerationResult]) -> dict[str, float]:
     }
 
 
-def _method_report(local: list[GenerationResult], split: list[GenerationResult]) -> dict:
+def _usage_per_round(runs: PlacementRuns) -> dict[str, float]:
+    """Return a placement's CPU ms (and the kernel's part) and context switches per round, and
+    its CPU seconds per second of its samples' wall time.
+
+    The usage is read around each sample's call, so it also holds the call's own work outside
+    the sample's timed seconds (for actors: Ray's call and reply).
+    """
+    rounds = trial_metrics(runs.results).n_rounds
+    usage = runs.usage
+    return {
+        "cpu_ms": 1000 * usage.cpu_seconds / rounds,
+        "system_ms": 1000 * usage.system_seconds / rounds,
+        "voluntary_switches": usage.voluntary_switches / rounds,
+        "involuntary_switches": usage.involuntary_switches / rounds,
+        "cpu_over_wall": usage.cpu_seconds / sum(r.seconds for r in runs.results),
+    }
+
+
+def _method_report(local_runs: PlacementRuns, split_runs: PlacementRuns) -> dict:
     """Return one method's figures in both placements and whether their rounds agree.
 
     The ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples, each listed
     with its tokens and seconds in both placements; ``per_round_ms`` splits each placement's
-    rounds into drafting, verifying and the rest (``_round_split``).
+    rounds into drafting, verifying and the rest (``_round_split``), ``usage_per_round`` says
+    what its processes used (``_usage_per_round``).
     """
+    local, split = local_runs.results, split_runs.results
     in_process, actors = _tokens_per_s(local), _tokens_per_s(split)
     ratio = paired_speed_ratio(
         [r.n_generated for r in split],
@@ -113,6 +149,10 @@ def _method_report(local: list[GenerationResult], split: list[GenerationResult])
             for a, b in zip(local, split, strict=True)
         ],
         "per_round_ms": {"in_process": _round_split(local), "actors": _round_split(split)},
+        "usage_per_round": {
+            "in_process": _usage_per_round(local_runs),
+            "actors": _usage_per_round(split_runs),
+        },
         "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
         "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
     }
@@ -166,19 +206,49 @@ def _splits(figures: dict) -> str:
     )
 
 
+def _usages(figures: dict) -> str:
+    """Return both placements' CPU ms and context switches per round as text."""
+    return "; ".join(
+        f"{place} {usage['cpu_ms']:.2f} ms ({usage['system_ms']:.2f} in the kernel), "
+        f"{usage['voluntary_switches']:.1f} + {usage['involuntary_switches']:.1f}"
+        for place, usage in figures["usage_per_round"].items()
+    )
+
+
 def _ci(bounds: list[float] | None) -> str:
     """Return an interval as text ("n/a" when there is none)."""
     return "n/a" if bounds is None else f"{bounds[0]:.3f}-{bounds[1]:.3f}"
 
 
+def _actors_usage(actors: list) -> ProcessUsage:
+    """Return the summed usage of the actors' processes so far."""
+    usages = ray.get([actor.__ray_call__.remote(actor_process_usage) for actor in actors])
+    return sum(usages, ProcessUsage())
+
+
+def _run_one(
+    runs: PlacementRuns, request: TrialRequest, in_process: bool, models: tuple, actors: list
+) -> None:
+    """Run ``request`` in process (``models``: draft and target) or on ``actors`` (the draft
+    actor first); add its results to ``runs``, and what the placement's processes used."""
+    usage = process_usage if in_process else partial(_actors_usage, actors)
+    before = usage()
+    if in_process:
+        runs.results.extend(run_trial(*models, request))
+    else:
+        runs.results.extend(ray.get(actors[0].run_trial.remote(request)))
+    runs.usage += usage() - before
+
+
 def _take_turns(
-    draft: CachedLM, target: LocalTarget, draft_actor, requests: dict, repeats: int
-) -> tuple[dict[str, list[GenerationResult]], dict[str, list[GenerationResult]]]:
+    draft: CachedLM, target: LocalTarget, actors: list, requests: dict, repeats: int
+) -> tuple[dict[str, PlacementRuns], dict[str, PlacementRuns]]:
     """Run every (repeat, prompt, method) in both placements back to back, the one that goes
     first alternating from prompt to prompt and from repeat to repeat; return each method's
-    results in process and on the actors, in the same order."""
-    local: dict[str, list[GenerationResult]] = {name: [] for name in requests}
-    split: dict[str, list[GenerationResult]] = {name: [] for name in requests}
+    runs in process and on the actors (``actors``: the draft actor, then the target's), with
+    the results in the same order."""
+    local = {name: PlacementRuns() for name in requests}
+    split = {name: PlacementRuns() for name in requests}
     prompts = next(iter(requests.values())).prompts
     for repeat in range(repeats):
         for index, prompt in enumerate(prompts):
@@ -186,10 +256,8 @@ def _take_turns(
             for name, request in requests.items():
                 one = replace(request, prompts=[prompt], warmup_samples=0)
                 for in_process in order:
-                    if in_process:
-                        local[name] += run_trial(draft, target, one)
-                    else:
-                        split[name] += ray.get(draft_actor.run_trial.remote(one))
+                    runs = (local if in_process else split)[name]
+                    _run_one(runs, one, in_process, (draft, target), actors)
     return local, split
 
 
@@ -219,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         ModelSpec(str(draft_path), args.dtype), [target_actor]
     )
     warmup = _warm_both(args, draft, target, draft_actor, requests[f"static K={args.k}"])
-    local, split = _take_turns(draft, target, draft_actor, requests, args.repeats)
+    local, split = _take_turns(draft, target, [draft_actor, target_actor], requests, args.repeats)
     calibrations = _calibrations(draft, target, draft_actor, target_actor)
     ray.shutdown()
     report = {
@@ -243,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             f"same accepted {figures['same_accepted_counts']}"
         )
         print(f"{'':14} ms per round (draft / verify / rest): {_splits(figures)}")
+        print(f"{'':14} per round (CPU, voluntary + involuntary switches): {_usages(figures)}")
     args.out.write_text(json.dumps(report, indent=2))
     print(f"one-token steps padded: {_padding(calibrations)}; JSON: {args.out}")
     return 0

@@ -39,6 +39,12 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
             assert figures[f"{place}_tokens_per_s"] == pytest.approx(48 / seconds)
             split = figures["per_round_ms"][place]
             assert split["verify_ms"] > 0 and split["rest_ms"] > -1e-6
+            usage = figures["usage_per_round"][place]
+            assert usage["cpu_ms"] > 0 and 0 <= usage["system_ms"] <= usage["cpu_ms"]
+            assert usage["voluntary_switches"] >= 0 and usage["involuntary_switches"] >= 0
+            # CPU seconds per wall second: one thread decodes at a time, plus what the
+            # processes' other threads (Ray's, the channel's) and the call around it add
+            assert 0.2 < usage["cpu_over_wall"] < 3
             if name == "ar":  # no drafting, and one round per generated token (48 in all)
                 total = split["draft_ms"] + split["verify_ms"] + split["rest_ms"]
                 assert split["draft_ms"] == 0
@@ -48,4 +54,5 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
             calibration = report["single_step_calibration"][place][model]
             assert calibration["one_token_s"] > 0 and calibration["two_tokens_s"] > 0
     assert "one-token steps padded: in_process draft" in run.stdout
+    assert "per round (CPU, voluntary + involuntary switches): in_process" in run.stdout
     assert report["warmup_seconds"] == 0.0

@@ -1,0 +1,38 @@
+"""workers.process_usage: what a process has used, read before and after a piece of work."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from workers.process_usage import ProcessUsage, actor_process_usage, process_usage
+
+
+def test_usage_differences_and_sums_are_field_by_field() -> None:
+    before = ProcessUsage(1.0, 0.25, 10, 3)
+    after = ProcessUsage(1.5, 0.5, 14, 4)
+    spent = after - before
+    assert spent == ProcessUsage(0.5, 0.25, 4, 1)
+    assert spent.cpu_seconds == pytest.approx(0.75)
+    assert spent + before == after
+    assert sum([spent, spent], ProcessUsage()) == ProcessUsage(1.0, 0.5, 8, 2)
+
+
+def test_busy_work_shows_as_cpu_time_and_sleeping_does_not() -> None:
+    start = process_usage()
+    deadline = time.perf_counter() + 0.3
+    while time.perf_counter() < deadline:
+        pass
+    busy = process_usage() - start
+    assert busy.cpu_seconds >= 0.2  # the clock and the CPU time agree on a busy loop
+    start = process_usage()
+    time.sleep(0.3)
+    idle = process_usage() - start
+    assert idle.cpu_seconds < 0.1
+    assert idle.voluntary_switches >= 1  # sleeping gives the CPU up
+
+
+def test_an_actor_call_reads_the_hosting_process() -> None:
+    usage = actor_process_usage(object())
+    assert usage.cpu_seconds > 0 and usage.voluntary_switches >= 0
