@@ -261,6 +261,28 @@ def _take_turns(
     return local, split
 
 
+def _start_actors(args: argparse.Namespace, target_path: Path, draft_path: Path) -> list:
+    """Start the target actor, then, once it is ready, the draft actor; return [draft, target].
+
+    One after the other, as a sweep's worker group starts them
+    (``orchestrator.replica.GroupReplica``): each model's one-token step calibration
+    (``CachedLM.calibrate_single_step``) then runs while the other actor is idle. Started
+    together, the draft's calibration ran while the target loaded, measured 7.3 ms for one
+    token against 6.0 for two (3.7 against 4.1 in process) and padded the draft's steps.
+    """
+    # An actor loads on cuda when Ray gives it a GPU share (workers.actors._device).
+    gpus = 0.25 if torch.device(args.device).type == "cuda" else 0
+    target_actor = TargetWorker.options(num_cpus=1, num_gpus=gpus).remote(
+        ModelSpec(str(target_path), args.dtype)
+    )
+    ray.get(target_actor.node_id.remote())
+    draft_actor = DraftWorker.options(num_cpus=1, num_gpus=gpus).remote(
+        ModelSpec(str(draft_path), args.dtype), [target_actor]
+    )
+    ray.get(draft_actor.node_id.remote())
+    return [draft_actor, target_actor]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both placements in turns, print the comparison and write JSON; return exit code."""
     args = _parse_args(argv)
@@ -278,14 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     draft = CachedLM(load_causal_lm(draft_path, args.dtype, args.device))
     target = LocalTarget(CachedLM(load_causal_lm(target_path, args.dtype, args.device)))
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    # An actor loads on cuda when Ray gives it a GPU share (workers.actors._device).
-    gpus = 0.25 if torch.device(args.device).type == "cuda" else 0
-    target_actor = TargetWorker.options(num_cpus=1, num_gpus=gpus).remote(
-        ModelSpec(str(target_path), args.dtype)
-    )
-    draft_actor = DraftWorker.options(num_cpus=1, num_gpus=gpus).remote(
-        ModelSpec(str(draft_path), args.dtype), [target_actor]
-    )
+    actors = _start_actors(args, target_path, draft_path)
+    draft_actor, target_actor = actors
     warmup = _warm_both(args, draft, target, draft_actor, requests[f"static K={args.k}"])
     local, split = _take_turns(draft, target, [draft_actor, target_actor], requests, args.repeats)
     calibrations = _calibrations(draft, target, draft_actor, target_actor)
