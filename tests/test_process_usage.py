@@ -20,12 +20,11 @@ def test_usage_differences_and_sums_are_field_by_field() -> None:
 
 
 def test_busy_work_shows_as_cpu_time_and_sleeping_does_not() -> None:
-    start = process_usage()
-    deadline = time.perf_counter() + 0.3
-    while time.perf_counter() < deadline:
+    start, cpu_clock = process_usage(), time.process_time()
+    while time.process_time() < cpu_clock + 0.3:  # 0.3 s of CPU, however busy the machine is
         pass
     busy = process_usage() - start
-    assert busy.cpu_seconds >= 0.2  # the clock and the CPU time agree on a busy loop
+    assert busy.cpu_seconds >= 0.25  # getrusage agrees with the process's CPU clock
     start = process_usage()
     time.sleep(0.3)
     idle = process_usage() - start
