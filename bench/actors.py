@@ -35,7 +35,7 @@ import ray
 import torch
 from transformers import AutoTokenizer
 
-from orchestrator.metrics import trial_metrics
+from orchestrator.metrics import TrialMetrics, trial_metrics
 from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
@@ -89,14 +89,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _round_split(results: list[GenerationResult]) -> dict[str, float]:
+def _round_split(metrics: TrialMetrics) -> dict[str, float]:
     """Return the mean ms per round spent drafting, verifying, and the rest (both models'
-    prefills and the loop around the rounds), over every round of ``results``.
+    prefills and the loop around the rounds), over every round of a placement's samples.
 
     A round's verify time is what the round's caller waited for its verdict (for target-only
     AR, where the loop runs inside the target, the target's own step).
     """
-    metrics = trial_metrics(results)
     rest = metrics.seconds - metrics.draft_seconds - metrics.verify_seconds
     return {
         "draft_ms": 1000 * metrics.draft_seconds / metrics.n_rounds,
@@ -105,21 +104,20 @@ def _round_split(results: list[GenerationResult]) -> dict[str, float]:
     }
 
 
-def _usage_per_round(runs: PlacementRuns) -> dict[str, float]:
+def _usage_per_round(usage: ProcessUsage, metrics: TrialMetrics) -> dict[str, float]:
     """Return a placement's CPU ms (and the kernel's part) and context switches per round, and
     its CPU seconds per second of its samples' wall time.
 
     The usage is read around each sample's call, so it also holds the call's own work outside
     the sample's timed seconds (for actors: Ray's call and reply).
     """
-    rounds = trial_metrics(runs.results).n_rounds
-    usage = runs.usage
+    rounds = metrics.n_rounds
     return {
         "cpu_ms": 1000 * usage.cpu_seconds / rounds,
         "system_ms": 1000 * usage.system_seconds / rounds,
         "voluntary_switches": usage.voluntary_switches / rounds,
         "involuntary_switches": usage.involuntary_switches / rounds,
-        "cpu_over_wall": usage.cpu_seconds / sum(r.seconds for r in runs.results),
+        "cpu_over_wall": usage.cpu_seconds / metrics.seconds,
     }
 
 
@@ -132,6 +130,8 @@ def _method_report(local_runs: PlacementRuns, split_runs: PlacementRuns) -> dict
     what its processes used (``_usage_per_round``).
     """
     local, split = local_runs.results, split_runs.results
+    places = {"in_process": local_runs, "actors": split_runs}
+    metrics = {place: trial_metrics(runs.results) for place, runs in places.items()}
     in_process, actors = _tokens_per_s(local), _tokens_per_s(split)
     ratio = paired_speed_ratio(
         [r.n_generated for r in split],
@@ -148,10 +148,9 @@ def _method_report(local_runs: PlacementRuns, split_runs: PlacementRuns) -> dict
             {"tokens": a.n_generated, "in_process_s": a.seconds, "actors_s": b.seconds}
             for a, b in zip(local, split, strict=True)
         ],
-        "per_round_ms": {"in_process": _round_split(local), "actors": _round_split(split)},
+        "per_round_ms": {place: _round_split(metrics[place]) for place in places},
         "usage_per_round": {
-            "in_process": _usage_per_round(local_runs),
-            "actors": _usage_per_round(split_runs),
+            place: _usage_per_round(runs.usage, metrics[place]) for place, runs in places.items()
         },
         "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
         "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
@@ -303,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     actors = _start_actors(args, target_path, draft_path)
     draft_actor, target_actor = actors
     warmup = _warm_both(args, draft, target, draft_actor, requests[f"static K={args.k}"])
-    local, split = _take_turns(draft, target, [draft_actor, target_actor], requests, args.repeats)
+    local, split = _take_turns(draft, target, actors, requests, args.repeats)
     calibrations = _calibrations(draft, target, draft_actor, target_actor)
     ray.shutdown()
     report = {

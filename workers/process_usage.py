@@ -9,7 +9,7 @@ on a socket, a lock, the GIL or a device) or more preemption (involuntary switch
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 
 @dataclass(frozen=True)
@@ -28,20 +28,10 @@ class ProcessUsage:
         return self.user_seconds + self.system_seconds
 
     def __add__(self, other: ProcessUsage) -> ProcessUsage:
-        return ProcessUsage(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
+        return ProcessUsage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def __sub__(self, other: ProcessUsage) -> ProcessUsage:
-        return ProcessUsage(*(a - b for a, b in zip(_fields(self), _fields(other), strict=True)))
-
-
-def _fields(usage: ProcessUsage) -> tuple[float, float, int, int]:
-    """Return ``usage``'s fields in their order."""
-    return (
-        usage.user_seconds,
-        usage.system_seconds,
-        usage.voluntary_switches,
-        usage.involuntary_switches,
-    )
+        return ProcessUsage(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 def process_usage() -> ProcessUsage:
