@@ -18,8 +18,8 @@ The cost: the whole group must fit on one node. A target using every GPU of a no
 (``tp_size`` 8 with ``gpus: 1`` on an 8-GPU node) leaves none for a GPU draft; give the ranks
 ``gpus: 0.9`` and the draft ``gpus: 0.1`` so the draft shares a GPU with a rank.
 
-Only :func:`create_worker_group` (and :func:`remove_worker_group`) talk to the Ray cluster; the
-bundle and message builders are pure.
+Only :func:`create_worker_group` (and :func:`remove_worker_group`, :func:`group_node`) talk to
+the Ray cluster; the bundle and message builders are pure.
 """
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.spec import PairSpec
@@ -173,6 +178,12 @@ def create_worker_group(pairs: Sequence[PairSpec], timeout_s: float) -> Placemen
 def remove_worker_group(group: PlacementGroup) -> None:
     """Release a group made by :func:`create_worker_group` (kill its actors first)."""
     remove_placement_group(group)
+
+
+def group_node(group: PlacementGroup) -> str:
+    """Return the Ray node id of a ready group made by :func:`create_worker_group` (all its
+    bundles are on one node)."""
+    return placement_group_table(group)["bundles_to_node_id"][0]
 
 
 def _options_for_bundle(group: PlacementGroup, index: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -39,6 +40,7 @@ from orchestrator.placement import (
     actor_options_for_rank,
     create_worker_group,
     draft_actor_options,
+    group_node,
     remove_worker_group,
 )
 from orchestrator.planner import ReplayGroup, Trial
@@ -52,12 +54,13 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
+from orchestrator.step_choices import SingleStepChoices, StepKey
 from orchestrator.store import ShardOutput, Store
 from orchestrator.target_sets import SharedTarget
 from orchestrator.work_units import WorkUnit
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
-from workers.model_spec import ModelSpec, RankSpec
+from workers.model_spec import ModelSpec, RankSpec, SingleStep
 from workers.prompt_format import response_text
 from workers.records import BASELINE_POLICY, SamplingConfig
 from workers.trial import GPU_WARMUP_SECONDS, TrialRequest
@@ -90,6 +93,7 @@ class GroupReplica:
         store: Store,
         artifacts: dict[str, str] | None = None,
         warmup_seconds: float | None = None,
+        step_choices: SingleStepChoices | None = None,
     ) -> None:
         self.shared = shared
         self.name = shared.name
@@ -98,6 +102,7 @@ class GroupReplica:
         self.record_rounds = record_rounds
         self.warmup_seconds = group_warmup_seconds(warmup_seconds, shared)
         self.store = store
+        self.step_choices = step_choices or SingleStepChoices()
         self.ranks: list = []
         self.drafts: dict[str, Any] = {}
         self.group = None
@@ -270,36 +275,63 @@ class GroupReplica:
         return self.drafts[pair]
 
     def _start(self) -> None:
-        """Reserve the placement group and create the target ranks unless they are running."""
+        """Reserve the placement group and create the target ranks unless they are running.
+
+        The ranks load with the one-token step choice made for this target on this node, or
+        make it (``orchestrator.step_choices``).
+        """
         if self.ranks:
             return
         target = self.shared.target
-        paths = self.inputs.model_paths[self.shared.pairs[0].name]
-        model = ModelSpec(str(paths.target), target.dtype, target.trust_remote_code)
+        path = self.inputs.model_paths[self.shared.pairs[0].name].target
         self.group = create_worker_group(self.shared.pairs, timeout_s=600)
         deepspeed = target.backend == "deepspeed"
         self.rendezvous = rendezvous_port(self.group) if deepspeed else None
+        key = StepKey(group_node(self.group), str(path), target.dtype, target.tp_size)
+        self.step_choices.load(key, lambda mode: self._start_ranks(self._model(path, mode)))
+        self.warmed = set()
+
+    def _model(self, path: Path, single_step: SingleStep) -> ModelSpec:
+        """Return the spec of the model at ``path`` as this group's target settings load it."""
+        target = self.shared.target
+        return ModelSpec(str(path), target.dtype, target.trust_remote_code, single_step)
+
+    def _start_ranks(self, model: ModelSpec) -> bool | None:
+        """Create the target ranks loading ``model``; once they are up, return whether rank 0's
+        calibration padded one-token steps (None when it did not calibrate)."""
+        target = self.shared.target
         port = self.rendezvous.port if self.rendezvous else 0
         drafts = len(self.shared.pairs)
         self.ranks = [
             TargetWorker.options(**actor_options_for_rank(self.group, rank, drafts)).remote(
-                model, RankSpec(rank, target.tp_size, "", port) if deepspeed else None
+                model, RankSpec(rank, target.tp_size, "", port) if self.rendezvous else None
             )
             for rank in range(target.tp_size)
         ]
         self.node, *_ = ray.get([rank.node_id.remote() for rank in self.ranks])
-        self.warmed = set()
+        return _padded(self.ranks[0], model.single_step)
 
     def _start_draft(self, pair: str) -> None:
-        """Create ``pair``'s draft actor in its bundle, next to the running ranks; warm it up."""
-        target = self.shared.target
+        """Create ``pair``'s draft actor in its bundle, next to the running ranks, with the
+        node's one-token step choice for its model; warm it up."""
         path = self.inputs.model_paths[pair].draft
-        model = ModelSpec(str(path), target.dtype, target.trust_remote_code) if path else None
+        if path is None:
+            self._create_draft(pair, None)
+        else:
+            key = StepKey(str(self.node), str(path), self.shared.target.dtype)
+            self.step_choices.load(
+                key, lambda mode: self._create_draft(pair, self._model(path, mode))
+            )
+        self._warm_up(pair, path is not None)
+
+    def _create_draft(self, pair: str, model: ModelSpec | None) -> bool | None:
+        """Create ``pair``'s draft actor loading ``model`` (None: target-only pair); return
+        whether its calibration padded one-token steps (None when it did not calibrate)."""
         index = self.shared.pair_names.index(pair)
         options = draft_actor_options(self.group, index, len(self.shared.pairs))
         self.drafts[pair] = DraftWorker.options(**options).remote(model, self.ranks)
         ray.get(self.drafts[pair].node_id.remote())
-        self._warm_up(pair, model is not None)
+        return None if model is None else _padded(self.drafts[pair], model.single_step)
 
     def _warm_up(self, pair: str, has_draft: bool) -> None:
         """Decode one prompt's first tokens on ``pair``'s new draft actor, untimed, for
@@ -327,6 +359,15 @@ class GroupReplica:
         if self.group is not None:
             remove_worker_group(self.group)
         self.drafts, self.ranks, self.group = {}, [], None
+
+
+def _padded(actor: Any, single_step: SingleStep) -> bool | None:
+    """Return whether ``actor``'s model calibrated its one-token steps to be padded, when it
+    was asked to (``single_step`` "auto"), else None."""
+    if single_step != "auto":
+        return None
+    calibration = ray.get(actor.single_step_calibration.remote())
+    return None if calibration is None else calibration.padded
 
 
 def group_warmup_seconds(setting: float | None, shared: SharedTarget) -> float:

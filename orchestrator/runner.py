@@ -8,6 +8,7 @@ worker group (``orchestrator.replica``), ``execution.max_concurrent_pairs`` grou
 retrying a failed shard on live actors. Pairs whose targets are identical share one worker
 group (``orchestrator.target_sets``): their units carry the set's name as their group, and a
 replica of it runs any of them, each on its pair's draft actor, with the target loaded once.
+Replicas on one node share each model's one-token step choice (``orchestrator.step_choices``).
 Each shard's samples are stored in one transaction as it ends; when a trial's last shard is
 stored, its metrics and intervals are computed from all its samples and the trial is marked
 done, so a crash loses only the shards in flight. After the live shards, each trial group's
@@ -37,6 +38,7 @@ from orchestrator.provenance import collect_provenance, stored_provenance_notes
 from orchestrator.replica import GroupReplica
 from orchestrator.scheduler import Scheduler
 from orchestrator.spec import SweepSpec
+from orchestrator.step_choices import SingleStepChoices
 from orchestrator.store import Store
 from orchestrator.target_sets import SharedTarget, shared_targets, split_to_fit
 from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
@@ -173,6 +175,8 @@ class _SweepRun:
         self.failed_ids: set[str] = set()
         #: The pair each replay unit replays, by unit key.
         self.replays: dict[str, str] = {}
+        #: One-token step choices, one per model and node, shared by every replica.
+        self.step_choices = SingleStepChoices()
         self.lock = Lock()
 
     def run_pairs(self, by_pair: dict[str, list[Trial]], retries: int, progress: bool) -> None:
@@ -246,6 +250,7 @@ class _SweepRun:
             self.store,
             self.artifacts,
             warmup_seconds=execution.warmup_seconds,
+            step_choices=self.step_choices,
         )
 
     def run_shard(self, replica: GroupReplica, unit: WorkUnit) -> None:

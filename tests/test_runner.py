@@ -110,6 +110,48 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     assert "torch_threads" in moved.provenance_notes[0]
 
 
+def _pads_single_step(replica) -> tuple[bool, bool]:
+    """Return whether ``replica``'s target rank 0 and its draft run one-token steps padded."""
+    return (
+        ray.get(replica.ranks[0].__ray_call__.remote(lambda a: a.target.lm.pad_single_step)),
+        ray.get(replica.drafts["micro"].__ray_call__.remote(lambda a: a.draft.pad_single_step)),
+    )
+
+
+def test_replicas_on_a_node_load_with_the_step_choice_made_there(zoo_env, ray_local, tmp_path):
+    from orchestrator.replica import GroupReplica
+    from orchestrator.step_choices import SingleStepChoices, StepKey
+
+    spec = parse_sweep(SWEEP, "runner-test.yaml")
+    inputs = preflight(spec, plan_sweep(spec))
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    node = ray.get_runtime_context().get_node_id()
+    paths = inputs.model_paths["micro"]
+    keys = [StepKey(node, str(path), "float32") for path in (paths.target, paths.draft)]
+    choices = SingleStepChoices()
+    first = GroupReplica(solo(spec.pairs[0]), inputs, False, store, step_choices=choices)
+    first._draft("micro")
+    actors = (first.ranks[0], first.drafts["micro"])
+    calibrations = ray.get([actor.single_step_calibration.remote() for actor in actors])
+    assert None not in calibrations
+    padded = tuple(calibration.padded for calibration in calibrations)
+    assert _pads_single_step(first) == padded
+    assert [choices.known(key) for key in keys] == [("plain", "padded")[p] for p in padded]
+    first.close()
+
+    # A later replica on the node takes the recorded choice as is: seeded with the opposite
+    # of what this node measured, it loads with that and does not time its steps again.
+    seeded = SingleStepChoices()
+    for key, choice in zip(keys, padded, strict=True):
+        seeded.load(key, lambda mode, choice=choice: not choice)
+    later = GroupReplica(solo(spec.pairs[0]), inputs, False, store, step_choices=seeded)
+    later._draft("micro")
+    actors = (later.ranks[0], later.drafts["micro"])
+    assert ray.get([actor.single_step_calibration.remote() for actor in actors]) == [None, None]
+    assert _pads_single_step(later) == tuple(not p for p in padded)
+    later.close()
+
+
 def test_preflight_names_missing_model_and_tokenizer_mismatch(zoo_env, tmp_path):
     other = tmp_path / "other-tokenizer-model"
     model = load_causal_lm(zoo_env.model_path("draft-xs"))

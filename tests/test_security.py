@@ -261,6 +261,7 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
 
     class FakeHandle:
         node_id = type("Method", (), {"remote": staticmethod(lambda: None)})
+        single_step_calibration = node_id
 
     class FakeActorClass:
         """Stands in for a Ray actor class; records the ModelSpec each actor gets."""
@@ -275,6 +276,7 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
     monkeypatch.setattr(replica_module, "TargetWorker", FakeActorClass())
     monkeypatch.setattr(replica_module, "DraftWorker", FakeActorClass())
     monkeypatch.setattr(replica_module, "create_worker_group", lambda pairs, timeout_s: None)
+    monkeypatch.setattr(replica_module, "group_node", lambda group: "node")
     monkeypatch.setattr(replica_module, "actor_options_for_rank", lambda group, rank, drafts: {})
     monkeypatch.setattr(replica_module, "draft_actor_options", lambda group, index, drafts: {})
     monkeypatch.setattr(replica_module.ray, "get", lambda refs: refs)

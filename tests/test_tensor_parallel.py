@@ -25,7 +25,7 @@ from workers.engine import RequestSettings, autoregressive_generate, speculative
 from workers.lm import CachedLM, load_causal_lm
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
-from workers.tensor_parallel import RowsToSequenceHead
+from workers.tensor_parallel import RowsToSequenceHead, agreed_single_step
 
 WORLD_SIZE = 2
 MAX_NEW_TOKENS = 24
@@ -237,3 +237,10 @@ def test_rows_to_sequence_head_feeds_rows_to_a_sequence_only_head():
     torch.testing.assert_close(wrapped(rows), expected)
     sequence = rows.unsqueeze(0)
     torch.testing.assert_close(wrapped(sequence), expected.unsqueeze(0))
+
+
+def test_a_forced_step_choice_is_taken_without_timing_or_collectives():
+    _, target = build_tiny_pair()
+    for forced, padded in (("padded", True), ("plain", False)):
+        lm = agreed_single_step(CachedLM(target, single_step="plain"), forced)
+        assert lm.pad_single_step is padded and lm.calibration is None

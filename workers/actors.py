@@ -46,7 +46,8 @@ class TargetWorker:
     def __init__(self, model: ModelSpec, rank: RankSpec | None = None) -> None:
         if rank is None:
             lm = CachedLM(
-                load_causal_lm(model.path, model.dtype, _device(), model.trust_remote_code)
+                load_causal_lm(model.path, model.dtype, _device(), model.trust_remote_code),
+                single_step=model.single_step,
             )
             self.target = LocalTarget(lm)
         else:
@@ -82,7 +83,8 @@ class TargetWorker:
         return self._call("generate", (prompt_ids, settings))
 
     def single_step_calibration(self) -> SingleStepCalibration | None:
-        """Return how this rank's one-token steps were calibrated (None when forced)."""
+        """Return how this rank's one-token steps were calibrated (None when ``ModelSpec``
+        forced a choice)."""
         return self.target.lm.calibration
 
     def lm_forward(self, ids: torch.Tensor, last_only: bool) -> tuple[torch.Tensor, int]:
@@ -190,7 +192,8 @@ class DraftWorker:
         self.draft = None
         if model is not None:
             self.draft = CachedLM(
-                load_causal_lm(model.path, model.dtype, _device(), model.trust_remote_code)
+                load_causal_lm(model.path, model.dtype, _device(), model.trust_remote_code),
+                single_step=model.single_step,
             )
         self.target = RemoteTargetGroup(target_ranks)
 
@@ -203,7 +206,8 @@ class DraftWorker:
         return warm_up(self.draft, self.target, request, min_seconds)
 
     def single_step_calibration(self) -> SingleStepCalibration | None:
-        """Return how the draft's one-token steps were calibrated (None without a draft)."""
+        """Return how the draft's one-token steps were calibrated (None without a draft or when
+        ``ModelSpec`` forced a choice)."""
         return None if self.draft is None else self.draft.calibration
 
     def record_traces(

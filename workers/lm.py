@@ -30,17 +30,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from workers.llama_fast import LlamaFastDecoder, PackedLinear, unsupported_reason
+from workers.model_spec import SingleStep
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-#: How a one-token step runs: decided by timing ("auto"), as itself, or as a two-token block.
-SingleStep = Literal["auto", "plain", "padded"]
 #: Timed repetitions of each step kind when calibrating (interleaved, fastest taken).
 CALIBRATION_REPEATS = 7
 #: A one-token step is padded only when a two-token block is at least this fraction faster. A

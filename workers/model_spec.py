@@ -7,15 +7,22 @@ orchestrator that builds both) share it without importing each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+#: How a one-token step runs: decided by timing ("auto"), as itself, or as a two-token block.
+SingleStep = Literal["auto", "plain", "padded"]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Where a model is and how to load it."""
+    """Where a model is and how to load it; ``single_step`` is passed to ``CachedLM`` ("auto":
+    time one-token steps against two-token blocks at load; "plain" or "padded": a choice an
+    earlier replica on the node made, ``orchestrator.step_choices``)."""
 
     path: str
     dtype: str = "float32"
     trust_remote_code: bool = False
+    single_step: SingleStep = "auto"
 
 
 @dataclass(frozen=True)

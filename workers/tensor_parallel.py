@@ -20,7 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from workers.lm import DTYPES, CachedLM, load_causal_lm
-from workers.model_spec import ModelSpec, RankSpec
+from workers.model_spec import ModelSpec, RankSpec, SingleStep
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 
@@ -138,12 +138,16 @@ class RowsToSequenceHead(nn.Module):
         return self.head(hidden.unsqueeze(0)).squeeze(0)
 
 
-def agreed_single_step(lm: CachedLM) -> CachedLM:
-    """Calibrate ``lm``'s one-token step on every rank in lockstep and adopt rank 0's choice.
+def agreed_single_step(lm: CachedLM, single_step: SingleStep = "auto") -> CachedLM:
+    """Calibrate ``lm``'s one-token step on every rank in lockstep and adopt rank 0's choice;
+    a forced ``single_step`` ("plain" or "padded", the same on every rank) is taken as is.
 
     Each rank times its own shard; the ranks must still run the same kernels shapes (their
     collectives pair up), so rank 0's choice is broadcast to all.
     """
+    if single_step != "auto":
+        lm.pad_single_step = single_step == "padded"
+        return lm
     padded = torch.tensor([int(lm.calibrate_single_step().padded)], dtype=torch.int64)
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         padded = padded.cuda()
@@ -168,7 +172,9 @@ class TensorParallelTarget:
         )
         sharded = shard_with_autotp(whole, rank.world_size, DTYPES[model.dtype], tp_grain_size)
         self.rank = rank.rank
-        self.target = LocalTarget(agreed_single_step(CachedLM(sharded, single_step="plain")))
+        self.target = LocalTarget(
+            agreed_single_step(CachedLM(sharded, single_step="plain"), model.single_step)
+        )
 
     @property
     def lm(self) -> CachedLM:
