@@ -14,7 +14,8 @@ bootstrap 95% interval over (prompt, repeat) samples and every sample's seconds,
 Per round, each placement's time is split into drafting, verifying and the rest, and what its
 processes used is reported beside it (``getrusage`` around each sample's call: this process in
 process; both actors' processes on actors): CPU ms, voluntary switches (blocking: a socket, a
-lock, the GIL, a device) and involuntary ones (preemption). A placement that is slower with the
+lock, the GIL, a device), involuntary ones (preemption) and minor page faults (memory mapped
+afresh, as when freed memory went back to the system). A placement that is slower with the
 same CPU ms per round waits more; one with more CPU ms does more work or runs its work slower.
 
     python bench/actors.py --target zoo:smol/target --draft zoo:smol/draft-s --out bench-actors.json
@@ -105,8 +106,8 @@ def _round_split(metrics: TrialMetrics) -> dict[str, float]:
 
 
 def _usage_per_round(usage: ProcessUsage, metrics: TrialMetrics) -> dict[str, float]:
-    """Return a placement's CPU ms (and the kernel's part) and context switches per round, and
-    its CPU seconds per second of its samples' wall time.
+    """Return a placement's CPU ms (and the kernel's part), context switches and minor page
+    faults per round, and its CPU seconds per second of its samples' wall time.
 
     The usage is read around each sample's call, so it also holds the call's own work outside
     the sample's timed seconds (for actors: Ray's call and reply).
@@ -117,6 +118,7 @@ def _usage_per_round(usage: ProcessUsage, metrics: TrialMetrics) -> dict[str, fl
         "system_ms": 1000 * usage.system_seconds / rounds,
         "voluntary_switches": usage.voluntary_switches / rounds,
         "involuntary_switches": usage.involuntary_switches / rounds,
+        "minor_faults": usage.minor_faults / rounds,
         "cpu_over_wall": usage.cpu_seconds / metrics.seconds,
     }
 
@@ -206,10 +208,11 @@ def _splits(figures: dict) -> str:
 
 
 def _usages(figures: dict) -> str:
-    """Return both placements' CPU ms and context switches per round as text."""
+    """Return both placements' CPU ms, context switches and page faults per round as text."""
     return "; ".join(
         f"{place} {usage['cpu_ms']:.2f} ms ({usage['system_ms']:.2f} in the kernel), "
-        f"{usage['voluntary_switches']:.1f} + {usage['involuntary_switches']:.1f}"
+        f"{usage['voluntary_switches']:.1f} + {usage['involuntary_switches']:.1f}, "
+        f"{usage['minor_faults']:.1f} page faults"
         for place, usage in figures["usage_per_round"].items()
     )
 

@@ -32,6 +32,14 @@ def test_busy_work_shows_as_cpu_time_and_sleeping_does_not() -> None:
     assert idle.voluntary_switches >= 1  # sleeping gives the CPU up
 
 
+def test_touching_fresh_memory_counts_minor_page_faults() -> None:
+    start = process_usage()
+    pages = bytearray(64 * 2**20)  # zeroed by the kernel page by page as it is first touched
+    pages[:: 2**12] = b"\x01" * len(range(0, len(pages), 2**12))
+    faults = (process_usage() - start).minor_faults
+    assert faults >= 64 * 2**20 // 2**21  # at least one a 2 MiB huge page, however mapped
+
+
 def test_an_actor_call_reads_the_hosting_process() -> None:
     before = process_usage()
     usage = actor_process_usage(object())  # the actor argument is ignored: this process reads
