@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM, load_causal_lm
+from workers.model_spec import ModelSpec, RankSpec
 from workers.records import SamplingConfig
 from workers.tensor_parallel import (
     TensorParallelTarget,
@@ -35,11 +35,8 @@ def run_rank(rank: int, world_size: int, port: int, workdir: Path) -> dict:
         temperature=float(inputs["temperature"]), max_new_tokens=int(inputs["max_new_tokens"])
     )
     max_draft_len = int(inputs["max_draft_len"])
-    # Stand-ins for workers.actors.ModelSpec / RankSpec (importing that module imports Ray).
-    model = SimpleNamespace(path=str(workdir / "target"), dtype="float32", trust_remote_code=False)
-    place = SimpleNamespace(
-        rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port
-    )
+    model = ModelSpec(path=str(workdir / "target"))
+    place = RankSpec(rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port)
     target = TensorParallelTarget(model, place, tp_grain_size=int(inputs["tp_grain_size"]))
     whole = load_causal_lm(model.path)
     default_grain = CachedLM(shard_with_autotp(whole, world_size, torch.float32))
