@@ -17,6 +17,9 @@ process; both actors' processes on actors): CPU ms, voluntary switches (blocking
 lock, the GIL, a device), involuntary ones (preemption) and minor page faults (memory mapped
 afresh, as when freed memory went back to the system). A placement that is slower with the
 same CPU ms per round waits more; one with more CPU ms does more work or runs its work slower.
+Beside them, the whole machine's busy and stolen CPU ms per round (``/proc/stat``, read around
+the same calls; ``None`` where there is none): busy beyond the placement's own processes is
+work other processes (Ray's, the driver's) did meanwhile, steal is time the hypervisor withheld.
 
     python bench/actors.py --target zoo:smol/target --draft zoo:smol/draft-s --out bench-actors.json
 
@@ -41,7 +44,13 @@ from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
 from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
-from workers.process_usage import ProcessUsage, actor_process_usage, process_usage
+from workers.process_usage import (
+    MachineUsage,
+    ProcessUsage,
+    actor_process_usage,
+    machine_usage,
+    process_usage,
+)
 from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
@@ -54,6 +63,7 @@ class PlacementRuns:
 
     results: list[GenerationResult] = field(default_factory=list)
     usage: ProcessUsage = field(default_factory=ProcessUsage)
+    machine: MachineUsage | None = field(default_factory=MachineUsage)
 
 
 def _tokens_per_s(results: list[GenerationResult]) -> float:
@@ -105,15 +115,18 @@ def _round_split(metrics: TrialMetrics) -> dict[str, float]:
     }
 
 
-def _usage_per_round(usage: ProcessUsage, metrics: TrialMetrics) -> dict[str, float]:
+def _usage_per_round(runs: PlacementRuns, metrics: TrialMetrics) -> dict[str, float | None]:
     """Return a placement's CPU ms (and the kernel's part), context switches and minor page
-    faults per round, and its CPU seconds per second of its samples' wall time.
+    faults per round, its CPU seconds per second of its samples' wall time, and the machine's
+    busy and stolen CPU ms per round (None without ``/proc/stat``).
 
     The usage is read around each sample's call, so it also holds the call's own work outside
     the sample's timed seconds (for actors: Ray's call and reply).
     """
-    rounds = metrics.n_rounds
+    rounds, usage, machine = metrics.n_rounds, runs.usage, runs.machine
     return {
+        "machine_busy_ms": None if machine is None else 1000 * machine.busy_seconds / rounds,
+        "machine_steal_ms": None if machine is None else 1000 * machine.steal_seconds / rounds,
         "cpu_ms": 1000 * usage.cpu_seconds / rounds,
         "system_ms": 1000 * usage.system_seconds / rounds,
         "voluntary_switches": usage.voluntary_switches / rounds,
@@ -152,7 +165,7 @@ def _method_report(local_runs: PlacementRuns, split_runs: PlacementRuns) -> dict
         ],
         "per_round_ms": {place: _round_split(metrics[place]) for place in places},
         "usage_per_round": {
-            place: _usage_per_round(runs.usage, metrics[place]) for place, runs in places.items()
+            place: _usage_per_round(runs, metrics[place]) for place, runs in places.items()
         },
         "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
         "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
@@ -212,9 +225,16 @@ def _usages(figures: dict) -> str:
     return "; ".join(
         f"{place} {usage['cpu_ms']:.2f} ms ({usage['system_ms']:.2f} in the kernel), "
         f"{usage['voluntary_switches']:.1f} + {usage['involuntary_switches']:.1f}, "
-        f"{usage['minor_faults']:.1f} page faults"
+        f"{usage['minor_faults']:.1f} page faults, machine busy "
+        f"{_optional_ms(usage['machine_busy_ms'])}, "
+        f"steal {_optional_ms(usage['machine_steal_ms'])}"
         for place, usage in figures["usage_per_round"].items()
     )
+
+
+def _optional_ms(value: float | None) -> str:
+    """Return milliseconds as text ("n/a" for None)."""
+    return "n/a" if value is None else f"{value:.2f} ms"
 
 
 def _ci(bounds: list[float] | None) -> str:
@@ -234,12 +254,17 @@ def _run_one(
     """Run ``request`` in process (``models``: draft and target) or on ``actors`` (the draft
     actor first); add its results to ``runs``, and what the placement's processes used."""
     usage = process_usage if in_process else partial(_actors_usage, actors)
-    before = usage()
+    before, machine_before = usage(), machine_usage()
     if in_process:
         runs.results.extend(run_trial(*models, request))
     else:
         runs.results.extend(ray.get(actors[0].run_trial.remote(request)))
+    machine_after = machine_usage()
     runs.usage += usage() - before
+    if runs.machine is not None and machine_before is not None and machine_after is not None:
+        runs.machine += machine_after - machine_before
+    else:
+        runs.machine = None
 
 
 def _take_turns(

@@ -43,6 +43,7 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
             assert usage["cpu_ms"] > 0 and 0 <= usage["system_ms"] <= usage["cpu_ms"]
             assert usage["voluntary_switches"] >= 0 and usage["involuntary_switches"] >= 0
             assert usage["minor_faults"] >= 0
+            assert usage["machine_busy_ms"] >= 0 and usage["machine_steal_ms"] >= 0
             # CPU seconds per wall second: one thread decodes at a time, plus what the
             # processes' other threads (Ray's, the channel's) and the call around it add
             assert 0.2 < usage["cpu_over_wall"] < 3
