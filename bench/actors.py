@@ -259,12 +259,11 @@ def _run_one(
         runs.results.extend(run_trial(*models, request))
     else:
         runs.results.extend(ray.get(actors[0].run_trial.remote(request)))
-    machine_after = machine_usage()
+    machine_after = machine_usage()  # None on every read or on none: /proc/stat is there or not
     runs.usage += usage() - before
-    if runs.machine is not None and machine_before is not None and machine_after is not None:
-        runs.machine += machine_after - machine_before
-    else:
-        runs.machine = None
+    runs.machine = (
+        None if machine_before is None else runs.machine + (machine_after - machine_before)
+    )
 
 
 def _take_turns(

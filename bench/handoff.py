@@ -133,11 +133,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _way_report(times: WayTimes, base: WayTimes) -> dict:
     """Return a way's median piece ms and its round time over ``back_to_back``'s, by cycle."""
     ratio = ratio_interval(times.round_sums(), base.round_sums())
+    if ratio is None:
+        raise ValueError("a ratio interval needs at least 2 cycles")
     return {
         "draft_ms_median": 1000 * statistics.median(chain.from_iterable(times.draft)),
         "verify_ms_median": 1000 * statistics.median(chain.from_iterable(times.verify)),
-        "round_over_back_to_back": None if ratio is None else ratio.estimate,
-        "ratio_ci95": None if ratio is None else [ratio.low, ratio.high],
+        "round_over_back_to_back": ratio.estimate,
+        "ratio_ci95": [ratio.low, ratio.high],
     }
 
 
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "times": {way: asdict(times[way]) for way in WAYS},
     }
     for way, figures in report["ways"].items():
-        low, high = figures["ratio_ci95"] or (float("nan"), float("nan"))
+        low, high = figures["ratio_ci95"]
         print(
             f"{way:14} draft {figures['draft_ms_median']:8.2f} ms  verify "
             f"{figures['verify_ms_median']:8.2f} ms  round / back_to_back "
