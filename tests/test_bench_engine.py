@@ -45,6 +45,7 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
     packed = report["standalone_costs"]["plain_torch"]["t_target"]
     unpacked = report["standalone_costs"]["plain_torch_unpacked"]["t_target"]
     assert report["packed_vs_unpacked_t_target"] == {n: packed[n] / unpacked[n] for n in packed}
+    assert report["weights_packed"] is True
     ours = [m for m in report["methods"] if m["method"].startswith("ours static")]
     assert len(ours) == 9 and all(m["matches_ar"] for m in ours)
     assert sum(m["method"].endswith("(unpacked weights)") for m in ours) == 3
@@ -61,3 +62,4 @@ def test_dtype_option_loads_both_models_in_it(
     report = _run(micro_zoo, tmp_path, dtype)
     assert report["dtype"] == dtype
     assert all(m["tokens"] == 2 * 8 for m in report["methods"])
+    assert report["weights_packed"] is False  # only float32 on CPU packs
