@@ -40,7 +40,6 @@ from transformers import AutoTokenizer
 from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
-from workers.llama_fast import packs_for_onednn
 from workers.lm import DTYPES, CachedLM, load_causal_lm, synchronize
 from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
@@ -364,6 +363,11 @@ def _device_name(device: str) -> str:
     return device
 
 
+def _packed(lm: CachedLM) -> bool:
+    """Return whether ``lm``'s fast path holds oneDNN-packed weights (its head's product)."""
+    return lm.head_product is not None and lm.head_product.packed is not None
+
+
 def _calibration(lm: CachedLM) -> dict | None:
     """Return ``lm``'s one-token step calibration (times and whether steps are padded)."""
     return None if lm.calibration is None else asdict(lm.calibration)
@@ -418,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         "methods": [asdict(r) for r in results],
         "ratios": _ratios(results),
         "best_static_speedup_vs_ar": best_static / by_name["target-only AR"].tokens_per_s,
-        "weights_packed": packs_for_onednn(target_model.get_output_embeddings().weight),
+        "weights_packed": _packed(models["plain_torch"][1]),
         "packed_vs_unpacked_t_target": {
             n: paths["plain_torch"].t_target[n] / paths["plain_torch_unpacked"].t_target[n]
             for n in paths["plain_torch"].t_target
