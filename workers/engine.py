@@ -55,6 +55,7 @@ class _Block:
     forwards: int
 
 
+@torch.inference_mode()
 def speculative_generate(
     draft: CachedLM,
     target: TargetScorer,
@@ -163,7 +164,7 @@ def _verify_block(
     if next_token is None:
         residual = residual_distribution(response.rejected_row.cpu(), block.rows[n_accepted])
         next_token = int(sample_token(residual, generator))
-    return n_accepted, [*draft_tokens[:n_accepted].tolist(), next_token], response.hidden
+    return n_accepted, [*draft_tokens.tolist()[:n_accepted], next_token], response.hidden
 
 
 def _round_record(
@@ -205,16 +206,16 @@ def _draft_block(
     step = draft.forward(pending, last_only=True)
     block.forwards = 1
     for index in range(1, cap + 1):
-        logits = step.logits[-1]
+        # Every draft forward is last_only: one row of logits. The token stays a [1] tensor, the
+        # next step's input as it is (each tensor op outside the forwards is engine overhead).
         if sampling.greedy:
-            token = logits.argmax()
-            probs = None
+            token, probs = step.logits.argmax(dim=-1), None
         else:
-            probs = warp_probs(logits, sampling)
-            token = sample_token(probs.cpu(), generator).to(logits.device)
+            probs = warp_probs(step.logits[0], sampling)
+            token = sample_token(probs.cpu(), generator).to(step.logits.device).view(1)
         entropy_value = max_prob = None
         if "entropy" in wanted or "max_prob" in wanted:
-            shown = probs if probs is not None else feature_probs(logits, sampling)
+            shown = probs if probs is not None else feature_probs(step.logits[0], sampling)
             entropy_value = float(entropy(shown))
             max_prob = float(shown.max())
         candidate = DraftStep(
@@ -238,7 +239,7 @@ def _draft_block(
             block.max_probs.append(max_prob)
         if not decision.continues or index == cap:
             break
-        step = draft.forward(token.view(1), last_only=True)
+        step = draft.forward(token, last_only=True)
         block.forwards += 1
     return block
 
@@ -256,10 +257,10 @@ def autoregressive_generate(
 
 
 def _stack(values: list[torch.Tensor]) -> torch.Tensor:
-    """Stack 0-d tensors into a 1-D CPU tensor (empty long tensor for no values)."""
+    """Join [1] tensors into a 1-D CPU tensor (empty long tensor for no values)."""
     if not values:
         return torch.empty(0, dtype=torch.long)
-    return torch.stack(values).cpu()
+    return torch.cat(values).cpu()
 
 
 def _mean(values: list[float]) -> float | None:

@@ -285,7 +285,10 @@ class CachedLM:
         With ``last_only`` only the last position goes through the LM head. Raises
         ValueError for an empty ``ids`` (e.g. a prompt that tokenised to nothing).
         """
-        ids = ids.view(-1).to(self.device)
+        if ids.dim() != 1:
+            ids = ids.view(-1)
+        if ids.device != self.device:
+            ids = ids.to(self.device)
         if ids.numel() == 0:
             raise ValueError("the model was given no tokens to run (an empty prompt?)")
         if ids.numel() == 1 and self.pad_single_step:

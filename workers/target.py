@@ -108,14 +108,17 @@ class LocalTarget:
         if prompt_ids.numel() > 1:
             self.lm.forward(prompt_ids[:-1], last_only=True)
 
+    @torch.inference_mode()
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score pending + drafted tokens in one forward, judge the block, roll the cache back."""
         start = _now()
-        base_len = self.lm.cached_len + request.pending.numel()
-        block = torch.cat([request.pending, request.draft_tokens])
-        out = self.lm.forward(block)
         n_pending = request.pending.numel()
-        logits = out.logits[n_pending - 1 :]
+        base_len = self.lm.cached_len + n_pending
+        block = request.pending
+        if request.draft_tokens.numel():
+            block = torch.cat([request.pending, request.draft_tokens])
+        out = self.lm.forward(block)
+        logits = out.logits if n_pending == 1 else out.logits[n_pending - 1 :]
         if self.sampling.greedy:
             verdict = verify_greedy(request.draft_tokens, logits)
         else:
@@ -137,6 +140,7 @@ class LocalTarget:
             seconds=_now() - start,
         )
 
+    @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
         """Decode ``prompt_ids`` with the target alone: one record per generated token.
 
