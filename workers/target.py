@@ -22,7 +22,7 @@ from workers.records import (
     truncate_at_eos,
 )
 from workers.sampling import warp_probs
-from workers.verification import verify_greedy, verify_sampling
+from workers.verification import Verdict, verify_greedy, verify_sampling
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,16 @@ class VerifyResponse:
     seconds: float
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """One judged block on the target side: the verdict, the hidden state the request asked
+    for, and (greedy) the target's argmax tokens [K+1] at the judged positions."""
+
+    verdict: Verdict
+    hidden: torch.Tensor | None
+    choices: torch.Tensor | None
+
+
 class LocalTarget:
     """Target-side logic of speculative decoding and of the autoregressive baseline.
 
@@ -112,6 +122,18 @@ class LocalTarget:
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score pending + drafted tokens in one forward, judge the block, roll the cache back."""
         start = _now()
+        scored = self._score(request)
+        return VerifyResponse(
+            n_accepted=scored.verdict.n_accepted,
+            next_token=scored.verdict.next_token,
+            rejected_row=scored.verdict.rejected_row,
+            hidden=scored.hidden,
+            seconds=_now() - start,
+        )
+
+    def _score(self, request: VerifyRequest) -> _Scored:
+        """Run ``verify``'s forward, judgement and rollback; return the verdict and what the
+        response and the AR loop need from them."""
         n_pending = request.pending.numel()
         base_len = self.lm.cached_len + n_pending
         block = request.pending
@@ -119,8 +141,10 @@ class LocalTarget:
             block = torch.cat([request.pending, request.draft_tokens])
         out = self.lm.forward(block)
         logits = out.logits if n_pending == 1 else out.logits[n_pending - 1 :]
+        choices = None
         if self.sampling.greedy:
-            verdict = verify_greedy(request.draft_tokens, logits)
+            choices = logits.argmax(dim=-1)
+            verdict = verify_greedy(request.draft_tokens, choices)
         else:
             # The K+1 warped rows move to the CPU, where the seeded generator draws (the same
             # stream on every device) and the rejected row is sent back from.
@@ -132,41 +156,33 @@ class LocalTarget:
             )
         self.lm.crop(base_len + verdict.n_accepted)
         hidden = out.hidden[n_pending - 1 + verdict.n_accepted] if request.want_hidden else None
-        return VerifyResponse(
-            n_accepted=verdict.n_accepted,
-            next_token=verdict.next_token,
-            rejected_row=verdict.rejected_row,
-            hidden=hidden,
-            seconds=_now() - start,
-        )
+        return _Scored(verdict, hidden, choices)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
         """Decode ``prompt_ids`` with the target alone: one record per generated token.
 
-        Each step is a verification of an empty block, which returns the target's next token
-        (argmax when greedy, a sample of the warped p otherwise), so the baseline runs the same
-        target-side code as speculative decoding.
+        Each step is a verification of an empty block (``_score``, as ``verify`` runs it),
+        which gives the target's next token (argmax when greedy, a sample of the warped p
+        otherwise), so the baseline runs the same target-side code as speculative decoding.
+        Greedy, the argmax tensor itself is the next step's input (no new tensor per token).
         """
         sampling = settings.sampling
         start = _now()
         self.prefill(prompt_ids, sampling, settings.seed)
-        sequence = prompt_ids.tolist()
+        pending = prompt_ids[-1:].to(torch.long)
         output: list[int] = []
         rounds: list[RoundRecord] = []
         empty = torch.empty(0, dtype=torch.long)
+        empty_probs = None if sampling.greedy else empty.float()
         stopped_on_eos = False
         while len(output) < sampling.max_new_tokens and not stopped_on_eos:
-            response = self.verify(
-                VerifyRequest(
-                    pending=torch.tensor(sequence[-1:], dtype=torch.long),
-                    draft_tokens=empty,
-                    draft_token_probs=None if sampling.greedy else empty.float(),
-                )
-            )
-            sequence.append(response.next_token)
-            output.append(response.next_token)
-            rounds.append(RoundRecord(0, 0, False, 0, 0.0, response.seconds))
+            step_start = _now()
+            scored = self._score(VerifyRequest(pending, empty, empty_probs))
+            token = scored.verdict.next_token
+            pending = scored.choices if scored.choices is not None else torch.tensor([token])
+            output.append(token)
+            rounds.append(RoundRecord(0, 0, False, 0, 0.0, _now() - step_start))
             output, stopped_on_eos = truncate_at_eos(output, settings.eos_token_id)
         return GenerationResult(
             prompt_ids=prompt_ids.tolist(),
