@@ -285,10 +285,7 @@ class CachedLM:
         With ``last_only`` only the last position goes through the LM head. Raises
         ValueError for an empty ``ids`` (e.g. a prompt that tokenised to nothing).
         """
-        if ids.dim() != 1:
-            ids = ids.view(-1)
-        if ids.device != self.device:
-            ids = ids.to(self.device)
+        ids = ids.view(-1).to(self.device)
         if ids.numel() == 0:
             raise ValueError("the model was given no tokens to run (an empty prompt?)")
         if ids.numel() == 1 and self.pad_single_step:
