@@ -142,11 +142,11 @@ def test_max_new_tokens_and_eos(pair):
 def test_verify_greedy_by_hand():
     logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0], [1.0, 2.0, 0.0]])
     choices = logits.argmax(dim=-1)
-    verdict = verify_greedy(torch.tensor([1, 0, 2]), choices)
+    verdict = verify_greedy([1, 0, 2], choices)
     assert (verdict.n_accepted, verdict.next_token) == (3, 1)
-    verdict = verify_greedy(torch.tensor([1, 2, 2]), choices)
+    verdict = verify_greedy([1, 2, 2], choices)
     assert (verdict.n_accepted, verdict.next_token) == (1, 0)
-    verdict = verify_greedy(torch.empty(0, dtype=torch.long), choices[:1])
+    verdict = verify_greedy([], choices[:1])
     assert (verdict.n_accepted, verdict.next_token) == (0, 1)
 
 

@@ -154,19 +154,14 @@ def test_a_verify_request_pickles_to_the_same_request():
     from workers.target import VerifyRequest
 
     sampled = VerifyRequest(
-        pending=torch.tensor([5, 6]),
-        draft_tokens=torch.tensor([1, 2, 3]),
+        tokens=torch.tensor([5, 1, 2, 3]),
         draft_token_probs=torch.tensor([0.25, 0.5, 0.125]),
         want_hidden=True,
     )
-    empty = VerifyRequest(
-        pending=torch.tensor([5]),
-        draft_tokens=torch.empty(0, dtype=torch.long),
-        draft_token_probs=torch.empty(0),
-    )
+    empty = VerifyRequest(tokens=torch.tensor([5]), draft_token_probs=torch.empty(0))
     for request in (sampled, empty):
         copy = pickle.loads(pickle.dumps(request))
-        for name in ("pending", "draft_tokens", "draft_token_probs"):
+        for name in ("tokens", "draft_tokens", "draft_token_probs"):
             a, b = getattr(request, name), getattr(copy, name)
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert copy.want_hidden == request.want_hidden

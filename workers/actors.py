@@ -60,8 +60,9 @@ class TargetWorker:
         self.channel: ChannelAddress | None = None
 
     def _call(self, method: str, args: tuple):
-        """Run one of the target's methods; Ray's calls and the channel's take turns."""
-        with self.lock:
+        """Run one of the target's methods in inference mode; Ray's calls and the channel's
+        take turns."""
+        with self.lock, torch.inference_mode():
             return getattr(self.target, method)(*args)
 
     def open_channel(self) -> ChannelAddress:

@@ -88,13 +88,15 @@ def speculative_generate(
     while len(output) < sampling.max_new_tokens and not stopped_on_eos:
         round_start = time.perf_counter()
         cap = min(policy.round_cap(), sampling.max_new_tokens - len(output) - 1)
+        # The emitted tokens the draft has not run yet; the last one is the target's pending.
+        pending = torch.tensor(sequence[draft.cached_len :], dtype=torch.long, device=draft.device)
         block = _draft_block(
-            draft, policy, sequence, len(output), cap, sampling, generator, target_hidden
+            draft, policy, pending, len(output), cap, sampling, generator, target_hidden
         )
         drafted_at = time.perf_counter()
         want_hidden = "target_hidden" in policy.features
         n_accepted, new_tokens, target_hidden = _verify_block(
-            target, sequence, block, sampling, want_hidden, generator
+            target, pending, block, sampling, want_hidden, generator
         )
         draft.crop(min(draft.cached_len, len(sequence) + n_accepted))
         sequence.extend(new_tokens)
@@ -140,22 +142,23 @@ def _start_request(
 
 def _verify_block(
     target: TargetScorer,
-    sequence: list[int],
+    pending: torch.Tensor,
     block: _Block,
     sampling: SamplingConfig,
     want_hidden: bool,
     generator: torch.Generator,
 ) -> tuple[int, list[int], torch.Tensor | None]:
-    """Have the target verify ``block``; return (accepted, the round's new tokens, hidden).
+    """Have the target verify ``block`` after the last of ``pending`` (the emitted tokens the
+    draft had not run); return (accepted, the round's new tokens, hidden).
 
     After a rejection under sampling the correction token is drawn here, on the draft side,
     from the residual norm(max(0, p − q)) of the rejected position.
     """
-    draft_tokens = _stack(block.tokens)
+    last = pending if pending.numel() == 1 else pending[-1:]
+    tokens = torch.cat([last, *block.tokens]).cpu() if block.tokens else last.cpu()
     response = target.verify(
         VerifyRequest(
-            pending=torch.tensor(sequence[-1:], dtype=torch.long),
-            draft_tokens=draft_tokens,
+            tokens=tokens,
             draft_token_probs=None if sampling.greedy else _stack(block.token_probs),
             want_hidden=want_hidden,
         )
@@ -164,7 +167,7 @@ def _verify_block(
     if next_token is None:
         residual = residual_distribution(response.rejected_row.cpu(), block.rows[n_accepted])
         next_token = int(sample_token(residual, generator))
-    return n_accepted, [*draft_tokens.tolist()[:n_accepted], next_token], response.hidden
+    return n_accepted, [*tokens.tolist()[1 : 1 + n_accepted], next_token], response.hidden
 
 
 def _round_record(
@@ -186,14 +189,15 @@ def _round_record(
 def _draft_block(
     draft: CachedLM,
     policy: DraftPolicy,
-    sequence: list[int],
+    pending: torch.Tensor,
     n_generated: int,
     cap: int,
     sampling: SamplingConfig,
     generator: torch.Generator,
     target_hidden: torch.Tensor | None,
 ) -> _Block:
-    """Draft up to ``cap`` tokens, asking the policy what to do with each candidate.
+    """Draft up to ``cap`` tokens after ``pending`` (the emitted tokens the draft has not run),
+    asking the policy what to do with each candidate.
 
     A draft forward follows a kept candidate only when the policy continues and the cap allows
     another: a stop before a candidate or after one (``Decision``) ends the round at once.
@@ -202,29 +206,29 @@ def _draft_block(
     if cap <= 0:
         return block
     wanted = policy.features
-    pending = torch.tensor(sequence[draft.cached_len :], dtype=torch.long, device=draft.device)
+    greedy, wants_token, wants_hidden = sampling.greedy, "token" in wanted, "hidden" in wanted
+    wants_probs = "entropy" in wanted or "max_prob" in wanted
     step = draft.forward(pending, last_only=True)
     block.forwards = 1
     for index in range(1, cap + 1):
-        # Every draft forward is last_only: one row of logits. The token stays a [1] tensor, the
-        # next step's input as it is (each tensor op outside the forwards is engine overhead).
-        if sampling.greedy:
+        # One row of logits (last_only); the token stays a [1] tensor, the next step's input.
+        if greedy:
             token, probs = step.logits.argmax(dim=-1), None
         else:
             probs = warp_probs(step.logits[0], sampling)
             token = sample_token(probs.cpu(), generator).to(step.logits.device).view(1)
         entropy_value = max_prob = None
-        if "entropy" in wanted or "max_prob" in wanted:
+        if wants_probs:
             shown = probs if probs is not None else feature_probs(step.logits[0], sampling)
             entropy_value = float(entropy(shown))
             max_prob = float(shown.max())
         candidate = DraftStep(
             index=index,
             position=n_generated + index - 1,
-            token=int(token) if "token" in wanted else None,
+            token=int(token) if wants_token else None,
             entropy=entropy_value,
             max_prob=max_prob,
-            hidden=step.hidden[-1] if "hidden" in wanted else None,
+            hidden=step.hidden[-1] if wants_hidden else None,
             target_hidden=target_hidden,
         )
         decision = policy.decide(candidate)
@@ -257,9 +261,9 @@ def autoregressive_generate(
 
 
 def _stack(values: list[torch.Tensor]) -> torch.Tensor:
-    """Join [1] tensors into a 1-D CPU tensor (empty long tensor for no values)."""
+    """Join [1] tensors into a 1-D CPU tensor (an empty one for no values)."""
     if not values:
-        return torch.empty(0, dtype=torch.long)
+        return torch.empty(0)
     return torch.cat(values).cpu()
 
 

@@ -31,16 +31,17 @@ class Verdict:
     rejected_row: torch.Tensor | None = None
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_choices: torch.Tensor) -> Verdict:
-    """Verify ``draft_tokens`` [K] against the target's argmax tokens [K+1] under greedy decoding.
+def verify_greedy(draft_tokens: list[int], target_choices: torch.Tensor) -> Verdict:
+    """Verify ``draft_tokens`` (K ids) against the target's argmax tokens [K+1] under greedy
+    decoding.
 
-    ``target_choices`` is ``target_logits.argmax(dim=-1)`` of the K+1 scored positions. The two
-    may live on different devices: both are compared as Python lists.
+    ``target_choices`` is ``target_logits.argmax(dim=-1)`` of the K+1 scored positions, on any
+    device: it is compared as a Python list.
     """
     # K is small: one copy to Python and a Python scan cost less than tensor ops.
     target_choice = target_choices.tolist()
     n_accepted = 0
-    for drafted in draft_tokens.tolist():
+    for drafted in draft_tokens:
         if drafted != target_choice[n_accepted]:
             break
         n_accepted += 1
