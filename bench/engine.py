@@ -8,8 +8,9 @@ standalone cost t_target(n) of a block of n = 1..9 tokens per model path (one ca
 forward of n tokens, then rollback, at a mid-generation context length; a 1-token step must
 not cost more than a 2-token block, or every speedup over AR is inflated), and the engine
 overhead: the share of each method's wall time spent outside the models' forward calls
-(sampling, verification, policy, cache bookkeeping, Python), measured in a second pass over
-the prompts with every ``CachedLM.forward`` call timed.
+(sampling, verification, policy, cache bookkeeping, Python), as a share and in microseconds
+per round (per token for AR), measured in a second pass over the prompts with every
+``CachedLM.forward`` call timed.
 Our rows run on three model paths: the plain-torch Llama path (``workers.llama_fast``, the
 default, its weights oneDNN-packed on CPU in float32), the same path with unpacked weights
 (``CachedLM(prepack=False)``, suffixed "(unpacked weights)") and the transformers forward
@@ -75,6 +76,7 @@ class MethodResult:
     acceptance_rate: float | None = None
     mean_accepted: float | None = None
     overhead_fraction: float | None = None
+    overhead_us_per_round: float | None = None
     matches_ar: bool | None = None
 
 
@@ -173,10 +175,19 @@ class ForwardClock:
         return timed
 
 
+@dataclass(frozen=True)
+class EngineOverhead:
+    """One method's time outside the models' forward calls: share of its wall time, and
+    microseconds per round (a token for AR), which does not scale with the models' size."""
+
+    fraction: float
+    us_per_round: float
+
+
 def engine_overheads(
     draft: CachedLM, target: LocalTarget, prompts: list[torch.Tensor], settings: RequestSettings
-) -> dict[int, float]:
-    """Return, for AR (key 0) and each static K, the share of wall time outside model forwards.
+) -> dict[int, EngineOverhead]:
+    """Return, for AR (key 0) and each static K, the time spent outside model forwards.
 
     Each method runs over all prompts in turn with the models' forwards timed; the models are
     restored afterwards.
@@ -186,7 +197,7 @@ def engine_overheads(
     overheads = {}
     try:
         for k in (0, *STATIC_KS):
-            clock.seconds, wall = 0.0, 0.0
+            clock.seconds, wall, rounds = 0.0, 0.0, 0
             for prompt in prompts:
                 if k == 0:
                     result = autoregressive_generate(target, prompt, settings)
@@ -194,7 +205,9 @@ def engine_overheads(
                     policy = make_policy("static", k)
                     result = speculative_generate(draft, target, policy, prompt, settings, k)
                 wall += result.seconds
-            overheads[k] = 1.0 - clock.seconds / wall
+                rounds += len(result.rounds)
+            outside = wall - clock.seconds
+            overheads[k] = EngineOverhead(outside / wall, outside / rounds * 1e6)
     finally:
         draft.forward, target.lm.forward = originals
     return overheads
@@ -203,7 +216,7 @@ def engine_overheads(
 def _summarise(
     method: str,
     results: list[GenerationResult],
-    overhead: float | None = None,
+    overhead: EngineOverhead | None = None,
     reference: list[list[int]] | None = None,
 ) -> MethodResult:
     """Aggregate per-sample results of one method (with its measured engine overhead)."""
@@ -211,7 +224,10 @@ def _summarise(
     seconds = sum(r.seconds for r in results)
     drafted = sum(r.n_drafted for r in results)
     rounds = [round_ for r in results for round_ in r.rounds]
-    summary = MethodResult(method, tokens, seconds, tokens / seconds, overhead_fraction=overhead)
+    summary = MethodResult(method, tokens, seconds, tokens / seconds)
+    if overhead is not None:
+        summary.overhead_fraction = overhead.fraction
+        summary.overhead_us_per_round = overhead.us_per_round
     if drafted:
         summary.acceptance_rate = sum(r.n_accepted for r in results) / drafted
         summary.mean_accepted = sum(r.accepted for r in rounds) / len(rounds)
@@ -336,12 +352,14 @@ def _ratios(results: list[MethodResult]) -> dict[str, float]:
 
 def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
     """Print the methods table, the target's block costs and the ratios."""
-    print(f"{'method':52} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'=AR':>4}")
+    print(f"{'method':52} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'us/round':>9} {'=AR':>4}")
     for r in results:
         accept = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
         overhead = f"{r.overhead_fraction:.1%}" if r.overhead_fraction is not None else "-"
+        per_round = f"{r.overhead_us_per_round:.0f}" if r.overhead_us_per_round is not None else "-"
         match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
-        print(f"{r.method:52} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {match:>4}")
+        print(f"{r.method:52} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9}", end=" ")
+        print(f"{per_round:>9} {match:>4}")
     for path, costs in report["standalone_costs"].items():
         blocks = " ".join(f"{n}:{t * 1e3:.1f}" for n, t in costs["t_target"].items())
         print(f"t_target(n) ms, {path}: {blocks}; t_draft {costs['t_draft'] * 1e3:.2f} ms")

@@ -50,6 +50,9 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
     assert len(ours) == 9 and all(m["matches_ar"] for m in ours)
     assert sum(m["method"].endswith("(unpacked weights)") for m in ours) == 3
     assert 0 <= min(m["overhead_fraction"] for m in ours) < 1
+    for m in ours:  # microseconds a round: more than one, and less than a whole round takes
+        rounds = m["tokens"] / (m["mean_accepted"] + 1)
+        assert 1 < m["overhead_us_per_round"] < 1e6 * m["seconds"] / rounds * 2
     for models in report["single_step_calibration"].values():
         assert set(models) == {"draft", "target"}
         assert all(c["one_token_s"] > 0 and c["two_tokens_s"] > 0 for c in models.values())
