@@ -141,7 +141,9 @@ class LocalTarget:
         choices = None
         if self.sampling.greedy:
             choices = out.logits.argmax(dim=-1)
-            verdict = verify_greedy(request.tokens.tolist()[1:], choices)
+            # An AR step's tokens are the previous argmax, on the model's device: no copy.
+            drafted = request.tokens.tolist()[1:] if request.tokens.numel() > 1 else []
+            verdict = verify_greedy(drafted, choices)
         else:
             # The K+1 warped rows move to the CPU, where the seeded generator draws (the same
             # stream on every device) and the rejected row is sent back from.
