@@ -178,7 +178,7 @@ class ForwardClock:
 @dataclass(frozen=True)
 class EngineOverhead:
     """One method's time outside the models' forward calls: share of its wall time, and
-    microseconds per round (a token for AR), which does not scale with the models' size."""
+    microseconds per round (a token for AR)."""
 
     fraction: float
     us_per_round: float
@@ -358,8 +358,8 @@ def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
         overhead = f"{r.overhead_fraction:.1%}" if r.overhead_fraction is not None else "-"
         per_round = f"{r.overhead_us_per_round:.0f}" if r.overhead_us_per_round is not None else "-"
         match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
-        print(f"{r.method:52} {r.tokens_per_s:8.1f} {accept:>7} {overhead:>9}", end=" ")
-        print(f"{per_round:>9} {match:>4}")
+        cells = f"{r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {per_round:>9} {match:>4}"
+        print(f"{r.method:52} {cells}")
     for path, costs in report["standalone_costs"].items():
         blocks = " ".join(f"{n}:{t * 1e3:.1f}" for n, t in costs["t_target"].items())
         print(f"t_target(n) ms, {path}: {blocks}; t_draft {costs['t_draft'] * 1e3:.2f} ms")

@@ -154,8 +154,7 @@ def _verify_block(
     After a rejection under sampling the correction token is drawn here, on the draft side,
     from the residual norm(max(0, p − q)) of the rejected position.
     """
-    last = pending if pending.numel() == 1 else pending[-1:]
-    tokens = torch.cat([last, *block.tokens]).cpu() if block.tokens else last.cpu()
+    tokens = torch.cat([pending[-1:], *block.tokens]).cpu()
     response = target.verify(
         VerifyRequest(
             tokens=tokens,
