@@ -29,6 +29,8 @@ from training.pretrained_drafts import (
     TeacherSample,
     distillation_prompts,
     frequent_tokens,
+    shared_prefix_length,
+    teacher_samples,
     topk_forward_kl,
 )
 from training.zoo import (
@@ -60,6 +62,7 @@ TINY_DRAFTS = PretrainedDrafts(
         batch_size=4,
         top_k=8,
         heldout=2,
+        prompt_labels=True,
     ),
     small=SmallDraftShape(
         hidden_size=16, num_layers=1, intermediate_size=32, num_heads=2, num_kv_heads=1
@@ -256,6 +259,45 @@ def test_frequent_tokens_keeps_the_most_teacher_mass_and_the_specials() -> None:
     assert vocab.kept.tolist() == [0, 5, 6]  # mass: 5 -> 1.8, 6 -> 0.8, 7 -> 0.4
     assert vocab.row_of.tolist() == [0, -1, -1, -1, -1, 1, 2, -1, -1, -1]
     assert vocab.coverage([sample]) == 1.0
+
+
+def test_shared_prefix_length() -> None:
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 4, 5], [1, 2]]) == 2
+    assert shared_prefix_length([[7, 1], [8, 1]]) == 0
+    assert shared_prefix_length([[4, 5]]) == 2
+
+
+def test_prompt_labels_are_the_targets_teacher_forced_top_k(
+    tiny_build: tuple[PretrainedRecipe, ZooManifest],
+) -> None:
+    """Prompt labels come from generation's own prefill: they must equal the top-k of a plain
+    forward over the sample, and leave the responses and their labels as without them."""
+    _, manifest = tiny_build
+    target = AutoModelForCausalLM.from_pretrained(manifest.model_path("target")).eval()
+    tokenizer = AutoTokenizer.from_pretrained(manifest.tokenizer)
+    data = TINY_DRAFTS.data
+    labelled, _ = teacher_samples(target, tokenizer, data, progress=False)
+    plain, _ = teacher_samples(target, tokenizer, replace(data, prompt_labels=False), False)
+    prefix = shared_prefix_length([s.ids[: s.start + s.prompt_labels + 1].tolist() for s in plain])
+    assert prefix > 0 and len(labelled) == len(plain) == 12
+    for with_prompt, without in zip(labelled, plain, strict=True):
+        assert torch.equal(with_prompt.ids, without.ids)
+        assert without.prompt_labels == 0 and with_prompt.start == prefix - 1
+        assert with_prompt.prompt_labels == without.start - with_prompt.start > 0
+        responses = with_prompt.responses_only()
+        assert responses.start == without.start
+        assert torch.equal(responses.top_ids[:, 0], without.top_ids[:, 0])
+        assert torch.allclose(responses.top_logp, without.top_logp, atol=1e-4)
+        with torch.no_grad():
+            logits = target(with_prompt.ids[None, :-1]).logits[0]
+        span = slice(with_prompt.start, without.start)
+        forced = torch.log_softmax(logits[span].float(), -1).topk(data.top_k)
+        assert torch.equal(
+            with_prompt.top_ids[: with_prompt.prompt_labels, 0], forced.indices[:, 0]
+        )
+        assert torch.allclose(
+            with_prompt.top_logp[: with_prompt.prompt_labels], forced.values, atol=1e-4
+        )
 
 
 def test_distillation_prompts_avoid_the_heldout_sets() -> None:

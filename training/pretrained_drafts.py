@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from training.jobs.eesd_exit import early_exit_draft
 from training.lm_trainer import (
@@ -66,7 +66,9 @@ class TeacherDataRecipe:
     """Which prompts the target answers and how much of each answer is kept.
 
     ``heldout`` of the generated samples (the last ones) are kept out of training and measure
-    teacher-forced greedy agreement.
+    teacher-forced greedy agreement. With ``prompt_labels`` the prompts' own tokens after the
+    prefix every prompt shares (the chat template's system turn and user header) are labelled
+    too, with the target's top-k from the generation's prefill (teacher-forced, off-policy).
     """
 
     code_prompts: int
@@ -78,6 +80,7 @@ class TeacherDataRecipe:
     top_k: int
     heldout: int
     seed: int = 0
+    prompt_labels: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,19 +132,43 @@ class PretrainedDrafts:
 class TeacherSample:
     """One target response: ``ids`` = prompt + response (EOS included when reached).
 
-    Position ``start + t`` of ``ids[:-1]`` predicts response token t; ``top_ids``/``top_logp``
-    [T, k] are the target's top-k tokens and log-probabilities there.
+    Positions ``start .. start + T - 1`` of ``ids[:-1]`` are labelled: ``top_ids``/``top_logp``
+    [T, k] are the target's top-k tokens and log-probabilities there. The first
+    ``prompt_labels`` of them predict prompt tokens, the others the response's tokens.
     """
 
     ids: torch.Tensor
     start: int
     top_ids: torch.Tensor
     top_logp: torch.Tensor
+    prompt_labels: int = 0
+
+    @property
+    def labelled(self) -> int:
+        """Return the number of teacher-labelled positions (prompt and response)."""
+        return self.top_ids.shape[0]
 
     @property
     def response_tokens(self) -> int:
-        """Return the number of response tokens (teacher-labelled positions)."""
-        return self.top_ids.shape[0]
+        """Return the number of response tokens."""
+        return self.labelled - self.prompt_labels
+
+    def with_prompt_labels(self, top_ids: torch.Tensor, top_logp: torch.Tensor) -> TeacherSample:
+        """Return this sample with the [P, k] labels of the P prompt positions before it."""
+        return TeacherSample(
+            self.ids,
+            self.start - top_ids.shape[0],
+            torch.cat([top_ids, self.top_ids]),
+            torch.cat([top_logp, self.top_logp]),
+            self.prompt_labels + top_ids.shape[0],
+        )
+
+    def responses_only(self) -> TeacherSample:
+        """Return this sample with its response labels alone."""
+        first = self.prompt_labels
+        return TeacherSample(
+            self.ids, self.start + first, self.top_ids[first:], self.top_logp[first:]
+        )
 
 
 def distillation_prompts(recipe: TeacherDataRecipe) -> list[str]:
@@ -173,17 +200,45 @@ def _left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
+def _position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Return the position ids of left-padded rows (0 at each row's first real token)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _top_labels(target: LlamaForCausalLM, hidden: torch.Tensor, k: int) -> torch.return_types.topk:
+    """Return the target's top-k log-probabilities (values, token ids) after ``hidden`` [N, d]."""
+    return torch.log_softmax(target.lm_head(hidden).float(), dim=-1).topk(k)
+
+
 @torch.inference_mode()
 def _generate_batch(
-    target: LlamaForCausalLM, rows: list[list[int]], recipe: TeacherDataRecipe, eos: int
+    target: LlamaForCausalLM,
+    rows: list[list[int]],
+    recipe: TeacherDataRecipe,
+    eos: int,
+    first_label: int,
 ) -> list[TeacherSample]:
-    """Greedily answer one batch of prompt ids; return a sample per row with top-k labels."""
+    """Greedily answer one batch of prompt ids; return a sample per row with top-k labels.
+
+    The prompts but their last tokens are prefilled here and ``generate`` goes on from that
+    cache; with ``recipe.prompt_labels`` the prefill's positions from ``first_label`` on are
+    labelled as well.
+    """
     pad = target.generation_config.pad_token_id
     pad = eos if pad is None else pad
     ids, mask = _left_padded(rows, pad)
+    cache = DynamicCache()
+    hidden = target.model(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=_position_ids(mask)[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
     out = target.generate(
         input_ids=ids,
         attention_mask=mask,
+        past_key_values=cache,
         max_new_tokens=recipe.max_new_tokens,
         do_sample=False,
         eos_token_id=eos,
@@ -200,10 +255,26 @@ def _generate_batch(
         response = responses[index].tolist()
         length = response.index(eos) + 1 if eos in response else len(response)
         full = torch.tensor(row + response[:length])
-        samples.append(
-            TeacherSample(full, len(row) - 1, top_ids[index, :length], top_logp[index, :length])
+        sample = TeacherSample(
+            full, len(row) - 1, top_ids[index, :length], top_logp[index, :length]
         )
+        if recipe.prompt_labels and first_label < sample.start:
+            offset = ids.shape[1] - len(row)
+            span = hidden[index, offset + first_label : offset + sample.start]
+            labels = _top_labels(target, span, recipe.top_k)
+            sample = sample.with_prompt_labels(labels.indices, labels.values)
+        samples.append(sample)
     return samples
+
+
+def shared_prefix_length(rows: list[list[int]]) -> int:
+    """Return the number of leading token ids all ``rows`` have in common."""
+    length = 0
+    for column in zip(*rows, strict=False):
+        if any(token != column[0] for token in column):
+            break
+        length += 1
+    return length
 
 
 def teacher_samples(
@@ -213,16 +284,19 @@ def teacher_samples(
 
     Prompts go through the tokenizer's chat template when it has one. Batches hold prompts of
     similar length (sorted), so little compute goes into padding; the output keeps the
-    prompts' shuffled order.
+    prompts' shuffled order. Prompt labels (``recipe.prompt_labels``) predict every prompt
+    token after the prefix all prompts share.
     """
     encoded = encode_prompts(tokenizer, distillation_prompts(recipe), recipe.max_prompt_tokens)
+    first_label = max(0, shared_prefix_length(encoded) - 1)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     results: dict[int, TeacherSample] = {}
     started = time.perf_counter()
     bar = tqdm(total=len(encoded), desc="teacher responses", unit="prompt", disable=not progress)
     for first in range(0, len(order), recipe.batch_size):
         chunk = order[first : first + recipe.batch_size]
-        batch = _generate_batch(target, [encoded[i] for i in chunk], recipe, tokenizer.eos_token_id)
+        rows = [encoded[i] for i in chunk]
+        batch = _generate_batch(target, rows, recipe, tokenizer.eos_token_id, first_label)
         results.update(zip(chunk, batch, strict=True))
         tokens = sum(sample.response_tokens for sample in results.values())
         bar.update(len(chunk))
@@ -294,8 +368,8 @@ class DraftVocab:
         return cls(kept, row_of)
 
     def coverage(self, samples: list[TeacherSample]) -> float:
-        """Return the fraction of the samples' teacher argmax tokens that the head covers."""
-        top = torch.cat([sample.top_ids[:, 0] for sample in samples])
+        """Return the fraction of the samples' response argmax tokens that the head covers."""
+        top = torch.cat([sample.top_ids[sample.prompt_labels :, 0] for sample in samples])
         return float((self.row_of[top] >= 0).float().mean())
 
 
@@ -322,7 +396,7 @@ def _batch(samples: list[TeacherSample]) -> dict[str, torch.Tensor]:
         inputs = sample.ids[:-1]
         ids[index, : inputs.numel()] = inputs
         mask[index, : inputs.numel()] = 1
-        span = torch.arange(sample.start, sample.start + sample.response_tokens)
+        span = torch.arange(sample.start, sample.start + sample.labelled)
         rows.append(torch.full_like(span, index))
         positions.append(span)
     return {
@@ -375,12 +449,13 @@ def topk_forward_kl(
 def teacher_agreement(
     draft: LlamaForCausalLM, samples: list[TeacherSample], vocab: DraftVocab | None = None
 ) -> float:
-    """Return the fraction of labelled positions where the draft's argmax is the target's."""
+    """Return the fraction of response positions where the draft's argmax is the target's."""
     was_training = draft.training
     draft.eval()
     hits, total = 0, 0
-    for first in range(0, len(samples), 8):
-        batch = _batch(samples[first : first + 8])
+    responses = [sample.responses_only() for sample in samples]
+    for first in range(0, len(responses), 8):
+        batch = _batch(responses[first : first + 8])
         predicted = response_logits(draft, batch, vocab).argmax(-1)
         if vocab is not None:
             predicted = vocab.kept[predicted]

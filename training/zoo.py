@@ -302,6 +302,7 @@ SMOL_DRAFTS = PretrainedDrafts(
         batch_size=48,
         top_k=32,
         heldout=16,
+        prompt_labels=True,
     ),
     small=SmallDraftShape(
         hidden_size=320, num_layers=3, intermediate_size=960, num_heads=4, num_kv_heads=2
@@ -1136,11 +1137,15 @@ def _teacher_data_card(
         "heldout_samples": len(heldout),
         "response_tokens": tokens,
         "train_response_tokens": sum(sample.response_tokens for sample in train),
+        "train_prompt_labels": sum(sample.prompt_labels for sample in train),
         "generation_seconds": seconds,
         "generation_tokens_per_s": tokens / seconds,
         "what": "the target's greedy responses (chat template) to train-split stdlib functions, "
         "train-split builtin math problems and templated general instructions; labels are "
-        "its top-k log-probabilities per response token; loss: KL(top-k renormalised p || q)",
+        "its top-k log-probabilities per response token and, with prompt_labels, per prompt "
+        "token after the prefix all prompts share (teacher-forced in the generation's "
+        "prefill); held-out agreement counts response tokens only; loss: KL(top-k "
+        "renormalised p || q)",
     }
 
 
