@@ -205,9 +205,9 @@ def _position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def _top_labels(target: LlamaForCausalLM, hidden: torch.Tensor, k: int) -> torch.return_types.topk:
-    """Return the target's top-k log-probabilities (values, token ids) after ``hidden`` [N, d]."""
-    return torch.log_softmax(target.lm_head(hidden).float(), dim=-1).topk(k)
+def _top_logp(logits: torch.Tensor, k: int) -> torch.return_types.topk:
+    """Return the top-k log-probabilities (values, token ids) of each row of ``logits``."""
+    return torch.log_softmax(logits.float(), dim=-1).topk(k)
 
 
 @torch.inference_mode()
@@ -246,7 +246,7 @@ def _generate_batch(
         output_logits=True,
         return_dict_in_generate=True,
     )
-    tops = [torch.log_softmax(step.float(), dim=-1).topk(recipe.top_k) for step in out.logits]
+    tops = [_top_logp(step, recipe.top_k) for step in out.logits]
     top_logp = torch.stack([values for values, _ in tops], dim=1)
     top_ids = torch.stack([token_ids for _, token_ids in tops], dim=1)
     responses = out.sequences[:, ids.shape[1] :]
@@ -261,7 +261,7 @@ def _generate_batch(
         if recipe.prompt_labels and first_label < sample.start:
             offset = ids.shape[1] - len(row)
             span = hidden[index, offset + first_label : offset + sample.start]
-            labels = _top_labels(target, span, recipe.top_k)
+            labels = _top_logp(target.lm_head(span), recipe.top_k)
             sample = sample.with_prompt_labels(labels.indices, labels.values)
         samples.append(sample)
     return samples
@@ -369,7 +369,7 @@ class DraftVocab:
 
     def coverage(self, samples: list[TeacherSample]) -> float:
         """Return the fraction of the samples' response argmax tokens that the head covers."""
-        top = torch.cat([sample.top_ids[sample.prompt_labels :, 0] for sample in samples])
+        top = torch.cat([sample.responses_only().top_ids[:, 0] for sample in samples])
         return float((self.row_of[top] >= 0).float().mean())
 
 
