@@ -37,6 +37,7 @@ from pathlib import Path
 
 import ray
 import torch
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from orchestrator.metrics import TrialMetrics, trial_metrics
@@ -276,14 +277,15 @@ def _take_turns(
     local = {name: PlacementRuns() for name in requests}
     split = {name: PlacementRuns() for name in requests}
     prompts = next(iter(requests.values())).prompts
-    for repeat in range(repeats):
-        for index, prompt in enumerate(prompts):
-            order = (True, False) if (repeat + index) % 2 == 0 else (False, True)
-            for name, request in requests.items():
-                one = replace(request, prompts=[prompt], warmup_samples=0)
-                for in_process in order:
-                    runs = (local if in_process else split)[name]
-                    _run_one(runs, one, in_process, (draft, target), actors)
+    turns = [(repeat, index) for repeat in range(repeats) for index in range(len(prompts))]
+    for repeat, index in tqdm(turns, desc="prompts in both placements, in turns"):
+        prompt = prompts[index]
+        order = (True, False) if (repeat + index) % 2 == 0 else (False, True)
+        for name, request in requests.items():
+            one = replace(request, prompts=[prompt], warmup_samples=0)
+            for in_process in order:
+                runs = (local if in_process else split)[name]
+                _run_one(runs, one, in_process, (draft, target), actors)
     return local, split
 
 

@@ -22,6 +22,7 @@ Assumptions, stated once:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,20 +197,25 @@ def place_replicas(
 
     The sets take turns (one replica each per turn) so that every set gets one before any gets
     a second; ``cap`` bounds the replicas of each set (``execution.replicas``). A set that
-    needs no GPU (a CPU sweep) gets one replica per node.
+    needs no GPU (a CPU sweep) gets one replica per node. Without ``cap`` a set's GPUs count
+    whole, as the runner's default replica count counts them (``placement.groups_held``: two
+    replicas never time-share a GPU); an explicit ``cap`` packs fractional sets onto shared
+    GPUs, as Ray places the replicas the runner then starts.
     """
     free = list(cluster.node_gpus)
     limits = [cap if s.gpus > 0 else min(cap or len(free), len(free)) for s in sets]
+    sizes = [s.gpus if cap is not None else math.ceil(s.gpus - 1e-9) for s in sets]
     counts = [0] * len(sets)
     placed = True
     while placed:
         placed = False
-        for index, target_set in enumerate(sets):
+        for index in range(len(sets)):
             if limits[index] is not None and counts[index] >= limits[index]:
                 continue
-            node = next((n for n, left in enumerate(free) if target_set.gpus <= left + 1e-9), None)
+            size = sizes[index]
+            node = next((n for n, left in enumerate(free) if size <= left + 1e-9), None)
             if node is not None:
-                free[node] -= target_set.gpus
+                free[node] -= size
                 counts[index] += 1
                 placed = True
     return counts

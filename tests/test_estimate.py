@@ -101,6 +101,17 @@ def test_replicas_are_placed_in_turns_per_target_set_and_capped() -> None:
     assert estimate.place_replicas(two_nodes, sets, cap=1) == [1, 1]
 
 
+def test_replicas_count_a_fractional_sets_gpus_whole_unless_capped() -> None:
+    # gpu_smoke's groups (target 0.4 + draft 0.1 of a GPU) on one GPU: by default one replica,
+    # as the runner starts (placement.groups_held); an explicit replicas: 2 shares the GPU.
+    sets = [estimate.TargetSet("a", ("p",), 0.5)]
+    one_gpu = estimate.Cluster(node_gpus=(1.0,), source="test")
+    assert estimate.place_replicas(one_gpu, sets) == [1]
+    assert estimate.place_replicas(one_gpu, sets, cap=2) == [2]
+    two_gpus = estimate.Cluster(node_gpus=(2.0,), source="test")
+    assert estimate.place_replicas(two_gpus, sets) == [2]
+
+
 def test_replay_group_costs_its_live_runs_and_one_trace_recording() -> None:
     plan = _plan("[2, 4, 8]", "execution: {mode: replay, live_check: {policy: static}}\n")
     live = [trial for trial in plan.trials if trial.mode == "live"]
