@@ -23,12 +23,12 @@ def _bench_engine():
     return module
 
 
-def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str) -> dict:
+def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str, *extra: str) -> dict:
     out = tmp_path / f"engine-{dtype}.json"
     args = ["--target", str(micro_zoo.model_path("target"))]
     args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
     args += ["--samples", "2", "--max-new-tokens", "8", "--threads", "1", "--dtype", dtype]
-    assert _bench_engine().main([*args, "--out", str(out)]) == 0
+    assert _bench_engine().main([*args, *extra, "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -56,6 +56,14 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
     for models in report["single_step_calibration"].values():
         assert set(models) == {"draft", "target"}
         assert all(c["one_token_s"] > 0 and c["two_tokens_s"] > 0 for c in models.values())
+    assert report["warmup_seconds_per_token"] == {}  # on the CPU only when asked for
+
+
+def test_warmup_decodes_every_path_untimed_first(micro_zoo: ZooManifest, tmp_path: Path) -> None:
+    report = _run(micro_zoo, tmp_path, "float32", "--warmup-seconds", "0.6")
+    warmup = report["warmup_seconds_per_token"]
+    assert set(warmup) == set(report["standalone_costs"])
+    assert all(len(costs) >= 1 and all(c > 0 for c in costs) for costs in warmup.values())
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16"])
