@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA path, on a machine with an NVIDIA GPU and the `smol` zoo built
-# (python -m orchestrator zoo build --profile smol). Each step runs even when an earlier one
+# (python -m orchestrator zoo build --profile smol; where the machine reaches no registry,
+# bench/gpu_bundle.py unpack puts it there). Each step runs even when an earlier one
 # failed; its log, JSON and the sweep's database go to OUT_DIR (default runs/gpu), and the last
 # line says which steps failed. Steps (default: all, in this order):
 #   versions       the card and the software: nvidia-smi, torch / CUDA / NCCL / library versions
@@ -10,6 +11,9 @@
 #   sweep          sweeps/gpu_smoke.yaml: a live sweep with an hf bfloat16 target and a DeepSpeed
 #                  tp-1 float16 target over NCCL, stored in OUT_DIR/gpu-smoke.db, and its table
 #   actors-bf16    bench/actors.py on the same pair in bfloat16: the Ray split against one process
+#   actors-mps     the same under the CUDA MPS control daemon (started and stopped by the step;
+#                  its log is OUT_DIR/mps-control.log): does one GPU context per process cause
+#                  the split's cost on a shared GPU?
 #   engine-fp16    bench/engine.py as engine-bf16, in float16
 #   replicas       bench/gpu_replicas.py: gpu_smoke.yaml's hf pair with one replica (the default)
 #                  and with two time-sharing the GPU, each sample's cost per token
@@ -22,7 +26,7 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
 shift || true
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(versions warmup engine-bf16 sweep actors-bf16 engine-fp16 replicas)
+[ ${#steps[@]} -eq 0 ] && steps=(versions warmup engine-bf16 sweep actors-bf16 actors-mps engine-fp16 replicas)
 py=${PYTHON:-python3}
 samples=${GPU_CHECK_SAMPLES:-4}
 tokens=${GPU_CHECK_TOKENS:-96}
@@ -49,6 +53,11 @@ engine() {  # engine DTYPE
     --max-new-tokens "$tokens" --device cuda --dtype "$1" --out "$out/engine-$1.json"
 }
 
+actors() {  # actors NAME: bench/actors.py on the pair in bfloat16 (ran past 110 s on an H200 with 2 repeats)
+  run "$1" "$py" bench/actors.py "${pair[@]}" --samples "$samples" \
+    --max-new-tokens "$tokens" --repeats 3 --device cuda --dtype bfloat16 --out "$out/$1.json"
+}
+
 for step in "${steps[@]}"; do
   case $step in
     versions)
@@ -70,10 +79,20 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
                round(speedup_high, 3) AS hi, round(acceptance_rate, 3) AS acc
         FROM trials WHERE status = 'done' ORDER BY pair, temperature, policy"
       ;;
-    actors-bf16)
-      run actors-bf16 "$py" bench/actors.py "${pair[@]}" --samples "$samples" \
-        --max-new-tokens "$tokens" --repeats 3 --device cuda --dtype bfloat16 \
-        --out "$out/actors-bf16.json"
+    actors-bf16) actors actors-bf16 ;;
+    actors-mps)
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/specsweep-mps CUDA_MPS_LOG_DIRECTORY=/tmp/specsweep-mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      if nvidia-cuda-mps-control -d; then
+        actors actors-mps
+        echo quit | nvidia-cuda-mps-control
+        sleep 3
+        cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$out/mps-control.log" 2>/dev/null
+      else
+        echo "== actors-mps: the MPS control daemon did not start"
+        failed+=(actors-mps)
+      fi
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
       ;;
     warmup)
       run warmup "$py" bench/gpu_warmup.py --target zoo:smol/target --device cuda \
@@ -82,7 +101,7 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
     replicas)
       run replicas "$py" bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out "$out/replicas.json"
       ;;
-    *) echo "unknown step $step (have: versions warmup engine-bf16 sweep actors-bf16 engine-fp16 replicas)"
+    *) echo "unknown step $step (have: versions warmup engine-bf16 sweep actors-bf16 actors-mps engine-fp16 replicas)"
        exit 2 ;;
   esac
 done

