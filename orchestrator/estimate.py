@@ -22,7 +22,6 @@ Assumptions, stated once:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,9 @@ from pathlib import Path
 import yaml
 
 from orchestrator.cost_model import HardwareProfile
+from orchestrator.placement import whole_groups
 from orchestrator.planner import Plan, Trial, replay_groups
-from orchestrator.schedule_sim import Replica, SimResult, simulate
+from orchestrator.schedule_sim import Replica, SimResult, one_after_another, simulate
 from orchestrator.spec import ExecutionSpec, PairSpec
 from orchestrator.target_sets import shared_targets
 from orchestrator.work_units import WorkUnit, trial_units
@@ -71,6 +71,7 @@ class EstimateOptions:
     """How the sweep runs: replicas cap, shard size, load times, per-pair fitted profiles."""
 
     replicas: int | None = None
+    max_concurrent_pairs: int = 1
     shard_prompts: int = DEFAULT_SHARD_PROMPTS
     loads: LoadTimes = LoadTimes()
     fitted: Mapping[str, HardwareProfile] = field(default_factory=dict)
@@ -190,34 +191,27 @@ def target_sets(pairs: Sequence[PairSpec]) -> list[TargetSet]:
     ]
 
 
-def place_replicas(
-    cluster: Cluster, sets: Sequence[TargetSet], cap: int | None = None
+def replica_counts(
+    cluster: Cluster, sets: Sequence[TargetSet], units: Sequence[int], options: EstimateOptions
 ) -> list[int]:
-    """Return how many replicas of each set the nodes hold, placed first-fit in turns.
+    """Return each set's replicas as the runner starts them (``runner._replica_count``), given
+    each set's number of work ``units``; 0 where no node holds the set.
 
-    The sets take turns (one replica each per turn) so that every set gets one before any gets
-    a second; ``cap`` bounds the replicas of each set (``execution.replicas``). A set that
-    needs no GPU (a CPU sweep) gets one replica per node. Without ``cap`` a set's GPUs count
-    whole, as the runner's default replica count counts them (``placement.groups_held``: two
-    replicas never time-share a GPU); an explicit ``cap`` packs fractional sets onto shared
-    GPUs, as Ray places the replicas the runner then starts.
+    ``options.replicas`` (``execution.replicas``) when set, else the whole groups the nodes
+    hold (``placement.whole_groups``: a group's GPUs count whole, so two replicas never
+    time-share a GPU) divided among the ``max_concurrent_pairs`` sets run at once; at least
+    one, at most one per unit. A set that needs no GPU (a CPU sweep) gets one per node.
     """
-    free = list(cluster.node_gpus)
-    limits = [cap if s.gpus > 0 else min(cap or len(free), len(free)) for s in sets]
-    sizes = [s.gpus if cap is not None else math.ceil(s.gpus - 1e-9) for s in sets]
-    counts = [0] * len(sets)
-    placed = True
-    while placed:
-        placed = False
-        for index in range(len(sets)):
-            if limits[index] is not None and counts[index] >= limits[index]:
-                continue
-            size = sizes[index]
-            node = next((n for n, left in enumerate(free) if size <= left + 1e-9), None)
-            if node is not None:
-                free[node] -= size
-                counts[index] += 1
-                placed = True
+    share = min(options.max_concurrent_pairs, len(sets))
+    counts = []
+    for target_set, pending in zip(sets, units, strict=True):
+        if target_set.gpus > 0:
+            nodes = [{"GPU": gpus} for gpus in cluster.node_gpus]
+            held = whole_groups({"GPU": target_set.gpus}, nodes)
+        else:
+            held = len(cluster.node_gpus) * share
+        wanted = options.replicas if options.replicas is not None else held // share
+        counts.append(0 if held == 0 else max(1, min(wanted, pending)))
     return counts
 
 
@@ -305,12 +299,13 @@ def pair_estimates(plan: Plan, profiles: Mapping[str, HardwareProfile]) -> list[
 
 
 def replicas_of(
-    sets: Sequence[TargetSet], counts: Sequence[int], loads: LoadTimes
+    sets: Sequence[TargetSet], counts: Sequence[int], loads: LoadTimes, first: int = 0
 ) -> list[Replica]:
-    """Return the replicas (each set's ``counts`` of them), each ready after loading its models."""
+    """Return the replicas (each set's ``counts`` of them), each ready after loading its models;
+    replica ``i.c`` is copy c of set i, the sets numbered from ``first``."""
     return [
         Replica(f"{index}.{copy}", frozenset(target_set.pairs), target_set.load_seconds(loads))
-        for index, (target_set, count) in enumerate(zip(sets, counts, strict=True))
+        for index, (target_set, count) in enumerate(zip(sets, counts, strict=True), start=first)
         for copy in range(count)
     ]
 
@@ -318,28 +313,50 @@ def replicas_of(
 def estimate_sweep(
     plan: Plan, profile: HardwareProfile, cluster: Cluster, options: EstimateOptions
 ) -> SweepEstimate:
-    """Return the sweep's estimate; raises EstimateError when a target set fits no node."""
+    """Return the sweep's estimate; raises EstimateError when a target set fits no node.
+
+    As the runner does, the target sets run ``max_concurrent_pairs`` at a time (in plan order),
+    each batch's replicas (``replica_counts``) loading their models when it starts; the
+    batches' simulations follow one another.
+    """
     sets = target_sets(plan.pairs)
-    counts = place_replicas(cluster, sets, options.replicas)
-    for target_set, count in zip(sets, counts, strict=True):
-        if count < 1:
-            raise EstimateError(
-                f"{cluster.source}: no node holds a worker group of {target_set.gpus:g} GPUs "
-                f"(nodes have {', '.join(f'{g:g}' for g in cluster.node_gpus) or 'none'})"
-            )
     profiles = pair_profiles(plan, profile, options.fitted)
     work = plan_workload(plan, profiles, options)
-    replicas = replicas_of(sets, counts, options.loads)
+    step = options.max_concurrent_pairs
+    counts: list[int] = []
+    upper, lower, loads = [], [], []
+    for start in range(0, len(sets), step):
+        batch = sets[start : start + step]
+        units = [[u for u in work.units if u.group in s.pairs] for s in batch]
+        counts += _placed(cluster, batch, [len(u) for u in units], options)
+        replicas = replicas_of(batch, counts[start:], options.loads, first=start)
+        upper.append(simulate([u for part in units for u in part], work.upper, replicas))
+        lower.append(simulate([u for part in units for u in part], work.lower, replicas))
+        loads.append(max(r.ready_at for r in replicas))
     return SweepEstimate(
         profile=profile.name,
         cluster=cluster,
         sets=tuple(sets),
         replicas=tuple(counts),
         pairs=tuple(pair_estimates(plan, profiles)),
-        load_seconds=max(r.ready_at for r in replicas),
-        upper=simulate(work.units, work.upper, replicas),
-        lower=simulate(work.units, work.lower, replicas),
+        load_seconds=sum(loads),
+        upper=one_after_another(upper),
+        lower=one_after_another(lower),
     )
+
+
+def _placed(
+    cluster: Cluster, sets: Sequence[TargetSet], units: Sequence[int], options: EstimateOptions
+) -> list[int]:
+    """Return ``replica_counts`` of ``sets``; raises EstimateError when one fits no node."""
+    counts = replica_counts(cluster, sets, units, options)
+    for target_set, count in zip(sets, counts, strict=True):
+        if count < 1:
+            raise EstimateError(
+                f"{cluster.source}: no node holds a worker group of {target_set.gpus:g} GPUs "
+                f"(nodes have {', '.join(f'{g:g}' for g in cluster.node_gpus) or 'none'})"
+            )
+    return counts
 
 
 def gpus_cluster(gpus: float, source: str = "--gpus") -> Cluster:

@@ -132,10 +132,12 @@ def options_from_spec(
     spec: SweepSpec, fitted: Mapping[str, HardwareProfile] | None = None
 ) -> EstimateOptions:
     """Return the estimate options of ``spec``: ``execution.replicas`` (None: as many as the
-    nodes hold) and ``execution.shard_prompts``, as the runner reads them."""
+    nodes hold), ``execution.max_concurrent_pairs`` and ``execution.shard_prompts``, as the
+    runner reads them."""
     execution = spec.execution
     return EstimateOptions(
         replicas=execution.replicas,
+        max_concurrent_pairs=execution.max_concurrent_pairs,
         shard_prompts=execution.shard_prompts,
         fitted=dict(fitted or {}),
     )

@@ -101,7 +101,13 @@ def groups_held(pairs: Sequence[PairSpec], node_resources: Iterable[Mapping[str,
     default never starts two replicas that would time-share a GPU: two processes on one GPU
     interleave their kernels, and each one's timings then depend on what the other runs.
     """
-    need = bundle_totals(worker_group_bundles(pairs))
+    return whole_groups(bundle_totals(worker_group_bundles(pairs)), node_resources)
+
+
+def whole_groups(need: Mapping[str, float], node_resources: Iterable[Mapping[str, float]]) -> int:
+    """Return how many groups needing ``need`` in all (resource name → amount) the nodes hold,
+    each on one node, a fractional GPU need rounded up to whole GPUs (``groups_held``)."""
+    need = dict(need)
     if "GPU" in need:
         need["GPU"] = float(math.ceil(need["GPU"] - 1e-9))
     return sum(

@@ -36,6 +36,7 @@ class SimResult:
     makespan: float
     replicas: tuple[str, ...]
     busy: tuple[float, ...]
+    capacity: float | None = None
 
     @property
     def total_work(self) -> float:
@@ -44,9 +45,21 @@ class SimResult:
 
     @property
     def utilisation(self) -> float:
-        """Busy share of the replicas' time up to the makespan (1.0 for an empty run)."""
-        capacity = self.makespan * len(self.busy)
+        """Busy share of the replicas' time while they exist (up to the makespan unless
+        ``capacity`` says otherwise; 1.0 for an empty run)."""
+        capacity = self.makespan * len(self.busy) if self.capacity is None else self.capacity
         return self.total_work / capacity if capacity > 0 else 1.0
+
+
+def one_after_another(results: Sequence[SimResult]) -> SimResult:
+    """Return simulations run one after the other (each on its own replicas) as one result:
+    the makespans add up, and each replica exists only during its own part."""
+    return SimResult(
+        makespan=sum(r.makespan for r in results),
+        replicas=tuple(name for r in results for name in r.replicas),
+        busy=tuple(seconds for r in results for seconds in r.busy),
+        capacity=sum(r.makespan * len(r.busy) for r in results),
+    )
 
 
 class _Queues:

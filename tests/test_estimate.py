@@ -67,7 +67,7 @@ def test_replicas_share_the_prompt_shards_of_the_trials() -> None:
     assert result.wall_seconds_upper == pytest.approx(10.0)
     assert result.upper.utilisation == pytest.approx(1.0)
     whole = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, NO_LOADING)
-    # default shards (16 prompts) keep each 4-prompt trial whole: two units of 20 s.
+    # default shards (4 prompts) keep each 4-prompt trial whole: two units of 20 s.
     assert whole.wall_seconds_upper == pytest.approx(20.0)
 
 
@@ -90,15 +90,19 @@ def test_pairs_with_the_same_target_share_one_replica_and_load_it_once() -> None
     assert result.wall_seconds_upper == pytest.approx(40.0 + 40.0)
 
 
-def test_replicas_are_placed_in_turns_per_target_set_and_capped() -> None:
-    sets = [
-        estimate.TargetSet("a", ("p",), 5.0),
-        estimate.TargetSet("b", ("q",), 2.0),
-    ]
+def _counts(cluster, sets, units, **options) -> list[int]:
+    return estimate.replica_counts(cluster, sets, units, estimate.EstimateOptions(**options))
+
+
+def test_replica_counts_follow_the_runner() -> None:
+    sets = [estimate.TargetSet("a", ("p",), 5.0), estimate.TargetSet("b", ("q",), 2.0)]
     two_nodes = estimate.Cluster(node_gpus=(8.0, 8.0), source="test")
-    # turns: a, b on node 0 (8 → 3 → 1), a, b on node 1; then neither fits.
-    assert estimate.place_replicas(two_nodes, sets) == [2, 2]
-    assert estimate.place_replicas(two_nodes, sets, cap=1) == [1, 1]
+    # one set at a time (the default): each takes what the nodes hold, one group a node for a
+    assert _counts(two_nodes, sets, [10, 10]) == [2, 8]
+    # two at once: each gets its share of what the nodes hold
+    assert _counts(two_nodes, sets, [10, 10], max_concurrent_pairs=2) == [1, 4]
+    assert _counts(two_nodes, sets, [10, 10], replicas=1) == [1, 1]
+    assert _counts(two_nodes, sets, [1, 3]) == [1, 3]  # no more replicas than units
 
 
 def test_replicas_count_a_fractional_sets_gpus_whole_unless_capped() -> None:
@@ -106,10 +110,31 @@ def test_replicas_count_a_fractional_sets_gpus_whole_unless_capped() -> None:
     # as the runner starts (placement.groups_held); an explicit replicas: 2 shares the GPU.
     sets = [estimate.TargetSet("a", ("p",), 0.5)]
     one_gpu = estimate.Cluster(node_gpus=(1.0,), source="test")
-    assert estimate.place_replicas(one_gpu, sets) == [1]
-    assert estimate.place_replicas(one_gpu, sets, cap=2) == [2]
-    two_gpus = estimate.Cluster(node_gpus=(2.0,), source="test")
-    assert estimate.place_replicas(two_gpus, sets) == [2]
+    assert _counts(one_gpu, sets, [4]) == [1]
+    assert _counts(one_gpu, sets, [4], replicas=2) == [2]
+    assert _counts(estimate.Cluster(node_gpus=(2.0,), source="test"), sets, [4]) == [2]
+
+
+def test_target_sets_run_max_concurrent_pairs_at_a_time() -> None:
+    # two pairs with different targets (2 sets), each group 0.5 of a GPU, on one GPU
+    second = '  - name: q\n    target: {model: "zoo:micro/draft-m", gpus: 0.4}\n'
+    second += '    draft: {model: "zoo:micro/draft-s", gpus: 0.1}\n'
+    text = (SWEEP % "[4]").replace("gpus: 1}", "gpus: 0.4}", 1).replace("gpus: 1}", "gpus: 0.1}")
+    spec = parse_sweep(text.replace("datasets:", second + "datasets:"))
+    plan = plan_sweep(spec)
+    assert [s.gpus for s in estimate.target_sets(plan.pairs)] == [0.5, 0.5]
+    one_gpu = estimate.Cluster(node_gpus=(1.0,), source="test")
+    options = estimate.EstimateOptions(loads=estimate.LoadTimes(30.0, 5.0))
+    result = estimate.estimate_sweep(plan, PROFILE, one_gpu, options)
+    # one after the other: each loads (35 s), then its AR and static trials (20 + 20 s, upper)
+    assert result.replicas == (1, 1)
+    assert result.wall_seconds_upper == pytest.approx(2 * (35.0 + 40.0))
+    assert result.load_seconds == pytest.approx(70.0)
+    assert result.upper.utilisation == pytest.approx(80.0 / 150.0)
+    both = estimate.EstimateOptions(max_concurrent_pairs=2, loads=options.loads)
+    together = estimate.estimate_sweep(plan, PROFILE, one_gpu, both)
+    assert together.replicas == (1, 1)  # the runner still starts one each, sharing the GPU
+    assert together.wall_seconds_upper == pytest.approx(35.0 + 40.0)
 
 
 def test_replay_group_costs_its_live_runs_and_one_trace_recording() -> None:

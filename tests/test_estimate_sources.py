@@ -83,11 +83,11 @@ def test_options_read_the_sweeps_replicas_and_shard_prompts() -> None:
     defaults = estimate_sources.options_from_spec(spec)
     assert defaults.replicas is None
     assert defaults.shard_prompts == spec.execution.shard_prompts == estimate.DEFAULT_SHARD_PROMPTS
-    set_ = spec.model_copy(
-        update={"execution": spec.execution.model_copy(update={"replicas": 3, "shard_prompts": 8})}
-    )
+    assert defaults.max_concurrent_pairs == 1
+    changed = {"replicas": 3, "shard_prompts": 8, "max_concurrent_pairs": 2}
+    set_ = spec.model_copy(update={"execution": spec.execution.model_copy(update=changed)})
     options = estimate_sources.options_from_spec(set_)
-    assert (options.replicas, options.shard_prompts) == (3, 8)
+    assert (options.replicas, options.shard_prompts, options.max_concurrent_pairs) == (3, 8, 2)
 
 
 @pytest.mark.slow
