@@ -283,7 +283,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     packing.add_argument(
         "--packages", nargs="*", default=list(GPU_IMAGE_MISSING), help="none: no site/"
     )
-    packing.add_argument("--piece-mb", type=float, default=50.0, help="MB per piece (10^6 bytes)")
+    packing.add_argument(
+        "--piece-mb",
+        type=float,
+        default=50.0,
+        help="MB (10^6 bytes) per piece; a call also sends the checkout (about 12 MB), and both "
+        "together must stay under the 64 MiB a call takes",
+    )
     packing.add_argument("--out", type=Path, default=Path(".gpu-bundle"))
     unpacking = commands.add_parser("unpack", help="on the GPU machine: join, extract, convert")
     unpacking.add_argument("--pieces", type=Path, required=True, help="folder of the pieces")
