@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -268,17 +269,24 @@ def _run_one(
 
 
 def _take_turns(
-    draft: CachedLM, target: LocalTarget, actors: list, requests: dict, repeats: int
+    draft: CachedLM,
+    target: LocalTarget,
+    actors: list,
+    requests: dict,
+    repeats: int,
+    after_turn: Callable[[dict, dict, int], None],
 ) -> tuple[dict[str, PlacementRuns], dict[str, PlacementRuns]]:
     """Run every (repeat, prompt, method) in both placements back to back, the one that goes
     first alternating from prompt to prompt and from repeat to repeat; return each method's
     runs in process and on the actors (``actors``: the draft actor, then the target's), with
-    the results in the same order."""
+    the results in the same order. ``after_turn(local, split, turns_done)`` runs after each
+    (repeat, prompt) turn."""
     local = {name: PlacementRuns() for name in requests}
     split = {name: PlacementRuns() for name in requests}
     prompts = next(iter(requests.values())).prompts
     turns = [(repeat, index) for repeat in range(repeats) for index in range(len(prompts))]
-    for repeat, index in tqdm(turns, desc="prompts in both placements, in turns"):
+    progress = tqdm(turns, desc="prompts in both placements, in turns")
+    for done, (repeat, index) in enumerate(progress, start=1):
         prompt = prompts[index]
         order = (True, False) if (repeat + index) % 2 == 0 else (False, True)
         for name, request in requests.items():
@@ -286,7 +294,22 @@ def _take_turns(
             for in_process in order:
                 runs = (local if in_process else split)[name]
                 _run_one(runs, one, in_process, (draft, target), actors)
+        after_turn(local, split, done)
     return local, split
+
+
+def _save_so_far(out: Path, report: dict, local: dict, split: dict, done: int) -> None:
+    """Write ``report`` with the methods' figures over the first ``done`` turns, marked
+    incomplete, so a run stopped early (a GPU lease ending, say) still leaves its figures."""
+    methods = {name: _method_report(local[name], split[name]) for name in local}
+    _write_report(out, {**report, "complete": False, "turns_done": done, "methods": methods})
+
+
+def _write_report(out: Path, report: dict) -> None:
+    """Write ``report`` as JSON to ``out`` at once (a reader never sees half a file)."""
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(report, indent=2))
+    partial.replace(out)
 
 
 def _start_actors(args: argparse.Namespace, target_path: Path, draft_path: Path) -> list:
@@ -331,9 +354,6 @@ def main(argv: list[str] | None = None) -> int:
     actors = _start_actors(args, target_path, draft_path)
     draft_actor, target_actor = actors
     warmup = _warm_both(args, draft, target, draft_actor, requests[f"static K={args.k}"])
-    local, split = _take_turns(draft, target, actors, requests, args.repeats)
-    calibrations = _calibrations(draft, target, draft_actor, target_actor)
-    ray.shutdown()
     report = {
         "target": str(target_path),
         "draft": str(draft_path),
@@ -343,9 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "warmup_seconds": warmup,
         "dtype": args.dtype,
-        "methods": {name: _method_report(local[name], split[name]) for name in requests},
-        "single_step_calibration": calibrations,
     }
+    save_so_far = partial(_save_so_far, args.out, report)
+    local, split = _take_turns(draft, target, actors, requests, args.repeats, save_so_far)
+    report["complete"], report["turns_done"] = True, args.repeats * len(prompts)
+    report["methods"] = {name: _method_report(local[name], split[name]) for name in requests}
+    report["single_step_calibration"] = _calibrations(draft, target, draft_actor, target_actor)
+    ray.shutdown()
     for name, figures in report["methods"].items():
         print(
             f"{name:14} in-process {figures['in_process_tokens_per_s']:7.1f} tok/s  actors "
@@ -356,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{'':14} ms per round (draft / verify / rest): {_splits(figures)}")
         print(f"{'':14} per round (CPU, voluntary + involuntary switches): {_usages(figures)}")
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"one-token steps padded: {_padding(calibrations)}; JSON: {args.out}")
+    _write_report(args.out, report)
+    padded = _padding(report["single_step_calibration"])
+    print(f"one-token steps padded: {padded}; JSON: {args.out}")
     return 0
 
 

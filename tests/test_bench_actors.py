@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
     )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
+    assert report["complete"] is True and report["turns_done"] == 2 * 3
     assert set(report["methods"]) == {"ar", "static K=4"}
     for name, figures in report["methods"].items():
         assert figures["same_outputs"] and figures["same_accepted_counts"]
@@ -58,3 +61,31 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
     assert "one-token steps padded: in_process draft" in run.stdout
     assert "per round (CPU, voluntary + involuntary switches): in_process" in run.stdout
     assert report["warmup_seconds"] == 0.0
+
+
+def test_a_run_stopped_early_leaves_the_figures_of_its_finished_turns(
+    micro_zoo: ZooManifest, tmp_path: Path
+) -> None:
+    out = tmp_path / "actors.json"
+    args = ["--target", str(micro_zoo.model_path("target"))]
+    args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
+    args += ["--samples", "2", "--max-new-tokens", "8", "--repeats", "1000", "--out", str(out)]
+    run = subprocess.Popen(
+        [sys.executable, str(BENCH), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not out.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert out.exists(), "no report while the turns ran"
+    finally:
+        run.send_signal(signal.SIGINT)  # as a lease or a user stops it; Ray shuts down at exit
+        try:
+            run.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and 1 <= report["turns_done"] < 1000 * 2
+    for figures in report["methods"].values():
+        assert len(figures["per_sample"]) == report["turns_done"]
+        assert figures["in_process_tokens_per_s"] > 0 and figures["actors_tokens_per_s"] > 0
