@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from training.zoo import ZooManifest
+
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -17,3 +19,12 @@ def load_bench_script(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def micro_pair_args(zoo: ZooManifest) -> list[str]:
+    """Return a bench script's options for the micro zoo's pair on its built-in code prompts."""
+    return [
+        *("--target", str(zoo.model_path("target"))),
+        *("--draft", str(zoo.model_path("draft-s"))),
+        *("--dataset", "builtin:code"),
+    ]

@@ -10,21 +10,25 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_scripts import micro_pair_args
 
 from training.zoo import ZooManifest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "actors.py"
 
 
+def _command(micro_zoo: ZooManifest, out: Path, samples: int, repeats: int) -> list[str]:
+    """Return the command running bench/actors.py on the micro pair (8 new tokens a prompt)."""
+    options = ["--samples", str(samples), "--max-new-tokens", "8", "--repeats", str(repeats)]
+    return [sys.executable, str(BENCH), *micro_pair_args(micro_zoo), *options, "--out", str(out)]
+
+
 def test_both_placements_decode_alike_and_report_their_calibrations(
     micro_zoo: ZooManifest, tmp_path: Path
 ) -> None:
     out = tmp_path / "actors.json"
-    args = ["--target", str(micro_zoo.model_path("target"))]
-    args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
-    args += ["--samples", "3", "--max-new-tokens", "8", "--repeats", "2", "--out", str(out)]
     run = subprocess.run(
-        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300
+        _command(micro_zoo, out, 3, 2), capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -67,12 +71,8 @@ def test_a_run_stopped_early_leaves_the_figures_of_its_finished_turns(
     micro_zoo: ZooManifest, tmp_path: Path
 ) -> None:
     out = tmp_path / "actors.json"
-    args = ["--target", str(micro_zoo.model_path("target"))]
-    args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
-    args += ["--samples", "2", "--max-new-tokens", "8", "--repeats", "1000", "--out", str(out)]
-    run = subprocess.Popen(
-        [sys.executable, str(BENCH), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    command = _command(micro_zoo, out, 2, 1000)
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
         while not out.exists() and run.poll() is None and time.monotonic() < deadline:

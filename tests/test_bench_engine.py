@@ -6,15 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from bench_scripts import load_bench_script
+from bench_scripts import load_bench_script, micro_pair_args
 
 from training.zoo import ZooManifest
 
 
 def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str, *extra: str) -> dict:
     out = tmp_path / f"engine-{dtype}.json"
-    args = ["--target", str(micro_zoo.model_path("target"))]
-    args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
+    args = micro_pair_args(micro_zoo)
     args += ["--samples", "2", "--max-new-tokens", "8", "--threads", "1", "--dtype", dtype]
     assert load_bench_script("engine").main([*args, *extra, "--out", str(out)]) == 0
     return json.loads(out.read_text())

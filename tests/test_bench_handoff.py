@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_scripts import micro_pair_args
 
 from bench.handoff import SETTLE_ROUNDS, WAYS, RoundPieces
 from training.zoo import ZooManifest
@@ -31,8 +32,7 @@ def test_every_way_is_timed_in_turns_and_compared_by_cycle(
     micro_zoo: ZooManifest, tmp_path: Path
 ) -> None:
     out = tmp_path / "handoff.json"
-    args = ["--target", str(micro_zoo.model_path("target"))]
-    args += ["--draft", str(micro_zoo.model_path("draft-s")), "--dataset", "builtin:code"]
+    args = micro_pair_args(micro_zoo)
     args += ["--rounds", "6", "--cycles", "3", "--out", str(out)]
     run = subprocess.run(
         [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=300
