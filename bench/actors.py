@@ -29,7 +29,6 @@ Prompts go through the target's chat template when its tokenizer has one, as in 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -45,6 +44,7 @@ from orchestrator.metrics import TrialMetrics, trial_metrics
 from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import DraftWorker, ModelSpec, TargetWorker
+from workers.json_files import write_json
 from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
 from workers.process_usage import (
     MachineUsage,
@@ -302,14 +302,7 @@ def _save_so_far(out: Path, report: dict, local: dict, split: dict, done: int) -
     """Write ``report`` with the methods' figures over the first ``done`` turns, marked
     incomplete, so a run stopped early (a GPU lease ending, say) still leaves its figures."""
     methods = {name: _method_report(local[name], split[name]) for name in local}
-    _write_report(out, {**report, "complete": False, "turns_done": done, "methods": methods})
-
-
-def _write_report(out: Path, report: dict) -> None:
-    """Write ``report`` as JSON to ``out`` at once (a reader never sees half a file)."""
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(json.dumps(report, indent=2))
-    partial.replace(out)
+    write_json(out, {**report, "complete": False, "turns_done": done, "methods": methods})
 
 
 def _start_actors(args: argparse.Namespace, target_path: Path, draft_path: Path) -> list:
@@ -380,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{'':14} ms per round (draft / verify / rest): {_splits(figures)}")
         print(f"{'':14} per round (CPU, voluntary + involuntary switches): {_usages(figures)}")
-    _write_report(args.out, report)
+    write_json(args.out, report)
     padded = _padding(report["single_step_calibration"])
     print(f"one-token steps padded: {padded}; JSON: {args.out}")
     return 0

@@ -28,11 +28,12 @@ Prompts go through the target's chat template when its tokenizer has one, as in 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ from transformers import AutoTokenizer
 from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
+from workers.json_files import write_json
 from workers.lm import DTYPES, CachedLM, load_causal_lm, synchronize
 from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
@@ -425,6 +427,36 @@ def _calibration(lm: CachedLM) -> dict | None:
     return None if lm.calibration is None else asdict(lm.calibration)
 
 
+def _run_paths(
+    models: dict[str, tuple[CachedLM, CachedLM]],
+    ids: list[torch.Tensor],
+    settings: RequestSettings,
+    save: Callable[[list[MethodResult]], None],
+) -> tuple[list[MethodResult], list[list[int]]]:
+    """Run our rows on every model path (``_run_ours``), ``save`` the rows so far before the
+    first path and after each; return the rows and the first path's AR outputs (every path
+    is compared with them)."""
+    results: list[MethodResult] = []
+    reference: list[list[int]] | None = None
+    save(results)
+    for path, (suffix, _) in PATHS.items():
+        draft, target_lm = models[path]
+        path_results, outputs = _run_ours(
+            draft, LocalTarget(target_lm), ids, settings, suffix, reference
+        )
+        reference = reference or outputs
+        results += path_results
+        save(results)
+    return results, reference
+
+
+def _save_rows(out: Path, report: dict, results: list[MethodResult]) -> None:
+    """Write ``report`` with the rows so far, marked incomplete, so a run stopped early (a GPU
+    lease ending, say) still leaves the block costs and the paths it finished."""
+    rows = [asdict(r) for r in results]
+    write_json(out, {**report, "complete": False, "methods": rows})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
@@ -448,18 +480,6 @@ def main(argv: list[str] | None = None) -> int:
         path: {"draft": _calibration(draft), "target": _calibration(target_lm)}
         for path, (draft, target_lm) in models.items()
     }
-    results: list[MethodResult] = []
-    reference: list[list[int]] | None = None
-    for path, (suffix, _) in PATHS.items():
-        draft, target_lm = models[path]
-        path_results, outputs = _run_ours(
-            draft, LocalTarget(target_lm), ids, settings, suffix, reference
-        )
-        reference = reference or outputs
-        results += path_results
-    results += _run_transformers(target_model, draft_model, prompts, args.max_new_tokens, reference)
-    by_name = {r.method: r for r in results}
-    best_static = max(by_name[f"ours static K={k}"].tokens_per_s for k in STATIC_KS)
     report = {
         "target": str(target_path),
         "draft": str(draft_path),
@@ -473,16 +493,22 @@ def main(argv: list[str] | None = None) -> int:
         "standalone_costs": {name: asdict(costs) for name, costs in paths.items()},
         "single_step_calibration": calibrations,
         "cost_ratio": paths["plain_torch"].t_draft / paths["plain_torch"].t_target[1],
-        "methods": [asdict(r) for r in results],
-        "ratios": _ratios(results),
-        "best_static_speedup_vs_ar": best_static / by_name["target-only AR"].tokens_per_s,
         "weights_packed": _packed(models["plain_torch"][1]),
         "packed_vs_unpacked_t_target": {
             n: paths["plain_torch"].t_target[n] / paths["plain_torch_unpacked"].t_target[n]
             for n in paths["plain_torch"].t_target
         },
     }
-    args.out.write_text(json.dumps(report, indent=2))
+    save = partial(_save_rows, args.out, report)
+    results, reference = _run_paths(models, ids, settings, save)
+    results += _run_transformers(target_model, draft_model, prompts, args.max_new_tokens, reference)
+    by_name = {r.method: r for r in results}
+    best_static = max(by_name[f"ours static K={k}"].tokens_per_s for k in STATIC_KS)
+    report["complete"] = True
+    report["methods"] = [asdict(r) for r in results]
+    report["ratios"] = _ratios(results)
+    report["best_static_speedup_vs_ar"] = best_static / by_name["target-only AR"].tokens_per_s
+    write_json(args.out, report)
     _print_report(report, results, args.out)
     return 0
 

@@ -44,6 +44,22 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
         assert set(models) == {"draft", "target"}
         assert all(c["one_token_s"] > 0 and c["two_tokens_s"] > 0 for c in models.values())
     assert report["warmup_seconds_per_token"] == {}  # on the CPU only when asked for
+    assert report["complete"] is True
+
+
+def test_the_report_is_saved_before_each_path_runs(
+    micro_zoo: ZooManifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = load_bench_script("engine")
+    writes = []
+    monkeypatch.setattr(engine, "write_json", lambda path, data: writes.append(data))
+    out = tmp_path / "engine.json"
+    args = [*micro_pair_args(micro_zoo), "--samples", "1", "--max-new-tokens", "4"]
+    assert engine.main([*args, "--threads", "1", "--out", str(out)]) == 0
+    saved = [(w["complete"], len(w["methods"])) for w in writes]
+    # block costs alone, then each path's AR + 3 static rows, then transformers' 5 rows too
+    assert saved == [(False, 0), (False, 4), (False, 8), (False, 12), (True, 17)]
+    assert all("standalone_costs" in w for w in writes)
 
 
 def test_warmup_decodes_every_path_untimed_first(micro_zoo: ZooManifest, tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
+from workers.json_files import write_json
+
 ARTIFACT_DIR = "artifact"
 CHECKPOINT_DIR = "checkpoints"
 RESULT_FILE = "result.json"
@@ -323,9 +325,7 @@ def finished_result(output_dir: Path) -> JobResult | None:
 def write_result(output_dir: Path, config: JobConfig, result: JobResult) -> None:
     """Record ``result`` (and the config that produced it) as the job's finished marker."""
     payload = {"config": config.to_json(), "result": result.to_json()}
-    temporary = output_dir / (RESULT_FILE + ".tmp")
-    temporary.write_text(json.dumps(payload, indent=2, sort_keys=True))
-    os.replace(temporary, output_dir / RESULT_FILE)
+    write_json(output_dir / RESULT_FILE, payload, sort_keys=True)
 
 
 class Stopwatch:
