@@ -324,7 +324,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _warm_up_paths(
-    models: dict[str, tuple[CachedLM, CachedLM]], prompts: list[list[int]], args
+    models: dict[str, tuple[CachedLM, CachedLM]], prompts: list[list[int]], args: argparse.Namespace
 ) -> dict[str, list[float]]:
     """Decode the prompts untimed on every model path for its share of ``--warmup-seconds``
     (default: ``GPU_WARMUP_SECONDS`` on a GPU, none elsewhere); return each path's seconds per

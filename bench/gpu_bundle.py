@@ -115,10 +115,9 @@ def wheel_models(root: Path, names: Sequence[str]) -> list[WheelModel]:
 
 def source_wheel(downloads: Path, source: WheelSource) -> Path:
     """Return the wheel of ``source`` kept in ``downloads`` by the zoo build."""
-    pattern = f"{source.package.replace('-', '_')}-{source.version}-*.whl"
-    wheels = sorted(downloads.glob(pattern))
+    wheels = sorted(downloads.glob(source.wheel_glob))
     if not wheels:
-        raise FileNotFoundError(f"no {pattern} in {downloads}: build the zoo here first")
+        raise FileNotFoundError(f"no {source.wheel_glob} in {downloads}: build the zoo here first")
     return wheels[0]
 
 
@@ -183,10 +182,11 @@ class JoinedReader(io.RawIOBase):
         return 0
 
 
-def _zoo_members(root: Path, names: Sequence[str]) -> Iterator[tuple[Path, str]]:
-    """Yield (file, name in the archive) of the zoo: the tokenizer, the ``names`` models
-    (a wheel-converted model without its weights) and a manifest listing only them."""
-    converted = {model.name for model in wheel_models(root, names)}
+def _zoo_members(
+    root: Path, names: Sequence[str], converted: set[str]
+) -> Iterator[tuple[Path, str]]:
+    """Yield (file, name in the archive) of the zoo's tokenizer and ``names`` models, a model
+    in ``converted`` (made again from its wheel there) without its weights."""
     prefix = f"zoo/{root.name}"
     manifest = ZooManifest.load(root)
     for folder in (manifest.tokenizer.name, *names):
@@ -241,9 +241,10 @@ def pack(
     with tarfile.open(fileobj=writer, mode="w|xz") as archive:
         if site is not None:
             archive.add(site, arcname="site")
-        for path, name in _zoo_members(root, names):
+        converted = wheel_models(root, names)
+        for path, name in _zoo_members(root, names, {model.name for model in converted}):
             archive.add(path, arcname=name)
-        for model in wheel_models(root, names):
+        for model in converted:
             wheel = source_wheel(root.parent / DOWNLOADS, model.source)
             archive.add(wheel, arcname=f"zoo/{DOWNLOADS}/{wheel.name}")
         manifest = _filtered_manifest(root, names)
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         _pack_command(args)
         return 0
     started = time.perf_counter()
-    pieces = sorted(p for p in args.pieces.iterdir() if p.is_file())
+    pieces = [p for p in args.pieces.iterdir() if p.is_file()]
     converted = unpack(pieces, args.dest)
     print(
         f"unpacked {len(pieces)} pieces into {args.dest} in {time.perf_counter() - started:.0f} s"

@@ -203,14 +203,15 @@ def replica_counts(
     one, at most one per unit. A set that needs no GPU (a CPU sweep) gets one per node.
     """
     share = min(options.max_concurrent_pairs, len(sets))
+    nodes = [{"GPU": gpus} for gpus in cluster.node_gpus]
     counts = []
     for target_set, pending in zip(sets, units, strict=True):
         if target_set.gpus > 0:
-            nodes = [{"GPU": gpus} for gpus in cluster.node_gpus]
             held = whole_groups({"GPU": target_set.gpus}, nodes)
+            default = held // share
         else:
-            held = len(cluster.node_gpus) * share
-        wanted = options.replicas if options.replicas is not None else held // share
+            held = default = len(nodes)
+        wanted = options.replicas if options.replicas is not None else default
         counts.append(0 if held == 0 else max(1, min(wanted, pending)))
     return counts
 
@@ -327,11 +328,12 @@ def estimate_sweep(
     upper, lower, loads = [], [], []
     for start in range(0, len(sets), step):
         batch = sets[start : start + step]
-        units = [[u for u in work.units if u.group in s.pairs] for s in batch]
-        counts += _placed(cluster, batch, [len(u) for u in units], options)
+        per_set = [[u for u in work.units if u.group in s.pairs] for s in batch]
+        counts += _placed(cluster, batch, [len(units) for units in per_set], options)
         replicas = replicas_of(batch, counts[start:], options.loads, first=start)
-        upper.append(simulate([u for part in units for u in part], work.upper, replicas))
-        lower.append(simulate([u for part in units for u in part], work.lower, replicas))
+        units = [unit for units in per_set for unit in units]
+        upper.append(simulate(units, work.upper, replicas))
+        lower.append(simulate(units, work.lower, replicas))
         loads.append(max(r.ready_at for r in replicas))
     return SweepEstimate(
         profile=profile.name,

