@@ -10,6 +10,9 @@
 #                  engine overhead
 #   sweep          sweeps/gpu_smoke.yaml: a live sweep with an hf bfloat16 target and a DeepSpeed
 #                  tp-1 float16 target over NCCL, stored in OUT_DIR/gpu-smoke.db, and its table
+#   kd-replay      sweeps/gpu_kd_replay.yaml: DistillSpec and AdaSPEC jobs through Ray Train on the
+#                  GPU (NCCL), their drafts and draft-s in replay mode, stored in OUT_DIR/gpu-kd.db,
+#                  with its jobs, trials and cost fit's cross-check
 #   actors-bf16    bench/actors.py on the same pair in bfloat16: the Ray split against one process
 #   actors-mps     the same under the CUDA MPS control daemon (started and stopped by the step;
 #                  its log is OUT_DIR/mps-control.log): does one GPU context per process cause
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
 shift || true
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(versions warmup engine-bf16 sweep actors-bf16 actors-mps engine-fp16 replicas)
+[ ${#steps[@]} -eq 0 ] && steps=(versions warmup engine-bf16 sweep kd-replay actors-bf16 actors-mps engine-fp16 replicas)
 py=${PYTHON:-python3}
 samples=${GPU_CHECK_SAMPLES:-4}
 tokens=${GPU_CHECK_TOKENS:-96}
@@ -79,6 +82,24 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
                round(speedup_high, 3) AS hi, round(acceptance_rate, 3) AS acc
         FROM trials WHERE status = 'done' ORDER BY pair, temperature, policy"
       ;;
+    kd-replay)
+      run kd-replay "$py" -m orchestrator submit sweeps/gpu_kd_replay.yaml \
+        --db "sqlite:///$out/gpu-kd.db" --yes --no-progress
+      kd_db=(--db "sqlite:///$out/gpu-kd.db")
+      run kd-replay-jobs "$py" -m orchestrator query "${kd_db[@]}" "
+        SELECT name, kind, status, round(seconds, 1) AS s FROM training_jobs ORDER BY name"
+      run kd-replay-trials "$py" -m orchestrator query "${kd_db[@]}" "
+        SELECT pair, policy, threshold AS thr, max_draft_len AS k, mode,
+               round(tokens_per_s, 1) AS tok_s, round(speedup, 3) AS speedup,
+               round(speedup_low, 3) AS lo, round(speedup_high, 3) AS hi,
+               round(acceptance_rate, 3) AS acc
+        FROM trials WHERE status = 'done' ORDER BY pair, mode, policy, k, thr"
+      run kd-replay-check "$py" -m orchestrator query "${kd_db[@]}" "
+        SELECT pair, round(check_same_rounds, 3) AS same_rounds,
+               round(check_tokens_per_s, 1) AS live,
+               round(check_projected_tokens_per_s, 1) AS projected,
+               round(r2_round, 3) AS r2, round(run_r2, 3) AS run_r2 FROM cost_fits"
+      ;;
     actors-bf16) actors actors-bf16 ;;
     actors-mps)
       export CUDA_MPS_PIPE_DIRECTORY=/tmp/specsweep-mps CUDA_MPS_LOG_DIRECTORY=/tmp/specsweep-mps-log
@@ -101,7 +122,7 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
     replicas)
       run replicas "$py" bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out "$out/replicas.json"
       ;;
-    *) echo "unknown step $step (have: versions warmup engine-bf16 sweep actors-bf16 actors-mps engine-fp16 replicas)"
+    *) echo "unknown step $step (have: versions warmup engine-bf16 sweep kd-replay actors-bf16 actors-mps engine-fp16 replicas)"
        exit 2 ;;
   esac
 done

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from streamlit.testing.v1 import AppTest
 from dashboard.data import FILL_COMMAND
 from orchestrator.store import open_store
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "dashboard" / "app.py"
 FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS = (
     "views/frontiers.py",
     "views/paper_tables.py",
@@ -276,3 +278,20 @@ def test_every_page_renders_on_a_real_sweep(real_url, monkeypatch) -> None:
     greedy_static = table[table["policy"] == "static"]
     # Sweep A holds the greedy trials only: 2 static trials (K 2, 4) against 4 in sweep B.
     assert (greedy_static["n A"].item(), greedy_static["n B"].item()) == (2, 4)
+
+
+def test_every_page_renders_the_committed_gpu_sweep(tmp_path, monkeypatch) -> None:
+    """The fifth GPU run's DeepSpeed sweep (an H200, bfloat16, NCCL): the pages render it and
+    the provenance table names the GPU it ran on."""
+    store = tmp_path / "gpu.db"
+    shutil.copyfile(REPO / "docs" / "gpu" / "gpu-ds-h200-run5.db", store)
+    app = open_app(f"sqlite:///{store}", monkeypatch)
+    points = [t for figure in figures(app) for t in figure["data"]]
+    assert {"static", "adaedl"} <= {t["name"] for t in points}
+    for page in PAGES[1:]:
+        app.switch_page(page).run()
+        assert not app.exception, (page, [error.value for error in app.exception])
+        if page == TABLES:
+            runs = app.dataframe[-1].value
+            assert list(runs["gpu_name"]) == ["NVIDIA H200"]
+            assert list(runs["gpu_count"]) == [1]
