@@ -10,6 +10,8 @@
 #                  engine overhead
 #   sweep          sweeps/gpu_smoke.yaml: a live sweep with an hf bfloat16 target and a DeepSpeed
 #                  tp-1 float16 target over NCCL, stored in OUT_DIR/gpu-smoke.db, and its table
+#   ds-steps       bench/deepspeed_steps.py: t_target(n) of SmolLM2 as a DeepSpeed tp-1 rank over
+#                  NCCL in bfloat16, one-token steps plain and padded, the calibrated choice
 #   kd-replay      sweeps/gpu_kd_replay.yaml: DistillSpec and AdaSPEC jobs through Ray Train on the
 #                  GPU (NCCL), their drafts and draft-s in replay mode, stored in OUT_DIR/gpu-kd.db,
 #                  with its jobs, trials and cost fit's cross-check
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
 shift || true
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(versions warmup engine-bf16 sweep kd-replay actors-bf16 actors-mps engine-fp16 replicas)
+[ ${#steps[@]} -eq 0 ] && steps=(versions warmup engine-bf16 ds-steps sweep kd-replay actors-bf16 actors-mps engine-fp16 replicas)
 py=${PYTHON:-python3}
 samples=${GPU_CHECK_SAMPLES:-4}
 tokens=${GPU_CHECK_TOKENS:-96}
@@ -82,6 +84,10 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
                round(speedup_high, 3) AS hi, round(acceptance_rate, 3) AS acc
         FROM trials WHERE status = 'done' ORDER BY pair, temperature, policy"
       ;;
+    ds-steps)
+      run ds-steps "$py" bench/deepspeed_steps.py --target zoo:smol/target --ranks 1 \
+        --dtype bfloat16 --out "$out/ds-steps.json"
+      ;;
     kd-replay)
       run kd-replay "$py" -m orchestrator submit sweeps/gpu_kd_replay.yaml \
         --db "sqlite:///$out/gpu-kd.db" --yes --no-progress
@@ -122,7 +128,7 @@ print('transformers', transformers.__version__, 'ray', ray.__version__, 'deepspe
     replicas)
       run replicas "$py" bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out "$out/replicas.json"
       ;;
-    *) echo "unknown step $step (have: versions warmup engine-bf16 sweep kd-replay actors-bf16 actors-mps engine-fp16 replicas)"
+    *) echo "unknown step $step (have: versions warmup engine-bf16 ds-steps sweep kd-replay actors-bf16 actors-mps engine-fp16 replicas)"
        exit 2 ;;
   esac
 done
