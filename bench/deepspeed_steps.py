@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from tqdm import tqdm
 from orchestrator.preflight import resolve_model_path
 from workers.json_files import write_json
 from workers.lm import CachedLM, synchronize
-from workers.model_spec import ModelSpec, RankSpec
+from workers.model_spec import ModelSpec, RankSpec, free_port
 from workers.tensor_parallel import TensorParallelTarget, use_process_group_allreduce_on_cpu
 
 #: Environment a parent's DeepSpeed launch may leave that would mislead the ranks.
@@ -134,20 +133,13 @@ def run_rank(args: argparse.Namespace) -> int:
     return 0
 
 
-def _free_port() -> int:
-    """Return a TCP port that is free on this host now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch_ranks(args: argparse.Namespace, argv: list[str]) -> list[int | None]:
     """Start every rank as a process of this script on the resolved target (a zoo model is
     built here, once); return their exit codes (None: killed at the deadline, or when a peer
     failed and it would wait for it forever)."""
     env = {key: value for key, value in os.environ.items() if key not in DEEPSPEED_ENV}
     env["OMP_NUM_THREADS"] = str(args.threads)
-    port = _free_port()
+    port = free_port("127.0.0.1")
     path = str(resolve_model_path(args.target))
     command = [sys.executable, str(Path(__file__).resolve()), *argv, "--model-path", path]
     command += ["--port", str(port)]

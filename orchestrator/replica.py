@@ -15,7 +15,6 @@ deepspeed target's rendezvous port is picked on the node of rank 0 (:func:`rende
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,7 +59,7 @@ from orchestrator.target_sets import SharedTarget
 from orchestrator.work_units import WorkUnit
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
-from workers.model_spec import ModelSpec, RankSpec, SingleStep
+from workers.model_spec import ModelSpec, RankSpec, SingleStep, free_port
 from workers.prompt_format import response_text
 from workers.records import BASELINE_POLICY, SamplingConfig
 from workers.trial import GPU_WARMUP_SECONDS, TrialRequest
@@ -390,10 +389,7 @@ class Rendezvous:
 
 def _free_port_here() -> Rendezvous:
     """Return a TCP port that is free now on the node this runs on, and that node's id."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return Rendezvous(port, ray.get_runtime_context().get_node_id())
+    return Rendezvous(free_port(), ray.get_runtime_context().get_node_id())
 
 
 def rendezvous_port(group: PlacementGroup) -> Rendezvous:

@@ -12,7 +12,6 @@ shows them or ``SCREENSHOT_DEADLINE_S`` has passed.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from dashboard_seed import seed_real_sweep
 from PIL import Image
 
 from dashboard.charts import PALETTE, POLICY_ORDER
+from workers.model_spec import free_port
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 WINDOW = (1400, 1000)
@@ -51,17 +51,10 @@ def real_url(micro_zoo, tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def served_app(real_url: str, tmp_path: Path):
     """Yield the URL of ``streamlit run dashboard/app.py`` on the real store (localhost only)."""
-    port = free_port()
+    port = free_port("127.0.0.1")
     log = (tmp_path / "streamlit.log").open("w")
     command = [
         sys.executable,

@@ -9,7 +9,6 @@ is tested; the unsharded reference runs here from the same saved checkpoint. Abo
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from torch import nn
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM, load_causal_lm
+from workers.model_spec import free_port
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
 from workers.tensor_parallel import RowsToSequenceHead, agreed_single_step
@@ -38,13 +38,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 
 
-def _free_port() -> int:
-    """Return a TCP port that is free on this host now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_ranks(workdir: Path) -> list[dict]:
     """Run every rank as its own process; fail with their logs on error or past the deadline."""
     env = {key: value for key, value in os.environ.items() if key not in DEEPSPEED_ENV}
@@ -53,7 +46,7 @@ def _run_ranks(workdir: Path) -> list[dict]:
         CUDA_VISIBLE_DEVICES="",
         OMP_NUM_THREADS="1",
     )
-    port = _free_port()
+    port = free_port("127.0.0.1")
     logs = [(workdir / f"rank{rank}.log").open("w") for rank in range(WORLD_SIZE)]
     procs = [
         subprocess.Popen(

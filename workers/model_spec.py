@@ -6,6 +6,7 @@ orchestrator that builds both) share it without importing each other.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,3 +38,11 @@ class RankSpec:
     world_size: int
     master_addr: str
     master_port: int
+
+
+def free_port(host: str = "") -> int:
+    """Return a TCP port free now on this host (``host``: the address to bind, "" for all): a
+    tensor-parallel group's rendezvous (``RankSpec.master_port``), a test server's port."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
