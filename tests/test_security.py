@@ -316,6 +316,10 @@ REVIEWED: set[tuple[str, int, str]] = {
     # packages a GPU machine lacks: argument lists (no shell), the names from the code's list
     # or the user's own --packages, each pinned to the installed version where there is one.
     ("bench/gpu_bundle.py", 34, "import subprocess"),
+    # bench/deepspeed_steps.py starts its tensor-parallel ranks as `sys.executable` running the
+    # script itself with the user's own options plus --rank/--port/--model-path: argument
+    # lists, no shell.
+    ("bench/deepspeed_steps.py", 24, "import subprocess"),
 }
 
 
