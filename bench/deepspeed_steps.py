@@ -35,10 +35,13 @@ from orchestrator.preflight import resolve_model_path
 from workers.json_files import write_json
 from workers.lm import CachedLM, synchronize
 from workers.model_spec import ModelSpec, RankSpec, free_port
-from workers.tensor_parallel import TensorParallelTarget, use_process_group_allreduce_on_cpu
+from workers.tensor_parallel import (
+    DEEPSPEED_LAUNCH_ENV,
+    TensorParallelTarget,
+    use_process_group_allreduce_on_cpu,
+    wait_for_ranks,
+)
 
-#: Environment a parent's DeepSpeed launch may leave that would mislead the ranks.
-DEEPSPEED_ENV = ("DS_ACCELERATOR", "LOCAL_SIZE")
 WARMUP_REPEATS = 2
 
 
@@ -137,7 +140,7 @@ def launch_ranks(args: argparse.Namespace, argv: list[str]) -> list[int | None]:
     """Start every rank as a process of this script on the resolved target (a zoo model is
     built here, once); return their exit codes (None: killed at the deadline, or when a peer
     failed and it would wait for it forever)."""
-    env = {key: value for key, value in os.environ.items() if key not in DEEPSPEED_ENV}
+    env = {key: value for key, value in os.environ.items() if key not in DEEPSPEED_LAUNCH_ENV}
     env["OMP_NUM_THREADS"] = str(args.threads)
     port = free_port("127.0.0.1")
     path = str(resolve_model_path(args.target))
@@ -146,11 +149,7 @@ def launch_ranks(args: argparse.Namespace, argv: list[str]) -> list[int | None]:
     procs = [
         subprocess.Popen([*command, "--rank", str(rank)], env=env) for rank in range(args.ranks)
     ]
-    deadline = time.monotonic() + args.timeout
-    codes = [proc.poll() for proc in procs]
-    while None in codes and not any(codes) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        codes = [proc.poll() for proc in procs]
+    codes = wait_for_ranks(procs, args.timeout)
     for proc in procs:
         if proc.poll() is None:
             proc.kill()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,12 @@ from workers.lm import CachedLM, load_causal_lm
 from workers.model_spec import free_port
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
-from workers.tensor_parallel import RowsToSequenceHead, agreed_single_step
+from workers.tensor_parallel import (
+    DEEPSPEED_LAUNCH_ENV,
+    RowsToSequenceHead,
+    agreed_single_step,
+    wait_for_ranks,
+)
 
 WORLD_SIZE = 2
 MAX_NEW_TOKENS = 24
@@ -33,14 +37,13 @@ MAX_DRAFT_LEN = 4
 TEMPERATURE = 0.8
 TP_GRAIN_SIZE = 16
 DEADLINE_S = 300
-DEEPSPEED_ENV = ("DS_ACCELERATOR", "LOCAL_SIZE")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 
 
 def _run_ranks(workdir: Path) -> list[dict]:
     """Run every rank as its own process; fail with their logs on error or past the deadline."""
-    env = {key: value for key, value in os.environ.items() if key not in DEEPSPEED_ENV}
+    env = {key: value for key, value in os.environ.items() if key not in DEEPSPEED_LAUNCH_ENV}
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
         CUDA_VISIBLE_DEVICES="",
@@ -65,7 +68,7 @@ def _run_ranks(workdir: Path) -> list[dict]:
         for rank in range(WORLD_SIZE)
     ]
     try:
-        codes = _wait_all_or_first_failure(procs, DEADLINE_S)
+        codes = wait_for_ranks(procs, DEADLINE_S)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -80,16 +83,6 @@ def _run_ranks(workdir: Path) -> list[dict]:
         )
         pytest.fail(f"tensor-parallel ranks ended with {codes} (None: still running)\n{tails}")
     return [torch.load(workdir / f"rank{rank}.pt", weights_only=True) for rank in range(WORLD_SIZE)]
-
-
-def _wait_all_or_first_failure(procs: list[subprocess.Popen], deadline_s: float) -> list:
-    """Return exit codes once all ranks ended, one failed (its peers would hang) or time is up."""
-    deadline = time.monotonic() + deadline_s
-    codes = [proc.poll() for proc in procs]
-    while time.monotonic() < deadline and None in codes and not any(codes):
-        time.sleep(0.2)
-        codes = [proc.poll() for proc in procs]
-    return codes
 
 
 @pytest.fixture(scope="module")

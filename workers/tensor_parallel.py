@@ -13,6 +13,9 @@ DeepSpeed is an optional dependency: it is imported only when a group is built.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +29,9 @@ from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 
 SHM_COMM_OP = "deepspeed_shm_comm"
 DEEPSPEED_TP_GRAIN_SIZE = 64
+#: Variables a parent's DeepSpeed launch may leave that would mislead rank processes started
+#: from it (a benchmark's, a test's): drop them from their environment.
+DEEPSPEED_LAUNCH_ENV = ("DS_ACCELERATOR", "LOCAL_SIZE")
 
 
 def init_tp_group(
@@ -207,3 +213,14 @@ def _select_cpu_accelerator_without_cuda() -> None:
 def _url_host(address: str) -> str:
     """Return ``address`` ready for a tcp:// URL (IPv6 addresses in brackets)."""
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def wait_for_ranks(procs: Sequence[Any], deadline_s: float) -> list[int | None]:
+    """Return the exit codes of rank processes (anything with ``poll()``) once all ended, one
+    failed (its peers would wait for it forever) or ``deadline_s`` passed (None: running)."""
+    deadline = time.monotonic() + deadline_s
+    codes = [proc.poll() for proc in procs]
+    while None in codes and not any(codes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        codes = [proc.poll() for proc in procs]
+    return codes
