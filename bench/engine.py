@@ -10,7 +10,10 @@ not cost more than a 2-token block, or every speedup over AR is inflated), and t
 overhead: the share of each method's wall time spent outside the models' forward calls
 (sampling, verification, policy, cache bookkeeping, Python), as a share and in microseconds
 per round (per token for AR), measured in a second pass over the prompts with every
-``CachedLM.forward`` call timed.
+``CachedLM.forward`` call timed. Beside it ("floor") the same share for a bare greedy loop that
+makes the same forward calls and nothing else (``bare_speculative``, ``bare_autoregressive``:
+no policy, records or clocks), taking turns with ours prompt by prompt: what driving PyTorch
+from Python costs on this pair whatever the engine, so ours minus the floor is the engine's own.
 Our rows run on three model paths: the plain-torch Llama path (``workers.llama_fast``, the
 default, its weights oneDNN-packed on CPU in float32), the same path with unpacked weights
 (``CachedLM(prepack=False)``, suffixed "(unpacked weights)") and the transformers forward
@@ -80,6 +83,9 @@ class MethodResult:
     mean_accepted: float | None = None
     overhead_fraction: float | None = None
     overhead_us_per_round: float | None = None
+    floor_overhead_fraction: float | None = None
+    floor_overhead_us_per_round: float | None = None
+    floor_matches: bool | None = None
     matches_ar: bool | None = None
 
 
@@ -115,7 +121,11 @@ def standalone_costs(
 ) -> dict[str, StandaloneCosts]:
     """Return the standalone costs of each path's (draft, target) on these prompts (see above).
 
-    The paths take turns block size by block size, so drift hits them alike.
+    The paths take turns, each timing every block size once per repeat, so drift hits them
+    alike. A path's turn starts with an untimed one-token step, and the sizes' order rotates
+    from repeat to repeat: the first forward after another path's runs with the other path's
+    weights in the caches (on the micro toy, with the sizes always in order, that put
+    t_target(1) above t_target(2) on every path).
     """
     context = torch.cat([prompts[0], prompts[0][-1:].repeat(max_new_tokens // 2)])
     base = context.numel()
@@ -127,24 +137,32 @@ def standalone_costs(
         path: _median_seconds(_step(draft, context[-1:], base), 60)
         for path, (draft, _) in models.items()
     }
-    samples = {(path, n): [] for path in models for n in range(1, max_block + 1)}
+    sizes = list(range(1, max_block + 1))
+    samples = {(path, n): [] for path in models for n in sizes}
     for repeat in range(BLOCK_REPEATS + 2):
-        for (path, n), times in samples.items():
-            target = models[path][1]
-            synchronize(target.device)
-            start = time.perf_counter()
-            target.forward(context[-n:])
-            target.crop(base)
-            synchronize(target.device)
-            if repeat >= 2:
-                times.append(time.perf_counter() - start)
+        order = sizes[repeat % max_block :] + sizes[: repeat % max_block]
+        for path, (_, target) in models.items():
+            _block_seconds(target, context[-1:], base)
+            for n in order:
+                seconds = _block_seconds(target, context[-n:], base)
+                if repeat >= 2:
+                    samples[path, n].append(seconds)
     return {
         path: StandaloneCosts(
-            t_draft[path],
-            {n: statistics.median(samples[path, n]) for n in range(1, max_block + 1)},
+            t_draft[path], {n: statistics.median(samples[path, n]) for n in sizes}
         )
         for path in models
     }
+
+
+def _block_seconds(target: CachedLM, block: torch.Tensor, base: int) -> float:
+    """Return the seconds of one cached target forward of ``block``, rolled back to ``base``."""
+    synchronize(target.device)
+    start = time.perf_counter()
+    target.forward(block)
+    target.crop(base)
+    synchronize(target.device)
+    return time.perf_counter() - start
 
 
 def _step(lm: CachedLM, token: torch.Tensor, base: int):
@@ -167,53 +185,161 @@ class ForwardClock:
             lm.forward = self._timed(lm.forward, lm.device)
 
     def _timed(self, forward, device: torch.device):
+        # The clock's own work counts as time outside the forwards: keep it to two readings
+        # (plus, on CUDA, the waits that make them include the forward's kernels).
+        wait = partial(synchronize, device) if device.type == "cuda" else None
+        clock = time.perf_counter
+
         def timed(*args, **kwargs):
-            synchronize(device)
-            start = time.perf_counter()
+            if wait is not None:
+                wait()
+            start = clock()
             out = forward(*args, **kwargs)
-            synchronize(device)
-            self.seconds += time.perf_counter() - start
+            if wait is not None:
+                wait()
+            self.seconds += clock() - start
             return out
 
         return timed
 
 
 @dataclass(frozen=True)
+class BareRun:
+    """One bare loop's request: its generated ids, wall seconds and rounds (tokens for AR)."""
+
+    output_ids: list[int]
+    seconds: float
+    rounds: int
+
+
+@torch.inference_mode()
+def bare_autoregressive(target: CachedLM, prompt: torch.Tensor, max_new_tokens: int) -> BareRun:
+    """Decode ``prompt`` greedily with the target alone: one one-token forward per token, its
+    ``argmax`` fed back as the next input."""
+    start = time.perf_counter()
+    target.reset()
+    if prompt.numel() > 1:
+        target.forward(prompt[:-1], last_only=True)
+    token = prompt[-1:]
+    output = []
+    for _ in range(max_new_tokens):
+        token = target.forward(token).logits.argmax(dim=-1)
+        output.append(token)
+    output_ids = torch.cat(output).tolist()
+    return BareRun(output_ids, time.perf_counter() - start, max_new_tokens)
+
+
+@torch.inference_mode()
+def bare_speculative(
+    draft: CachedLM, target: CachedLM, prompt: torch.Tensor, k: int, max_new_tokens: int
+) -> BareRun:
+    """Decode ``prompt`` greedily by speculative decoding with a static draft length ``k``,
+    round by round as the engine does (the last round drafts only what the budget leaves)."""
+    start = time.perf_counter()
+    for lm in (draft, target):
+        lm.reset()
+        if prompt.numel() > 1:
+            lm.forward(prompt[:-1], last_only=True)
+    sequence, prompt_len, rounds = prompt.tolist(), prompt.numel(), 0
+    while len(sequence) - prompt_len < max_new_tokens:
+        cap = min(k, max_new_tokens - (len(sequence) - prompt_len) - 1)
+        pending = torch.tensor(sequence[draft.cached_len :])
+        tokens = [pending[-1:]]
+        if cap > 0:
+            tokens.append(draft.forward(pending, last_only=True).logits.argmax(dim=-1))
+        for _ in range(cap - 1):
+            tokens.append(draft.forward(tokens[-1], last_only=True).logits.argmax(dim=-1))
+        block = torch.cat(tokens)
+        base = target.cached_len + 1
+        choices = target.forward(block).logits.argmax(dim=-1).tolist()
+        drafted = block.tolist()[1:]
+        accepted = next((i for i, t in enumerate(drafted) if t != choices[i]), len(drafted))
+        target.crop(base + accepted)
+        draft.crop(min(draft.cached_len, len(sequence) + accepted))
+        sequence += [*drafted[:accepted], choices[accepted]]
+        rounds += 1
+    return BareRun(sequence[prompt_len:], time.perf_counter() - start, rounds)
+
+
+@dataclass(frozen=True)
 class EngineOverhead:
-    """One method's time outside the models' forward calls: share of its wall time, and
-    microseconds per round (a token for AR)."""
+    """One method's time outside the models' forward calls, as a share of its wall time and in
+    microseconds per round (a token for AR); the same for the bare loop (``bare_speculative``,
+    ``bare_autoregressive``: the floor), and whether that loop's outputs equal the method's."""
 
     fraction: float
     us_per_round: float
+    floor_fraction: float
+    floor_us_per_round: float
+    floor_matches: bool
+
+
+@dataclass
+class _Tally:
+    """Wall seconds, forward seconds and rounds added up over one method's requests."""
+
+    wall: float = 0.0
+    forwards: float = 0.0
+    rounds: int = 0
+
+    def add(self, seconds: float, forward_seconds: float, rounds: int) -> None:
+        """Count one request."""
+        self.wall += seconds
+        self.forwards += forward_seconds
+        self.rounds += rounds
+
+    def outside(self) -> tuple[float, float]:
+        """Return the share of wall time outside the forwards and its microseconds a round."""
+        outside = self.wall - self.forwards
+        return outside / self.wall, outside / self.rounds * 1e6
 
 
 def engine_overheads(
     draft: CachedLM, target: LocalTarget, prompts: list[torch.Tensor], settings: RequestSettings
 ) -> dict[int, EngineOverhead]:
-    """Return, for AR (key 0) and each static K, the time spent outside model forwards.
+    """Return, for AR (key 0) and each static K, the time spent outside model forwards, ours
+    and the bare loop's (the floor), which take turns prompt by prompt.
 
-    Each method runs over all prompts in turn with the models' forwards timed; the models are
-    restored afterwards.
+    Every ``forward`` of both models is timed while this runs; the models are restored
+    afterwards.
     """
     originals = draft.forward, target.lm.forward
     clock = ForwardClock(draft, target.lm)
     overheads = {}
     try:
         for k in (0, *STATIC_KS):
-            clock.seconds, wall, rounds = 0.0, 0.0, 0
+            ours, bare, matches = _Tally(), _Tally(), True
             for prompt in prompts:
-                if k == 0:
-                    result = autoregressive_generate(target, prompt, settings)
-                else:
-                    policy = make_policy("static", k)
-                    result = speculative_generate(draft, target, policy, prompt, settings, k)
-                wall += result.seconds
-                rounds += len(result.rounds)
-            outside = wall - clock.seconds
-            overheads[k] = EngineOverhead(outside / wall, outside / rounds * 1e6)
+                before = clock.seconds
+                result = _decode_ours(draft, target, prompt, settings, k)
+                ours.add(result.seconds, clock.seconds - before, len(result.rounds))
+                before = clock.seconds
+                floor = _decode_bare(draft, target.lm, prompt, settings, k)
+                bare.add(floor.seconds, clock.seconds - before, floor.rounds)
+                matches = matches and floor.output_ids == result.output_ids
+            overheads[k] = EngineOverhead(*ours.outside(), *bare.outside(), matches)
     finally:
         draft.forward, target.lm.forward = originals
     return overheads
+
+
+def _decode_ours(
+    draft: CachedLM, target: LocalTarget, prompt: torch.Tensor, settings: RequestSettings, k: int
+) -> GenerationResult:
+    """Decode ``prompt`` with our engine: target-only AR for ``k`` = 0, else static K."""
+    if k == 0:
+        return autoregressive_generate(target, prompt, settings)
+    return speculative_generate(draft, target, make_policy("static", k), prompt, settings, k)
+
+
+def _decode_bare(
+    draft: CachedLM, target: CachedLM, prompt: torch.Tensor, settings: RequestSettings, k: int
+) -> BareRun:
+    """Decode ``prompt`` with the bare loop matching ``_decode_ours``."""
+    max_new = settings.sampling.max_new_tokens
+    if k == 0:
+        return bare_autoregressive(target, prompt, max_new)
+    return bare_speculative(draft, target, prompt, k, max_new)
 
 
 def _summarise(
@@ -231,6 +357,9 @@ def _summarise(
     if overhead is not None:
         summary.overhead_fraction = overhead.fraction
         summary.overhead_us_per_round = overhead.us_per_round
+        summary.floor_overhead_fraction = overhead.floor_fraction
+        summary.floor_overhead_us_per_round = overhead.floor_us_per_round
+        summary.floor_matches = overhead.floor_matches
     if drafted:
         summary.acceptance_rate = sum(r.n_accepted for r in results) / drafted
         summary.mean_accepted = sum(r.accepted for r in rounds) / len(rounds)
@@ -388,13 +517,19 @@ def _ratios(results: list[MethodResult]) -> dict[str, float]:
 
 def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
     """Print the methods table, the target's block costs and the ratios."""
-    print(f"{'method':52} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'us/round':>9} {'=AR':>4}")
+    print(
+        f"{'method':52} {'tok/s':>8} {'accept':>7} {'overhead':>9} {'us/round':>9} "
+        f"{'floor':>6} {'us/round':>9} {'=AR':>4}"
+    )
     for r in results:
         accept = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
-        overhead = f"{r.overhead_fraction:.1%}" if r.overhead_fraction is not None else "-"
-        per_round = f"{r.overhead_us_per_round:.0f}" if r.overhead_us_per_round is not None else "-"
+        overhead = _cell(r.overhead_fraction, r.overhead_us_per_round)
+        floor = _cell(r.floor_overhead_fraction, r.floor_overhead_us_per_round)
         match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
-        cells = f"{r.tokens_per_s:8.1f} {accept:>7} {overhead:>9} {per_round:>9} {match:>4}"
+        if r.floor_matches is False:
+            match += " (floor's outputs differ)"
+        cells = f"{r.tokens_per_s:8.1f} {accept:>7} {overhead[0]:>9} {overhead[1]:>9} "
+        cells += f"{floor[0]:>6} {floor[1]:>9} {match:>4}"
         print(f"{r.method:52} {cells}")
     for path, costs in report["standalone_costs"].items():
         blocks = " ".join(f"{n}:{t * 1e3:.1f}" for n, t in costs["t_target"].items())
@@ -408,6 +543,13 @@ def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
         f"t_draft/t_target: {report['cost_ratio']:.3f}; best static vs AR: "
         f"{report['best_static_speedup_vs_ar']:.2f}x; JSON: {out}"
     )
+
+
+def _cell(fraction: float | None, us_per_round: float | None) -> tuple[str, str]:
+    """Return an overhead's table cells: its share and its microseconds a round, or dashes."""
+    if fraction is None or us_per_round is None:
+        return "-", "-"
+    return f"{fraction:.1%}", f"{us_per_round:.0f}"
 
 
 def _device_name(device: str) -> str:

@@ -1,4 +1,5 @@
-"""bench/engine.py end to end on the micro zoo: its JSON, and its model-dtype option."""
+"""bench/engine.py end to end on the micro zoo (its JSON, its model-dtype option), and its parts:
+the bare loops of the overhead floor and the order of the block-cost timings."""
 
 from __future__ import annotations
 
@@ -6,9 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from bench_scripts import load_bench_script, micro_pair_args
+from tiny_models import build_tiny_pair
+from tiny_models import prompts as tiny_prompts
 
 from training.zoo import ZooManifest
+from workers.lm import CachedLM
+from workers.records import RequestSettings, SamplingConfig
+from workers.target import LocalTarget
 
 
 def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str, *extra: str) -> dict:
@@ -37,6 +44,9 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
     assert len(ours) == 9 and all(m["matches_ar"] for m in ours)
     assert sum(m["method"].endswith("(unpacked weights)") for m in ours) == 3
     assert 0 <= min(m["overhead_fraction"] for m in ours) < 1
+    timed = [m for m in report["methods"] if m["overhead_fraction"] is not None]
+    assert len(timed) == 12  # AR and three static K on each of the three paths
+    assert all(m["floor_matches"] and 0 < m["floor_overhead_fraction"] < 1 for m in timed)
     for m in ours:  # microseconds a round: more than one, and less than a whole round takes
         rounds = m["tokens"] / (m["mean_accepted"] + 1)
         assert 1 < m["overhead_us_per_round"] < 1e6 * m["seconds"] / rounds * 2
@@ -77,3 +87,76 @@ def test_dtype_option_loads_both_models_in_it(
     assert report["dtype"] == dtype
     assert all(m["tokens"] == 2 * 8 for m in report["methods"])
     assert report["weights_packed"] is False  # only float32 on CPU packs
+
+
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[CachedLM, LocalTarget]:
+    """The tiny in-memory pair (its draft agrees with the target only part of the time)."""
+    draft, target = build_tiny_pair()
+    return CachedLM(draft), LocalTarget(CachedLM(target))
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 8])
+def test_the_bare_loop_makes_the_engines_decisions(tiny_pair, k: int) -> None:
+    """The floor's loop must do the engine's work: same tokens, same rounds (AR: tokens)."""
+    draft, target = tiny_pair
+    engine = load_bench_script("engine")
+    settings = RequestSettings(SamplingConfig(max_new_tokens=17))
+    rejected = 0
+    for prompt in tiny_prompts(6, seed=3):
+        ours = engine._decode_ours(draft, target, prompt, settings, k)
+        bare = engine._decode_bare(draft, target.lm, prompt, settings, k)
+        assert bare.output_ids == ours.output_ids
+        assert bare.rounds == len(ours.rounds)
+        assert bare.seconds > 0
+        rejected += sum(r.accepted < r.drafted for r in ours.rounds)
+    assert k in (0, 1) or rejected > 0  # the comparison covered rollbacks
+
+
+def test_overheads_report_ours_and_the_floor_side_by_side(tiny_pair) -> None:
+    draft, target = tiny_pair
+    engine = load_bench_script("engine")
+    settings = RequestSettings(SamplingConfig(max_new_tokens=12))
+    forwards = draft.forward, target.lm.forward
+    overheads = engine.engine_overheads(draft, target, tiny_prompts(3, seed=4), settings)
+    assert sorted(overheads) == [0, *engine.STATIC_KS]
+    for overhead in overheads.values():
+        assert overhead.floor_matches
+        assert 0 < overhead.fraction < 1 and 0 < overhead.floor_fraction < 1
+        assert overhead.us_per_round > 0 and overhead.floor_us_per_round > 0
+    assert (draft.forward, target.lm.forward) == forwards  # the clocks are taken off again
+
+
+class _SizeLog:
+    """Stands in for a target: records the size of every forward."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> None:
+        self.sizes.append(ids.numel())
+
+    def crop(self, length: int) -> None:
+        """Nothing cached, nothing to roll back."""
+
+    def reset(self) -> None:
+        self.sizes.clear()
+
+
+def test_block_costs_start_each_turn_warm_and_rotate_the_sizes() -> None:
+    """Each path's turn starts with an untimed one-token forward, then times every size once,
+    starting from a different size each repeat (the first timed forward of a turn is not
+    always the one-token step)."""
+    engine = load_bench_script("engine")
+    logs = {"a": (_SizeLog(), _SizeLog()), "b": (_SizeLog(), _SizeLog())}
+    costs = engine.standalone_costs(logs, [torch.arange(5)], max_block=4, max_new_tokens=6)
+    assert set(costs) == {"a", "b"} and all(
+        sorted(c.t_target) == [1, 2, 3, 4] for c in costs.values()
+    )
+    sizes = logs["a"][1].sizes[1:]  # after the context's prefill
+    turns = [sizes[i : i + 5] for i in range(0, len(sizes), 5)]
+    assert len(turns) == engine.BLOCK_REPEATS + 2
+    assert all(turn[0] == 1 and sorted(turn[1:]) == [1, 2, 3, 4] for turn in turns)
+    assert {turn[1] for turn in turns} == {1, 2, 3, 4}
