@@ -38,6 +38,7 @@ class HFHeuristicPolicy(DraftPolicy):
     """
 
     name: ClassVar[str] = "hf_heuristic"
+    keeps_every_candidate: ClassVar[bool] = True
 
     initial_draft_len: int = 5
     persist_across_requests: bool = False

@@ -13,6 +13,7 @@ class StaticPolicy(DraftPolicy):
     """Keep every candidate; the round stops at ``round_cap()`` = the sweep's max draft length K."""
 
     name: ClassVar[str] = "static"
+    keeps_every_candidate: ClassVar[bool] = True
 
     def decide(self, step: DraftStep) -> Decision:
         """Return KEEP_CONTINUE: a static policy never stops a round early."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import ClassVar
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from scipy import stats
 from tiny_models import build_tiny_pair, prompts
 
 from policies import POLICIES, make_policy
+from policies.static import StaticPolicy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM
 from workers.records import SamplingConfig
@@ -297,3 +299,27 @@ def test_a_stop_after_a_kept_candidate_costs_no_further_draft_forward(pair):
         generated += r.accepted + 1
     assert stopped and all(r.draft_forwards == r.drafted + 1 for r in stopped)
     assert all(r.drafted >= 1 for r in result.rounds[:-1])
+
+
+class _AskedStatic(StaticPolicy):
+    """Static K, but the engine is to ask it about every candidate."""
+
+    keeps_every_candidate: ClassVar[bool] = False
+
+
+class _NeverAsked(StaticPolicy):
+    """Static K whose ``decide`` fails: the engine must not call it."""
+
+    def decide(self, step):
+        raise AssertionError("a policy that keeps every candidate was asked")
+
+
+def test_a_policy_keeping_every_candidate_is_not_asked_and_drafts_the_same(pair) -> None:
+    draft, target = pair
+    settings = RequestSettings(GREEDY)
+    for prompt in prompts(8, seed=5):
+        asked = speculative_generate(draft, target, _AskedStatic(4), prompt, settings, 4)
+        skipped = speculative_generate(draft, target, _NeverAsked(4), prompt, settings, 4)
+        assert skipped.output_ids == asked.output_ids
+        rounds = [(r.drafted, r.accepted, r.draft_forwards) for r in skipped.rounds]
+        assert rounds == [(r.drafted, r.accepted, r.draft_forwards) for r in asked.rounds]

@@ -11,6 +11,7 @@ import pytest
 from policies import (
     FEATURE_NAMES,
     POLICIES,
+    Decision,
     DraftPolicy,
     DraftStep,
     DynamicThresholdConfig,
@@ -119,6 +120,22 @@ def test_static_drafts_to_the_cap() -> None:
     policy = make_policy("static", 3)
     start(policy)
     assert drafted_count(policy, entropy_steps([9.0] * 10)) == 3
+
+
+def test_policies_that_keep_every_candidate_decide_nothing() -> None:
+    """The engine skips ``decide`` for these: it must be KEEP_CONTINUE whatever the step shows,
+    and no policy that asks for features (which only ``decide`` sees) may claim it."""
+    keepers = {name for name, policy in POLICIES.items() if policy.keeps_every_candidate}
+    assert keepers == {"static", "hf_heuristic"}
+    steps = [
+        DraftStep(index=i, position=i + 3, token=i, entropy=e, max_prob=m)
+        for i, (e, m) in enumerate([(0.0, 1.0), (9.0, 0.01), (1.5, 0.4)], start=1)
+    ]
+    for name in keepers:
+        policy = make_policy(name, 8)
+        assert policy.features == frozenset()
+        start(policy)
+        assert {policy.decide(step) for step in steps} == {Decision.KEEP_CONTINUE}
 
 
 # --- dynamic threshold, max_confidence, adaedl ------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from policies import DraftPolicy, DraftStep, RequestContext, RoundOutcome
+from policies import Decision, DraftPolicy, DraftStep, RequestContext, RoundOutcome
 from workers.lm import CachedLM
 from workers.records import (
     GenerationResult,
@@ -196,7 +196,7 @@ def _draft_block(
     target_hidden: torch.Tensor | None,
 ) -> _Block:
     """Draft up to ``cap`` tokens after ``pending`` (the emitted tokens the draft has not run),
-    asking the policy what to do with each candidate.
+    asking the policy what to do with each candidate (unless it keeps every candidate).
 
     A draft forward follows a kept candidate only when the policy continues and the cap allows
     another: a stop before a candidate or after one (``Decision``) ends the round at once.
@@ -204,14 +204,13 @@ def _draft_block(
     block = _Block(tokens=[], token_probs=[], rows=[], entropies=[], max_probs=[], forwards=0)
     if cap <= 0:
         return block
-    wanted = policy.features
-    greedy, wants_token, wants_hidden = sampling.greedy, "token" in wanted, "hidden" in wanted
+    wanted, asks = policy.features, not policy.keeps_every_candidate
     wants_probs = "entropy" in wanted or "max_prob" in wanted
     step = draft.forward(pending, last_only=True)
     block.forwards = 1
     for index in range(1, cap + 1):
         # One row of logits (last_only); the token stays a [1] tensor, the next step's input.
-        if greedy:
+        if sampling.greedy:
             token, probs = step.logits.argmax(dim=-1), None
         else:
             probs = warp_probs(step.logits[0], sampling)
@@ -219,32 +218,45 @@ def _draft_block(
         entropy_value = max_prob = None
         if wants_probs:
             shown = probs if probs is not None else feature_probs(step.logits[0], sampling)
-            entropy_value = float(entropy(shown))
-            max_prob = float(shown.max())
-        candidate = DraftStep(
-            index=index,
-            position=n_generated + index - 1,
-            token=int(token) if wants_token else None,
-            entropy=entropy_value,
-            max_prob=max_prob,
-            hidden=step.hidden[-1] if wants_hidden else None,
-            target_hidden=target_hidden,
-        )
-        decision = policy.decide(candidate)
-        if not decision.keeps:
-            break
-        block.tokens.append(token)
-        if probs is not None:
-            block.rows.append(probs.cpu())
-            block.token_probs.append(probs[token].cpu())
-        if entropy_value is not None:
-            block.entropies.append(entropy_value)
-            block.max_probs.append(max_prob)
-        if not decision.continues or index == cap:
+            entropy_value, max_prob = float(entropy(shown)), float(shown.max())
+        decision = Decision.KEEP_CONTINUE
+        if asks:
+            candidate = DraftStep(
+                index=index,
+                position=n_generated + index - 1,
+                token=int(token) if "token" in wanted else None,
+                entropy=entropy_value,
+                max_prob=max_prob,
+                hidden=step.hidden[-1] if "hidden" in wanted else None,
+                target_hidden=target_hidden,
+            )
+            decision = policy.decide(candidate)
+            if not decision.keeps:
+                break
+        _add_candidate(block, token, probs, entropy_value, max_prob)
+        if index == cap or not decision.continues:
             break
         step = draft.forward(token, last_only=True)
         block.forwards += 1
     return block
+
+
+def _add_candidate(
+    block: _Block,
+    token: torch.Tensor,
+    probs: torch.Tensor | None,
+    entropy_value: float | None,
+    max_prob: float | None,
+) -> None:
+    """Append a kept candidate to ``block``: its token, and its draft row when sampling and the
+    features shown for it when there were any."""
+    block.tokens.append(token)
+    if probs is not None:
+        block.rows.append(probs.cpu())
+        block.token_probs.append(probs[token].cpu())
+    if entropy_value is not None:
+        block.entropies.append(entropy_value)
+        block.max_probs.append(max_prob)
 
 
 def autoregressive_generate(

@@ -67,7 +67,7 @@ def _verify_request(
 
 @dataclass(frozen=True)
 class VerifyResponse:
-    """The target's answer: accepted count, the next token or the rejected row, and timing.
+    """The target's answer: accepted count, and the next token or the rejected row.
 
     ``hidden`` is the target's last-layer hidden state at the position that produced the next
     token (for Cali-TS), when asked for.
@@ -77,7 +77,6 @@ class VerifyResponse:
     next_token: int | None
     rejected_row: torch.Tensor | None
     hidden: torch.Tensor | None
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -123,14 +122,12 @@ class LocalTarget:
         the target actor's calls): entering it again on every round cost about 8 µs of the
         engine's time with instant stand-in models.
         """
-        start = _now()
         scored = self._score(request)
         return VerifyResponse(
             n_accepted=scored.verdict.n_accepted,
             next_token=scored.verdict.next_token,
             rejected_row=scored.verdict.rejected_row,
             hidden=scored.hidden,
-            seconds=_now() - start,
         )
 
     def _score(self, request: VerifyRequest) -> _Scored:
