@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from policies import Decision, DraftPolicy, DraftStep, RequestContext, RoundOutcome
+from policies import DraftPolicy, DraftStep, RequestContext, RoundOutcome
 from workers.lm import CachedLM
 from workers.records import (
     GenerationResult,
@@ -84,6 +84,7 @@ def speculative_generate(
     output: list[int] = []
     rounds: list[RoundRecord] = []
     target_hidden = None
+    want_hidden = "target_hidden" in policy.features
     stopped_on_eos = False
     while len(output) < sampling.max_new_tokens and not stopped_on_eos:
         round_start = time.perf_counter()
@@ -94,11 +95,10 @@ def speculative_generate(
             draft, policy, pending, len(output), cap, sampling, generator, target_hidden
         )
         drafted_at = time.perf_counter()
-        want_hidden = "target_hidden" in policy.features
         n_accepted, new_tokens, target_hidden = _verify_block(
             target, pending, block, sampling, want_hidden, generator
         )
-        draft.crop(min(draft.cached_len, len(sequence) + n_accepted))
+        draft.crop(len(sequence) + n_accepted)  # a no-op when the draft holds no more
         sequence.extend(new_tokens)
         output.extend(new_tokens)
         policy.update(RoundOutcome(len(block.tokens), n_accepted, max_draft_len))
@@ -204,13 +204,13 @@ def _draft_block(
     block = _Block(tokens=[], token_probs=[], rows=[], entropies=[], max_probs=[], forwards=0)
     if cap <= 0:
         return block
-    wanted, asks = policy.features, not policy.keeps_every_candidate
+    wanted, asks, greedy = policy.features, not policy.keeps_every_candidate, sampling.greedy
     wants_probs = "entropy" in wanted or "max_prob" in wanted
     step = draft.forward(pending, last_only=True)
     block.forwards = 1
     for index in range(1, cap + 1):
         # One row of logits (last_only); the token stays a [1] tensor, the next step's input.
-        if sampling.greedy:
+        if greedy:
             token, probs = step.logits.argmax(dim=-1), None
         else:
             probs = warp_probs(step.logits[0], sampling)
@@ -219,7 +219,7 @@ def _draft_block(
         if wants_probs:
             shown = probs if probs is not None else feature_probs(step.logits[0], sampling)
             entropy_value, max_prob = float(entropy(shown)), float(shown.max())
-        decision = Decision.KEEP_CONTINUE
+        continues = True
         if asks:
             candidate = DraftStep(
                 index=index,
@@ -233,24 +233,26 @@ def _draft_block(
             decision = policy.decide(candidate)
             if not decision.keeps:
                 break
-        _add_candidate(block, token, probs, entropy_value, max_prob)
-        if index == cap or not decision.continues:
+            continues = decision.continues
+        block.tokens.append(token)
+        if probs is not None or entropy_value is not None:
+            _add_shown(block, token, probs, entropy_value, max_prob)
+        if index == cap or not continues:
             break
         step = draft.forward(token, last_only=True)
         block.forwards += 1
     return block
 
 
-def _add_candidate(
+def _add_shown(
     block: _Block,
     token: torch.Tensor,
     probs: torch.Tensor | None,
     entropy_value: float | None,
     max_prob: float | None,
 ) -> None:
-    """Append a kept candidate to ``block``: its token, and its draft row when sampling and the
+    """Record what a kept candidate was drafted from: its draft row when sampling, and the
     features shown for it when there were any."""
-    block.tokens.append(token)
     if probs is not None:
         block.rows.append(probs.cpu())
         block.token_probs.append(probs[token].cpu())
