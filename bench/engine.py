@@ -40,6 +40,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from orchestrator.preflight import resolve_model_path
@@ -243,7 +244,7 @@ def bare_speculative(
     sequence, prompt_len, rounds = prompt.tolist(), prompt.numel(), 0
     while len(sequence) - prompt_len < max_new_tokens:
         cap = min(k, max_new_tokens - (len(sequence) - prompt_len) - 1)
-        pending = torch.tensor(sequence[draft.cached_len :])
+        pending = torch.tensor(sequence[draft.cached_len :], device=draft.device)
         tokens = [pending[-1:]]
         if cap > 0:
             tokens.append(draft.forward(pending, last_only=True).logits.argmax(dim=-1))
@@ -295,19 +296,23 @@ class _Tally:
 
 
 def engine_overheads(
-    draft: CachedLM, target: LocalTarget, prompts: list[torch.Tensor], settings: RequestSettings
+    draft: CachedLM,
+    target: LocalTarget,
+    prompts: list[torch.Tensor],
+    settings: RequestSettings,
+    progress: str | None = None,
 ) -> dict[int, EngineOverhead]:
     """Return, for AR (key 0) and each static K, the time spent outside model forwards, ours
     and the bare loop's (the floor), which take turns prompt by prompt.
 
     Every ``forward`` of both models is timed while this runs; the models are restored
-    afterwards.
+    afterwards. ``progress``, when given, labels a progress bar over the methods.
     """
     originals = draft.forward, target.lm.forward
     clock = ForwardClock(draft, target.lm)
     overheads = {}
     try:
-        for k in (0, *STATIC_KS):
+        for k in tqdm((0, *STATIC_KS), desc=progress, disable=progress is None):
             ours, bare, matches = _Tally(), _Tally(), True
             for prompt in prompts:
                 before = clock.seconds
@@ -384,7 +389,9 @@ def _run_ours(
     runs = compare_static_k(
         target, {"": draft}, ids, settings, STATIC_KS, f"AR and static K, interleaved{suffix}"
     )
-    overheads = engine_overheads(draft, target, ids, settings)
+    overheads = engine_overheads(
+        draft, target, ids, settings, f"engine overhead and its floor{suffix}"
+    )
     outputs = [r.output_ids for r in runs.ar]
     reference = reference or outputs
     results = [_summarise(f"target-only AR{suffix}", runs.ar, overheads[0], reference)]
