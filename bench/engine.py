@@ -94,12 +94,14 @@ def _median_seconds(step, repeats: int) -> float:
     """Return the median wall time of ``step()`` over ``repeats`` calls after two warm-ups."""
     step()
     step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_seconds(step) for _ in range(repeats))
+
+
+def _seconds(step) -> float:
+    """Return the wall time of one ``step()`` call."""
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -143,9 +145,9 @@ def standalone_costs(
     for repeat in range(BLOCK_REPEATS + 2):
         order = sizes[repeat % max_block :] + sizes[: repeat % max_block]
         for path, (_, target) in models.items():
-            _block_seconds(target, context[-1:], base)
+            _step(target, context[-1:], base, last_only=False)()
             for n in order:
-                seconds = _block_seconds(target, context[-n:], base)
+                seconds = _seconds(_step(target, context[-n:], base, last_only=False))
                 if repeat >= 2:
                     samples[path, n].append(seconds)
     return {
@@ -156,21 +158,12 @@ def standalone_costs(
     }
 
 
-def _block_seconds(target: CachedLM, block: torch.Tensor, base: int) -> float:
-    """Return the seconds of one cached target forward of ``block``, rolled back to ``base``."""
-    synchronize(target.device)
-    start = time.perf_counter()
-    target.forward(block)
-    target.crop(base)
-    synchronize(target.device)
-    return time.perf_counter() - start
-
-
-def _step(lm: CachedLM, token: torch.Tensor, base: int):
-    """Return a callable running one cached step of ``token`` and rolling back to ``base``."""
+def _step(lm: CachedLM, ids: torch.Tensor, base: int, last_only: bool = True):
+    """Return a callable running one cached forward of ``ids`` (through the head at the last
+    position only, or at all), waiting for the device, and rolling back to ``base``."""
 
     def step() -> None:
-        lm.forward(token, last_only=True)
+        lm.forward(ids, last_only=last_only)
         lm.crop(base)
         synchronize(lm.device)
 
@@ -256,7 +249,7 @@ def bare_speculative(
         drafted = block.tolist()[1:]
         accepted = next((i for i, t in enumerate(drafted) if t != choices[i]), len(drafted))
         target.crop(base + accepted)
-        draft.crop(min(draft.cached_len, len(sequence) + accepted))
+        draft.crop(len(sequence) + accepted)  # a no-op when the draft holds no more
         sequence += [*drafted[:accepted], choices[accepted]]
         rounds += 1
     return BareRun(sequence[prompt_len:], time.perf_counter() - start, rounds)
