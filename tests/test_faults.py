@@ -48,6 +48,10 @@ ACTOR_DEATH = ("ActorDiedError", "RayActorError", "ActorUnavailableError")
 EXIT_TIMEOUT_S = 30.0
 
 CODE_DATASET = {"name": "builtin:code", "samples": SAMPLES, "max_new_tokens": 12}
+#: The killed-driver test must catch a trial running after one is done: with 12 new tokens a
+#: micro trial ran for too short a time for its poll to see that on a fast VM (the sweep ended
+#: first), so its trials decode longer.
+DRIVER_DATASET = {**CODE_DATASET, "max_new_tokens": 160}
 #: The AR baseline and four policy trials: static K=4, SVIP at two thresholds, AdaEDL.
 FIVE_POLICIES = [
     {"name": "static"},
@@ -517,7 +521,7 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
     zoo_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     sweep_file = tmp_path / "driver.yaml"
-    sweep_file.write_text(sweep_yaml("driver"))
+    sweep_file.write_text(sweep_yaml("driver", datasets=[DRIVER_DATASET]))
     plan = plan_sweep(parse_sweep(sweep_file.read_text(), str(sweep_file)))
     url = f"sqlite:///{tmp_path / 'results.db'}"
     logs = [(tmp_path / f"submit-{n}.log").open("w") for n in (1, 2)]
