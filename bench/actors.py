@@ -1,19 +1,27 @@
-"""Actor overhead: the same trials in one process and split across Ray actors, side by side.
+"""Split overhead: the same trials in one process, in two plain processes and on Ray actors.
 
 Runs target-only AR and static-K speculative decoding on one pair and prompt set, greedy, in
-process (draft and target in this process, one torch thread, as each actor has) and with the
-target in a TargetWorker and the draft in a DraftWorker, after both placements have decoded the
-prompts once untimed. The placements take turns prompt by prompt (each prompt one trial, the
-placement that goes first alternating), over ``--repeats`` passes: on this repository's 2-core
-machine the same prompt's cost drifts by up to ±20% over tens of seconds, and turns a whole
-trial long left that drift in the ratio (two runs of 6-prompt trials on SmolLM2 gave static
-K = 4 0.884× and 0.962×, each interval excluding the other's figure). Checks that outputs and
-accepted counts are identical and reports tokens/s of both and their ratio, with a paired
-bootstrap 95% interval over (prompt, repeat) samples and every sample's seconds, as JSON.
+three placements (``bench/placements.py``), each after decoding the prompts once untimed:
+
+- ``in_process``: draft and target in this process, one torch thread (as each actor has);
+- ``processes``: the actors' own classes without Ray, in two spawned processes, the draft
+  calling the target over the same direct channel: what any two-process split costs;
+- ``actors``: the target in a TargetWorker and the draft in a DraftWorker, as sweeps run them.
+
+The placements take turns prompt by prompt (each prompt one trial, the order rotating from
+prompt to prompt and from repeat to repeat), over ``--repeats`` passes: on this repository's
+2-core machine the same prompt's cost drifts by up to ±20% over tens of seconds, and turns a
+whole trial long left that drift in the ratio (two runs of 6-prompt trials on SmolLM2 gave
+static K = 4 0.884× and 0.962×, each interval excluding the other's figure). Checks that
+outputs and accepted counts are identical and reports each placement's tokens/s and three
+ratios: actors over in process (the split's whole cost, the figure the README's bound is on),
+processes over in process (the split without Ray) and actors over processes (Ray's share), each
+with a paired bootstrap 95% interval over (prompt, repeat) samples, and every sample's seconds,
+as JSON.
 
 Per round, each placement's time is split into drafting, verifying and the rest, and what its
 processes used is reported beside it (``getrusage`` around each sample's call: this process in
-process; both actors' processes on actors): CPU ms, voluntary switches (blocking: a socket, a
+process; both workers' processes otherwise): CPU ms, voluntary switches (blocking: a socket, a
 lock, the GIL, a device), involuntary ones (preemption) and minor page faults (memory mapped
 afresh, as when freed memory went back to the system). A placement that is slower with the
 same CPU ms per round waits more; one with more CPU ms does more work or runs its work slower.
@@ -31,32 +39,29 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import ray
 import torch
+from placements import PLACEMENTS, start_placements
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from orchestrator.metrics import TrialMetrics, trial_metrics
 from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
-from workers.actors import DraftWorker, ModelSpec, TargetWorker
+from workers.actors import ModelSpec
 from workers.json_files import write_json
-from workers.lm import DTYPES, CachedLM, SingleStepCalibration, load_causal_lm
-from workers.process_usage import (
-    MachineUsage,
-    ProcessUsage,
-    actor_process_usage,
-    machine_usage,
-    process_usage,
-)
+from workers.lm import DTYPES
+from workers.process_usage import MachineUsage, ProcessUsage, machine_usage
 from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
-from workers.target import LocalTarget
-from workers.trial import BASELINE_POLICY, GPU_WARMUP_SECONDS, TrialRequest, run_trial, warm_up
+from workers.trial import BASELINE_POLICY, GPU_WARMUP_SECONDS, TrialRequest
+
+#: The ratios reported, (numerator, denominator) placements.
+RATIOS = (("actors", "in_process"), ("processes", "in_process"), ("actors", "processes"))
 
 
 @dataclass
@@ -138,71 +143,63 @@ def _usage_per_round(runs: PlacementRuns, metrics: TrialMetrics) -> dict[str, fl
     }
 
 
-def _method_report(local_runs: PlacementRuns, split_runs: PlacementRuns) -> dict:
-    """Return one method's figures in both placements and whether their rounds agree.
+def _ratio(runs: dict[str, PlacementRuns], over: str, under: str) -> dict:
+    """Return placement ``over``'s tokens/s over ``under``'s, with its paired 95% interval."""
+    a, b = runs[over].results, runs[under].results
+    interval = paired_speed_ratio(
+        [r.n_generated for r in a],
+        [r.seconds for r in a],
+        [r.n_generated for r in b],
+        [r.seconds for r in b],
+    )
+    return {
+        "ratio": _tokens_per_s(a) / _tokens_per_s(b),
+        "ci95": None if interval is None else [interval.low, interval.high],
+    }
 
-    The ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples, each listed
-    with its tokens and seconds in both placements; ``per_round_ms`` splits each placement's
+
+def _method_report(runs: dict[str, PlacementRuns]) -> dict:
+    """Return one method's figures in every placement and whether their rounds agree.
+
+    Each ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples, each listed
+    with its tokens and seconds in every placement; ``per_round_ms`` splits each placement's
     rounds into drafting, verifying and the rest (``_round_split``), ``usage_per_round`` says
     what its processes used (``_usage_per_round``).
     """
-    local, split = local_runs.results, split_runs.results
-    places = {"in_process": local_runs, "actors": split_runs}
-    metrics = {place: trial_metrics(runs.results) for place, runs in places.items()}
-    in_process, actors = _tokens_per_s(local), _tokens_per_s(split)
-    ratio = paired_speed_ratio(
-        [r.n_generated for r in split],
-        [r.seconds for r in split],
-        [r.n_generated for r in local],
-        [r.seconds for r in local],
-    )
+    metrics = {place: trial_metrics(placed.results) for place, placed in runs.items()}
+    reference = runs["in_process"].results
+    samples = zip(*(placed.results for placed in runs.values()), strict=True)
     return {
-        "in_process_tokens_per_s": in_process,
-        "actors_tokens_per_s": actors,
-        "actors_over_in_process": actors / in_process,
-        "ratio_ci95": None if ratio is None else [ratio.low, ratio.high],
+        "tokens_per_s": {place: _tokens_per_s(placed.results) for place, placed in runs.items()},
+        "ratios": {f"{a}/{b}": _ratio(runs, a, b) for a, b in RATIOS},
         "per_sample": [
-            {"tokens": a.n_generated, "in_process_s": a.seconds, "actors_s": b.seconds}
-            for a, b in zip(local, split, strict=True)
+            {"tokens": row[0].n_generated}
+            | {f"{place}_s": r.seconds for place, r in zip(runs, row, strict=True)}
+            for row in samples
         ],
-        "per_round_ms": {place: _round_split(metrics[place]) for place in places},
+        "per_round_ms": {place: _round_split(metrics[place]) for place in runs},
         "usage_per_round": {
-            place: _usage_per_round(runs, metrics[place]) for place, runs in places.items()
+            place: _usage_per_round(placed, metrics[place]) for place, placed in runs.items()
         },
-        "same_outputs": [r.output_ids for r in local] == [r.output_ids for r in split],
-        "same_accepted_counts": [r.n_accepted for r in local] == [r.n_accepted for r in split],
+        "same_outputs": all(
+            [r.output_ids for r in placed.results] == [r.output_ids for r in reference]
+            for placed in runs.values()
+        ),
+        "same_accepted_counts": all(
+            [r.n_accepted for r in placed.results] == [r.n_accepted for r in reference]
+            for placed in runs.values()
+        ),
     }
 
 
-def _asdict(calibration: SingleStepCalibration | None) -> dict | None:
-    """Return a one-token step calibration as JSON-ready fields (None when there is none)."""
-    return None if calibration is None else asdict(calibration)
-
-
-def _warm_both(
-    args: argparse.Namespace, draft: CachedLM, target: LocalTarget, draft_actor, request
-) -> float:
-    """Decode ``request`` untimed in both placements for the warm-up time; return that time."""
+def _warm_all(args: argparse.Namespace, placements: list, request: TrialRequest) -> float:
+    """Decode ``request`` untimed in every placement for the warm-up time; return that time."""
     warmup = args.warmup_seconds
     if warmup is None:
         warmup = GPU_WARMUP_SECONDS if torch.device(args.device).type == "cuda" else 0.0
-    warm_up(draft, target, request, warmup)
-    ray.get(draft_actor.warm_up.remote(request, warmup))
+    for placement in placements:
+        placement.warm_up(request, warmup)
     return warmup
-
-
-def _calibrations(draft: CachedLM, target: LocalTarget, draft_actor, target_actor) -> dict:
-    """Return the one-token step calibrations of both models in both placements."""
-    return {
-        "in_process": {
-            "draft": _asdict(draft.calibration),
-            "target": _asdict(target.lm.calibration),
-        },
-        "actors": {
-            "draft": _asdict(ray.get(draft_actor.single_step_calibration.remote())),
-            "target": _asdict(ray.get(target_actor.single_step_calibration.remote())),
-        },
-    }
 
 
 def _padding(calibrations: dict) -> str:
@@ -214,7 +211,7 @@ def _padding(calibrations: dict) -> str:
 
 
 def _splits(figures: dict) -> str:
-    """Return both placements' per-round time splits as text."""
+    """Return every placement's per-round time split as text."""
     return "; ".join(
         f"{place} "
         + " / ".join(f"{split[part]:.2f}" for part in ("draft_ms", "verify_ms", "rest_ms"))
@@ -223,7 +220,7 @@ def _splits(figures: dict) -> str:
 
 
 def _usages(figures: dict) -> str:
-    """Return both placements' CPU ms, context switches and page faults per round as text."""
+    """Return every placement's CPU ms, context switches and page faults per round as text."""
     return "; ".join(
         f"{place} {usage['cpu_ms']:.2f} ms ({usage['system_ms']:.2f} in the kernel), "
         f"{usage['voluntary_switches']:.1f} + {usage['involuntary_switches']:.1f}, "
@@ -244,91 +241,68 @@ def _ci(bounds: list[float] | None) -> str:
     return "n/a" if bounds is None else f"{bounds[0]:.3f}-{bounds[1]:.3f}"
 
 
-def _actors_usage(actors: list) -> ProcessUsage:
-    """Return the summed usage of the actors' processes so far."""
-    usages = ray.get([actor.__ray_call__.remote(actor_process_usage) for actor in actors])
-    return sum(usages, ProcessUsage())
-
-
-def _run_one(
-    runs: PlacementRuns, request: TrialRequest, in_process: bool, models: tuple, actors: list
-) -> None:
-    """Run ``request`` in process (``models``: draft and target) or on ``actors`` (the draft
-    actor first); add its results to ``runs``, and what the placement's processes used."""
-    usage = process_usage if in_process else partial(_actors_usage, actors)
-    before, machine_before = usage(), machine_usage()
-    if in_process:
-        runs.results.extend(run_trial(*models, request))
-    else:
-        runs.results.extend(ray.get(actors[0].run_trial.remote(request)))
+def _run_one(runs: PlacementRuns, request: TrialRequest, placement) -> None:
+    """Run ``request`` in ``placement``; add its results to ``runs``, and what the placement's
+    processes and the machine used meanwhile."""
+    before, machine_before = placement.usage(), machine_usage()
+    runs.results.extend(placement.run(request))
     machine_after = machine_usage()  # None on every read or on none: /proc/stat is there or not
-    runs.usage += usage() - before
+    runs.usage += placement.usage() - before
     runs.machine = (
         None if machine_before is None else runs.machine + (machine_after - machine_before)
     )
 
 
 def _take_turns(
-    draft: CachedLM,
-    target: LocalTarget,
-    actors: list,
-    requests: dict,
+    placements: list,
+    requests: dict[str, TrialRequest],
     repeats: int,
-    after_turn: Callable[[dict, dict, int], None],
-) -> tuple[dict[str, PlacementRuns], dict[str, PlacementRuns]]:
-    """Run every (repeat, prompt, method) in both placements back to back, the one that goes
-    first alternating from prompt to prompt and from repeat to repeat; return each method's
-    runs in process and on the actors (``actors``: the draft actor, then the target's), with
-    the results in the same order. ``after_turn(local, split, turns_done)`` runs after each
-    (repeat, prompt) turn."""
-    local = {name: PlacementRuns() for name in requests}
-    split = {name: PlacementRuns() for name in requests}
+    after_turn: Callable[[dict, int], None],
+) -> dict[str, dict[str, PlacementRuns]]:
+    """Run every (repeat, prompt, method) in every placement back to back, the one that goes
+    first rotating from prompt to prompt and from repeat to repeat; return each method's runs
+    per placement, the results in the same order. ``after_turn(runs, turns_done)`` runs after
+    each (repeat, prompt) turn."""
+    runs = {name: {p.name: PlacementRuns() for p in placements} for name in requests}
     prompts = next(iter(requests.values())).prompts
     turns = [(repeat, index) for repeat in range(repeats) for index in range(len(prompts))]
-    progress = tqdm(turns, desc="prompts in both placements, in turns")
+    progress = tqdm(turns, desc="prompts in every placement, in turns")
     for done, (repeat, index) in enumerate(progress, start=1):
-        prompt = prompts[index]
-        order = (True, False) if (repeat + index) % 2 == 0 else (False, True)
+        shift = (repeat + index) % len(placements)
+        order = placements[shift:] + placements[:shift]
         for name, request in requests.items():
-            one = replace(request, prompts=[prompt], warmup_samples=0)
-            for in_process in order:
-                runs = (local if in_process else split)[name]
-                _run_one(runs, one, in_process, (draft, target), actors)
-        after_turn(local, split, done)
-    return local, split
+            one = replace(request, prompts=[prompts[index]], warmup_samples=0)
+            for placement in order:
+                _run_one(runs[name][placement.name], one, placement)
+        after_turn(runs, done)
+    return runs
 
 
-def _save_so_far(out: Path, report: dict, local: dict, split: dict, done: int) -> None:
+def _save_so_far(out: Path, report: dict, runs: dict, done: int) -> None:
     """Write ``report`` with the methods' figures over the first ``done`` turns, marked
     incomplete, so a run stopped early (a GPU lease ending, say) still leaves its figures."""
-    methods = {name: _method_report(local[name], split[name]) for name in local}
+    methods = {name: _method_report(placed) for name, placed in runs.items()}
     write_json(out, {**report, "complete": False, "turns_done": done, "methods": methods})
 
 
-def _start_actors(args: argparse.Namespace, target_path: Path, draft_path: Path) -> list:
-    """Start the target actor, then, once it is ready, the draft actor; return [draft, target].
-
-    One after the other, as a sweep's worker group starts them
-    (``orchestrator.replica.GroupReplica``): each model's one-token step calibration
-    (``CachedLM.calibrate_single_step``) then runs while the other actor is idle. Started
-    together, the draft's calibration ran while the target loaded, measured 7.3 ms for one
-    token against 6.0 for two (3.7 against 4.1 in process) and padded the draft's steps.
-    """
-    # An actor loads on cuda when Ray gives it a GPU share (workers.actors._device).
-    gpus = 0.25 if torch.device(args.device).type == "cuda" else 0
-    target_actor = TargetWorker.options(num_cpus=1, num_gpus=gpus).remote(
-        ModelSpec(str(target_path), args.dtype)
+def _print_method(name: str, figures: dict) -> None:
+    """Print one method's tokens/s, ratios, round splits and usage."""
+    speeds = "  ".join(f"{place} {v:7.1f}" for place, v in figures["tokens_per_s"].items())
+    print(f"{name:14} tok/s: {speeds}")
+    ratios = "  ".join(
+        f"{key} {r['ratio']:.3f} (95% CI {_ci(r['ci95'])})" for key, r in figures["ratios"].items()
     )
-    ray.get(target_actor.node_id.remote())
-    draft_actor = DraftWorker.options(num_cpus=1, num_gpus=gpus).remote(
-        ModelSpec(str(draft_path), args.dtype), [target_actor]
+    print(f"{'':14} {ratios}")
+    print(
+        f"{'':14} same outputs {figures['same_outputs']}, "
+        f"same accepted {figures['same_accepted_counts']}"
     )
-    ray.get(draft_actor.node_id.remote())
-    return [draft_actor, target_actor]
+    print(f"{'':14} ms per round (draft / verify / rest): {_splits(figures)}")
+    print(f"{'':14} per round (CPU, voluntary + involuntary switches): {_usages(figures)}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run both placements in turns, print the comparison and write JSON; return exit code."""
+    """Run the placements in turns, print the comparison and write JSON; return exit code."""
     args = _parse_args(argv)
     torch.set_num_threads(1)
     target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
@@ -341,12 +315,10 @@ def main(argv: list[str] | None = None) -> int:
             prompts, sampling, "static", max_draft_len=args.k, warmup_samples=1
         ),
     }
-    draft = CachedLM(load_causal_lm(draft_path, args.dtype, args.device))
-    target = LocalTarget(CachedLM(load_causal_lm(target_path, args.dtype, args.device)))
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    actors = _start_actors(args, target_path, draft_path)
-    draft_actor, target_actor = actors
-    warmup = _warm_both(args, draft, target, draft_actor, requests[f"static K={args.k}"])
+    models = ModelSpec(str(draft_path), args.dtype), ModelSpec(str(target_path), args.dtype)
+    placements = start_placements(*models, args.device)
+    warmup = _warm_all(args, placements, requests[f"static K={args.k}"])
     report = {
         "target": str(target_path),
         "draft": str(draft_path),
@@ -356,23 +328,16 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "warmup_seconds": warmup,
         "dtype": args.dtype,
+        "placements": list(PLACEMENTS),
     }
     save_so_far = partial(_save_so_far, args.out, report)
-    local, split = _take_turns(draft, target, actors, requests, args.repeats, save_so_far)
+    runs = _take_turns(placements, requests, args.repeats, save_so_far)
     report["complete"], report["turns_done"] = True, args.repeats * len(prompts)
-    report["methods"] = {name: _method_report(local[name], split[name]) for name in requests}
-    report["single_step_calibration"] = _calibrations(draft, target, draft_actor, target_actor)
+    report["methods"] = {name: _method_report(placed) for name, placed in runs.items()}
+    report["single_step_calibration"] = {p.name: p.calibrations() for p in placements}
     ray.shutdown()
     for name, figures in report["methods"].items():
-        print(
-            f"{name:14} in-process {figures['in_process_tokens_per_s']:7.1f} tok/s  actors "
-            f"{figures['actors_tokens_per_s']:7.1f} tok/s  ratio "
-            f"{figures['actors_over_in_process']:.3f} (95% CI {_ci(figures['ratio_ci95'])})  "
-            f"same outputs {figures['same_outputs']}  "
-            f"same accepted {figures['same_accepted_counts']}"
-        )
-        print(f"{'':14} ms per round (draft / verify / rest): {_splits(figures)}")
-        print(f"{'':14} per round (CPU, voluntary + involuntary switches): {_usages(figures)}")
+        _print_method(name, figures)
     write_json(args.out, report)
     padded = _padding(report["single_step_calibration"])
     print(f"one-token steps padded: {padded}; JSON: {args.out}")

@@ -15,6 +15,8 @@ from bench_scripts import micro_pair_args
 from training.zoo import ZooManifest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "actors.py"
+#: The placements the bench compares, in order.
+PLACES = ("in_process", "processes", "actors")
 
 
 def _command(micro_zoo: ZooManifest, out: Path, samples: int, repeats: int) -> list[str]:
@@ -23,7 +25,7 @@ def _command(micro_zoo: ZooManifest, out: Path, samples: int, repeats: int) -> l
     return [sys.executable, str(BENCH), *micro_pair_args(micro_zoo), *options, "--out", str(out)]
 
 
-def test_both_placements_decode_alike_and_report_their_calibrations(
+def test_every_placement_decodes_alike_and_reports_its_calibrations(
     micro_zoo: ZooManifest, tmp_path: Path
 ) -> None:
     out = tmp_path / "actors.json"
@@ -33,17 +35,27 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["complete"] is True and report["turns_done"] == 2 * 3
+    assert report["placements"] == list(PLACES)
     assert set(report["methods"]) == {"ar", "static K=4"}
     for name, figures in report["methods"].items():
         assert figures["same_outputs"] and figures["same_accepted_counts"]
-        assert figures["in_process_tokens_per_s"] > 0 and figures["actors_tokens_per_s"] > 0
-        low, high = figures["ratio_ci95"]
-        assert low <= figures["actors_over_in_process"] <= high
+        speeds = figures["tokens_per_s"]
+        assert set(speeds) == set(PLACES) and all(v > 0 for v in speeds.values())
+        assert set(figures["ratios"]) == {
+            "actors/in_process",
+            "processes/in_process",
+            "actors/processes",
+        }
+        for key, ratio in figures["ratios"].items():
+            over, under = key.split("/")
+            assert ratio["ratio"] == pytest.approx(speeds[over] / speeds[under])
+            low, high = ratio["ci95"]
+            assert low <= ratio["ratio"] <= high
         samples = figures["per_sample"]  # one per (repeat, prompt), each placement timed
         assert len(samples) == 2 * 3 and all(s["tokens"] == 8 for s in samples)
-        for place in ("in_process", "actors"):
+        for place in PLACES:
             seconds = sum(s[f"{place}_s"] for s in samples)
-            assert figures[f"{place}_tokens_per_s"] == pytest.approx(48 / seconds)
+            assert speeds[place] == pytest.approx(48 / seconds)
             split = figures["per_round_ms"][place]
             assert split["verify_ms"] > 0 and split["rest_ms"] > -1e-6
             usage = figures["usage_per_round"][place]
@@ -58,12 +70,14 @@ def test_both_placements_decode_alike_and_report_their_calibrations(
                 total = split["draft_ms"] + split["verify_ms"] + split["rest_ms"]
                 assert split["draft_ms"] == 0
                 assert total * 48 == pytest.approx(1000 * seconds)
-    for place in ("in_process", "actors"):
+    for place in PLACES:
         for model in ("draft", "target"):
             calibration = report["single_step_calibration"][place][model]
             assert calibration["one_token_s"] > 0 and calibration["two_tokens_s"] > 0
     assert "one-token steps padded: in_process draft" in run.stdout
+    assert "processes draft" in run.stdout
     assert "per round (CPU, voluntary + involuntary switches): in_process" in run.stdout
+    assert "actors/processes" in run.stdout
     assert report["warmup_seconds"] == 0.0
 
 
@@ -88,4 +102,4 @@ def test_a_run_stopped_early_leaves_the_figures_of_its_finished_turns(
     assert report["complete"] is False and 1 <= report["turns_done"] < 1000 * 2
     for figures in report["methods"].values():
         assert len(figures["per_sample"]) == report["turns_done"]
-        assert figures["in_process_tokens_per_s"] > 0 and figures["actors_tokens_per_s"] > 0
+        assert all(figures["tokens_per_s"][place] > 0 for place in PLACES)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from multiprocessing import AuthenticationError
+from multiprocessing import AuthenticationError, Pipe
 
 import pytest
 
-from workers.channel import ChannelClient, serve_channel
+from workers.channel import ChannelClient, serve_channel, serve_connection
 
 
 class _Recorder:
@@ -31,7 +31,7 @@ class _Recorder:
 def served():
     recorder = _Recorder()
     address = serve_channel("127.0.0.1", recorder)
-    client = ChannelClient(address)
+    client = ChannelClient.connect(address)
     yield recorder, address, client
     client.close()
 
@@ -53,24 +53,45 @@ def test_the_targets_exception_is_raised_on_the_calling_side(served):
     assert client.receive() == ("prefill", "fine")
 
 
-def test_only_prefill_and_verify_are_served(served):
+def test_only_the_per_request_calls_are_served(served):
     recorder, _, client = served
-    client.send("generate", 1)
-    with pytest.raises(ValueError, match="'generate' is not served"):
+    client.send("lm_reset")
+    with pytest.raises(ValueError, match="'lm_reset' is not served"):
         client.receive()
-    assert recorder.calls == []
+    assert client.call("generate", 1) == ("generate", 1)
+    assert [method for method, _ in recorder.calls] == ["generate"]
+
+
+def test_any_connection_serves_the_methods_it_is_given():
+    """A pipe end served on a thread answers its own method set through the same framing."""
+    recorder = _Recorder()
+    near, far = Pipe()
+    server = threading.Thread(
+        target=serve_connection, args=(far, recorder, frozenset({"usage"})), daemon=True
+    )
+    server.start()
+    client = ChannelClient(near)
+    assert client.call("usage", 3) == ("usage", 3)
+    with pytest.raises(ValueError, match="'verify' is not served"):
+        client.call("verify", 4)
+    client.close()  # the server returns once its client hangs up
+    server.join(10)
+    assert not server.is_alive()
+    assert recorder.calls == [("usage", (3,))]
 
 
 def test_a_client_without_the_key_is_refused_and_the_target_keeps_serving(served):
     recorder, address, client = served
     with pytest.raises(AuthenticationError):
-        ChannelClient(replace(address, authkey=b"not the key"))
+        ChannelClient.connect(replace(address, authkey=b"not the key"))
     client.send("verify", 7)
     assert client.receive() == ("verify", 7)
     # The listener survives the failed handshake: a client with the key still gets in (a dead
     # listener would leave it waiting for the challenge for ever, hence the thread).
     connected: list[ChannelClient] = []
-    opener = threading.Thread(target=lambda: connected.append(ChannelClient(address)), daemon=True)
+    opener = threading.Thread(
+        target=lambda: connected.append(ChannelClient.connect(address)), daemon=True
+    )
     opener.start()
     opener.join(10)
     assert connected, "no new client was accepted after a failed handshake"
@@ -94,7 +115,7 @@ def test_send_returns_before_the_target_is_done(served):
 
 def test_two_clients_are_served_independently(served):
     _, address, client = served
-    other = ChannelClient(address)
+    other = ChannelClient.connect(address)
     try:
         client.send("verify", "a")
         other.send("verify", "b")

@@ -4,8 +4,10 @@
 AutoTP rank of ``tp_size``). ``DraftWorker`` hosts the draft model, drives the rounds through
 :func:`workers.trial.run_trial`, and calls the target group once per round through
 :class:`RemoteTargetGroup`, which fans each call out to every rank and returns rank 0's answer.
-The per-request calls (``prefill``, ``verify``) travel over each rank's direct channel
-(:mod:`workers.channel`); the rest, and the actors' lifecycle, go through Ray.
+The per-request calls (``prefill``, ``verify``, ``generate``) travel over each rank's direct
+channel (:mod:`workers.channel`); the rest, and the actors' lifecycle, go through Ray. The
+classes run outside Ray too (``TargetWorker.__ray_actor_class__``), as ``bench/actors.py``'s
+Ray-free placement runs them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from workers.trace import GreedyTrace, record_trace
 from workers.trial import TrialRequest, WarmUp, run_trial, warm_up
 
 __all__ = [
+    "ChannelTargetGroup",
     "DraftWorker",
     "ModelSpec",
     "RankSpec",
@@ -35,8 +38,16 @@ __all__ = [
 
 
 def _device() -> str:
-    """Return "cuda" when Ray gave this actor a GPU, else "cpu"."""
-    return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+    """Return "cuda" when Ray gave this actor a GPU (outside Ray: when one is visible), else
+    "cpu"."""
+    given = ray.get_gpu_ids() if ray.is_initialized() else True
+    return "cuda" if given and torch.cuda.is_available() else "cpu"
+
+
+def load_model(model: ModelSpec, device: str) -> CachedLM:
+    """Load ``model`` on ``device`` as a worker hosts it."""
+    lm = load_causal_lm(model.path, model.dtype, device, model.trust_remote_code)
+    return CachedLM(lm, single_step=model.single_step)
 
 
 @ray.remote
@@ -45,11 +56,7 @@ class TargetWorker:
 
     def __init__(self, model: ModelSpec, rank: RankSpec | None = None) -> None:
         if rank is None:
-            lm = CachedLM(
-                load_causal_lm(model.path, model.dtype, _device(), model.trust_remote_code),
-                single_step=model.single_step,
-            )
-            self.target = LocalTarget(lm)
+            self.target = LocalTarget(load_model(model, _device()))
         else:
             from workers.tensor_parallel import TensorParallelTarget
 
@@ -66,22 +73,11 @@ class TargetWorker:
             return getattr(self.target, method)(*args)
 
     def open_channel(self) -> ChannelAddress:
-        """Return this rank's direct channel (started on first use) for prefill and verify."""
+        """Return this rank's direct channel (started on first use) for the per-request
+        calls."""
         if self.channel is None:
             self.channel = serve_channel(ray.util.get_node_ip_address(), self._call)
         return self.channel
-
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
-        """Start a request on this rank."""
-        self._call("prefill", (prompt_ids, sampling, seed))
-
-    def verify(self, request: VerifyRequest) -> VerifyResponse:
-        """Score one drafted block on this rank."""
-        return self._call("verify", (request,))
-
-    def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
-        """Decode one request with the target alone, the token loop inside this actor."""
-        return self._call("generate", (prompt_ids, settings))
 
     def single_step_calibration(self) -> SingleStepCalibration | None:
         """Return how this rank's one-token steps were calibrated (None when ``ModelSpec``
@@ -110,33 +106,41 @@ class TargetWorker:
         return ray.get_runtime_context().get_node_id()
 
 
-class RemoteTargetGroup:
-    """The target group as the engine sees it: every call goes to all ranks, rank 0 answers.
+class ChannelTargetGroup:
+    """The target group as the engine sees it, over its ranks' direct channels
+    (:mod:`workers.channel`): every per-request call (``prefill``, ``verify``, ``generate``)
+    goes to all ranks, and rank 0 answers.
 
-    ``prefill`` and ``verify`` use the ranks' direct channels, opened on first use. (The
-    prefill is not left running while the draft prefills: its wait would land in the first
-    round's verify seconds, which the cost fits read.) When a channel breaks, the ranks are asked
-    through Ray whether they are alive, so a dead rank raises Ray's actor error (the runner
-    then replaces the worker group) and a live one a ``ConnectionError``.
+    Channels open on first use, at the addresses :meth:`_open_addresses` returns. (The prefill
+    is not left running while the draft prefills: its wait would land in the first round's
+    verify seconds, which the cost fits read.) A broken channel is dropped, :meth:`_check_ranks`
+    runs, and a ``ConnectionError`` follows.
     """
 
-    def __init__(self, ranks: list) -> None:
-        self.ranks = ranks
+    def __init__(self, addresses: list[ChannelAddress]) -> None:
+        self.addresses = addresses
         self.channels: list[ChannelClient] = []
+
+    def _open_addresses(self) -> list[ChannelAddress]:
+        """Return the ranks' channel addresses, in rank order."""
+        return self.addresses
+
+    def _check_ranks(self) -> None:
+        """Raise the ranks' own error when a channel broke because a rank died (no check
+        here)."""
 
     def _on_channels(self, method: str, *args) -> object:
         """Call ``method`` on every rank over its channel; return rank 0's answer."""
         try:
             if not self.channels:
-                addresses = ray.get([rank.open_channel.remote() for rank in self.ranks])
-                self.channels = [ChannelClient(address) for address in addresses]
+                self.channels = [ChannelClient.connect(a) for a in self._open_addresses()]
             for channel in self.channels:
                 channel.send(method, *args)
             answers = [channel.receive() for channel in self.channels]  # drain every rank
             return answers[0]
         except (EOFError, OSError) as exc:
             self.channels = []
-            ray.get([rank.node_id.remote() for rank in self.ranks])
+            self._check_ranks()
             raise ConnectionError(f"target channel broke during {method}: {exc!r}") from exc
 
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
@@ -149,7 +153,28 @@ class RemoteTargetGroup:
 
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
         """Decode with the target alone: one call per rank for the whole request."""
-        return ray.get([rank.generate.remote(prompt_ids, settings) for rank in self.ranks])[0]
+        return self._on_channels("generate", prompt_ids, settings)
+
+
+class RemoteTargetGroup(ChannelTargetGroup):
+    """The channels of a target group of Ray actors (``TargetWorker`` ranks).
+
+    Each rank's address comes from the rank through Ray. When a channel breaks, the ranks are
+    asked through Ray whether they are alive, so a dead rank raises Ray's actor error (the
+    runner then replaces the worker group) and a live one a ``ConnectionError``.
+    """
+
+    def __init__(self, ranks: list) -> None:
+        super().__init__([])
+        self.ranks = ranks
+
+    def _open_addresses(self) -> list[ChannelAddress]:
+        """Ask every rank for its channel (started on first use)."""
+        return ray.get([rank.open_channel.remote() for rank in self.ranks])
+
+    def _check_ranks(self) -> None:
+        """Raise Ray's actor error if a rank has died."""
+        ray.get([rank.node_id.remote() for rank in self.ranks])
 
 
 class RemoteLM:
@@ -192,10 +217,7 @@ class DraftWorker:
     def __init__(self, model: ModelSpec | None, target_ranks: list) -> None:
         self.draft = None
         if model is not None:
-            self.draft = CachedLM(
-                load_causal_lm(model.path, model.dtype, _device(), model.trust_remote_code),
-                single_step=model.single_step,
-            )
+            self.draft = load_model(model, _device())
         self.target = RemoteTargetGroup(target_ranks)
 
     def run_trial(self, request: TrialRequest) -> list[GenerationResult]:

@@ -1,12 +1,15 @@
 """A direct, authenticated socket channel from the draft actor to a target rank.
 
 A speculative round makes one draft-to-target call; through Ray's actor calls that costs about
-0.75 ms here, a tenth of a small model's round. The target actor therefore also serves
-``prefill`` and ``verify`` on a ``multiprocessing.connection`` listener bound to its node's
-address (HMAC challenge with a random key handed out through Ray, so only the draft actor that
-asked for the address can call). Ray still creates, places, watches and kills the actors, and
-every other call goes through Ray. A message is one pickled ``(method, args)`` tuple; the reply
-is ``(True, value)`` or ``(False, exception)``, re-raised on the calling side.
+0.75 ms here, a tenth of a small model's round. The target actor therefore also serves its
+per-request calls (``prefill``, ``verify`` and the AR baseline's ``generate``) on a
+``multiprocessing.connection`` listener bound to its node's address (HMAC challenge with a random
+key handed out through Ray, so only the draft actor that asked for the address can call). Ray
+still creates, places, watches and kills the actors, and every other call goes through Ray. A
+message is one pickled ``(method, args)`` tuple; the reply is ``(True, value)`` or
+``(False, exception)``, re-raised on the calling side. The same framing serves any connection
+(:func:`serve_connection`, :class:`ChannelClient` over a pipe end), as ``bench/actors.py``'s
+Ray-free placement does.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-CHANNEL_METHODS = frozenset({"prefill", "verify"})
+CHANNEL_METHODS = frozenset({"prefill", "verify", "generate"})
 
 
 @dataclass(frozen=True)
@@ -32,15 +35,19 @@ class ChannelAddress:
     authkey: bytes
 
 
-def _serve_connection(conn: Connection, call: Callable[[str, tuple], Any]) -> None:
-    """Answer one client's calls until it disconnects."""
+def serve_connection(
+    conn: Connection,
+    call: Callable[[str, tuple], Any],
+    methods: frozenset[str] = CHANNEL_METHODS,
+) -> None:
+    """Answer one client's calls of ``methods`` through ``call`` until it disconnects."""
     with conn:
         while True:
             try:
                 method, args = _receive(conn)
             except (EOFError, OSError):
                 return
-            if method not in CHANNEL_METHODS:
+            if method not in methods:
                 _send(conn, (False, ValueError(f"method {method!r} is not served on the channel")))
                 continue
             try:
@@ -87,7 +94,7 @@ def serve_channel(host: str, call: Callable[[str, tuple], Any]) -> ChannelAddres
                 conn = listener.accept()
             except (AuthenticationError, OSError, EOFError):
                 continue  # a client that failed the handshake, or one that hung up during it
-            threading.Thread(target=_serve_connection, args=(conn, call), daemon=True).start()
+            threading.Thread(target=serve_connection, args=(conn, call), daemon=True).start()
 
     threading.Thread(target=accept_forever, daemon=True, name="target-channel").start()
     bound_host, port = listener.address
@@ -95,10 +102,16 @@ def serve_channel(host: str, call: Callable[[str, tuple], Any]) -> ChannelAddres
 
 
 class ChannelClient:
-    """The calling side of one target rank's channel."""
+    """The calling side of one channel: a target rank's, or any connection served by
+    :func:`serve_connection`."""
 
-    def __init__(self, address: ChannelAddress) -> None:
-        self.conn = Client((address.host, address.port), authkey=address.authkey)
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    @classmethod
+    def connect(cls, address: ChannelAddress) -> ChannelClient:
+        """Open the channel at ``address`` (the handshake proves the key)."""
+        return cls(Client((address.host, address.port), authkey=address.authkey))
 
     def send(self, method: str, *args: Any) -> None:
         """Send one call without waiting for its answer (so several ranks can work at once)."""
@@ -110,6 +123,11 @@ class ChannelClient:
         if not ok:
             raise value
         return value
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Send one call and return its answer."""
+        self.send(method, *args)
+        return self.receive()
 
     def close(self) -> None:
         """Close the connection (the target keeps serving others)."""
