@@ -37,7 +37,6 @@ from workers.records import GenerationResult
 from workers.target import LocalTarget
 from workers.trial import TrialRequest, run_trial, warm_up
 
-PLACEMENTS = ("in_process", "processes", "actors")
 #: What this process may ask a plain process's host.
 HOST_METHODS = frozenset(
     {"open_channel", "run_trial", "warm_up", "single_step_calibration", "process_usage"}
@@ -99,23 +98,29 @@ def _serve_host(
     serve_connection(control, call, HOST_METHODS)
 
 
+def _start_host(model: ModelSpec, device: str, target: ChannelAddress | None) -> ChannelClient:
+    """Spawn a plain process hosting ``model`` (``_serve_host``); return its control channel
+    once the model is loaded."""
+    context = multiprocessing.get_context("spawn")
+    near, far = context.Pipe()
+    process = context.Process(target=_serve_host, args=(far, model, device, target), daemon=True)
+    process.start()
+    far.close()
+    host = ChannelClient(near)
+    host.call("single_step_calibration")  # answered once the model is loaded
+    return host
+
+
 class PlainProcesses:
     """The actors' classes in two spawned processes, without Ray."""
 
     name = "processes"
 
     def __init__(self, draft: ModelSpec, target: ModelSpec, device: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.hosts: list[ChannelClient] = []
-        for model in (target, draft):  # the target first: its address goes to the draft
-            address = self.hosts[0].call("open_channel") if self.hosts else None
-            near, far = context.Pipe()
-            args = (far, model, device, address)
-            context.Process(target=_serve_host, args=args, daemon=True).start()
-            far.close()
-            self.hosts.append(ChannelClient(near))
-            self.hosts[-1].call("single_step_calibration")  # returns once the model is loaded
-        self.target_host, self.draft_host = self.hosts
+        self.target_host = _start_host(target, device, None)
+        address = self.target_host.call("open_channel")
+        self.draft_host = _start_host(draft, device, address)
+        self.hosts = [self.target_host, self.draft_host]
 
     def run(self, request: TrialRequest) -> list[GenerationResult]:
         """Run one trial in the draft's process."""
@@ -173,8 +178,13 @@ class OnActors:
         }
 
 
+#: The placements, in the order they load and are reported.
+KINDS = (InProcess, PlainProcesses, OnActors)
+PLACEMENTS = tuple(kind.name for kind in KINDS)
+
+
 def start_placements(
     draft: ModelSpec, target: ModelSpec, device: str
 ) -> list[InProcess | PlainProcesses | OnActors]:
     """Load the pair in every placement, one after the other (Ray must be started)."""
-    return [kind(draft, target, device) for kind in (InProcess, PlainProcesses, OnActors)]
+    return [kind(draft, target, device) for kind in KINDS]
