@@ -8,10 +8,12 @@ order, as the Ray target group does.
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
@@ -103,7 +105,15 @@ def _shm_kernel_loaded() -> bool:
 
 
 if __name__ == "__main__":
+    # A rank that aborts (SIGABRT from a C++ terminate, as once in CI) prints every thread's
+    # Python stack to its log, which the test shows.
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     rank_arg, world_size_arg, port_arg, workdir_arg = sys.argv[1:5]
     rank_results = run_rank(int(rank_arg), int(world_size_arg), int(port_arg), Path(workdir_arg))
     torch.save(rank_results, Path(workdir_arg) / f"rank{rank_arg}.pt")
+    # Leave the group before exiting: a rank that exits with gloo's threads still running can
+    # abort in its C++ teardown ("terminate called without an active exception", SIGABRT; 1 in
+    # 40 runs on a loaded 2-core machine, and once in CI).
+    dist.barrier()
+    dist.destroy_process_group()
