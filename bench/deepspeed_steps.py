@@ -38,6 +38,7 @@ from workers.model_spec import ModelSpec, RankSpec, free_port
 from workers.tensor_parallel import (
     DEEPSPEED_LAUNCH_ENV,
     TensorParallelTarget,
+    leave_tp_group,
     use_process_group_allreduce_on_cpu,
     wait_for_ranks,
 )
@@ -131,8 +132,7 @@ def run_rank(args: argparse.Namespace) -> int:
             "seconds": time.perf_counter() - started,
         }
         write_json(args.out, report)
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_tp_group()
     return 0
 
 

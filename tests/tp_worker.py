@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
@@ -23,6 +22,7 @@ from workers.records import SamplingConfig
 from workers.tensor_parallel import (
     TensorParallelTarget,
     init_tp_group,
+    leave_tp_group,
     shard_with_autotp,
     use_process_group_allreduce_on_cpu,
 )
@@ -112,8 +112,4 @@ if __name__ == "__main__":
     rank_arg, world_size_arg, port_arg, workdir_arg = sys.argv[1:5]
     rank_results = run_rank(int(rank_arg), int(world_size_arg), int(port_arg), Path(workdir_arg))
     torch.save(rank_results, Path(workdir_arg) / f"rank{rank_arg}.pt")
-    # Leave the group before exiting: a rank that exits with gloo's threads still running can
-    # abort in its C++ teardown ("terminate called without an active exception", SIGABRT; 1 in
-    # 40 runs on a loaded 2-core machine, and once in CI).
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_tp_group()
