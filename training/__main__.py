@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from training.jobs import JOB_KINDS, JobConfig, JobConfigError, jobs_root, run_job
+from workers.accelerator_probe import name_cpu_accelerator_when_no_cuda
 
 EXIT_USER_ERROR = 2
 
@@ -83,4 +84,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    name_cpu_accelerator_when_no_cuda()
     raise SystemExit(main())

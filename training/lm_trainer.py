@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from training.losses import DivergenceKind, distillation_loss, target_distribution
+from workers.hf_cache import cache_kwargs, returned_cache
 
 LOSS_WINDOW = 20
 
@@ -137,11 +138,11 @@ def greedy_continuations(
     for start in range(0, prompts.shape[0], batch_size):
         ids = prompts[start : start + batch_size]
         out = model(input_ids=ids, use_cache=True)
-        cache = out.past_key_values
+        cache = returned_cache(model, out)
         for _ in range(new_tokens):
             next_ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
             ids = torch.cat([ids, next_ids], dim=1)
-            out = model(input_ids=next_ids, past_key_values=cache, use_cache=True)
+            out = model(input_ids=next_ids, use_cache=True, **cache_kwargs(model, cache))
         rows.append(ids)
     model.train(was_training)
     return torch.cat(rows)

@@ -44,6 +44,7 @@ from training.lm_trainer import (
     optimizer_step,
 )
 from workers.corpus import code_functions, math_problems
+from workers.hf_cache import cache_kwargs
 from workers.prompt_format import encode_prompts
 
 _TOPICS = (
@@ -232,13 +233,13 @@ def _generate_batch(
         input_ids=ids[:, :-1],
         attention_mask=mask[:, :-1],
         position_ids=_position_ids(mask)[:, :-1],
-        past_key_values=cache,
         use_cache=True,
+        **cache_kwargs(target.model, cache),
     ).last_hidden_state
     out = target.generate(
         input_ids=ids,
         attention_mask=mask,
-        past_key_values=cache,
+        **cache_kwargs(target, cache),
         max_new_tokens=recipe.max_new_tokens,
         do_sample=False,
         eos_token_id=eos,

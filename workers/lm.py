@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from workers.hf_cache import cache_kwargs
 from workers.llama_fast import LlamaFastDecoder, PackedLinear, unsupported_reason
 from workers.model_spec import SingleStep
 
@@ -300,7 +301,9 @@ class CachedLM:
         if self.fast_decoder is not None:
             hidden = self.fast_decoder.forward(ids)
         else:
-            out = self.decoder(input_ids=ids[None], past_key_values=self.cache, use_cache=True)
+            out = self.decoder(
+                input_ids=ids[None], use_cache=True, **cache_kwargs(self.decoder, self.cache)
+            )
             hidden = out.last_hidden_state[0]
         hidden = hidden[-1:] if last_only else hidden
         logits = head_logits(self.head, self.restricted, hidden, self.head_product)

@@ -41,6 +41,7 @@ from training.jobs.base import (
 )
 from training.lm_trainer import TrainConfig, learning_rate
 from workers.heads import CONFIG_FILE
+from workers.hf_cache import cache_kwargs
 from workers.lm import head_logits, restricted_head
 from workers.records import SamplingConfig
 from workers.sampling import warp_probs
@@ -140,11 +141,13 @@ def continue_sequences(
     for start in range(0, prompts.shape[0], batch_size):
         ids = prompts[start : start + batch_size].to(device)
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids=ids, use_cache=True, **cache_kwargs(model, cache)).logits[:, -1]
         for _ in range(new_tokens):
             next_ids = sample_rows(warp_probs(logits.float(), sampling), generator)
             ids = torch.cat([ids, next_ids[:, None]], dim=1)
-            logits = model(input_ids=next_ids[:, None], past_key_values=cache, use_cache=True)
+            logits = model(
+                input_ids=next_ids[:, None], use_cache=True, **cache_kwargs(model, cache)
+            )
             logits = logits.logits[:, -1]
         rows.append(ids.cpu())
     return torch.cat(rows)
