@@ -14,7 +14,7 @@ prompt to prompt and from repeat to repeat), over ``--repeats`` passes: on this 
 whole trial long left that drift in the ratio (two runs of 6-prompt trials on SmolLM2 gave
 static K = 4 0.884× and 0.962×, each interval excluding the other's figure). Checks that
 outputs and accepted counts are identical and reports each placement's tokens/s and three
-ratios: actors over in process (the split's whole cost, the figure the README's bound is on),
+ratios: actors over in process (the split's whole cost, the figure the ≤ 5% bound is on),
 processes over in process (the split without Ray) and actors over processes (Ray's share), each
 with a paired bootstrap 95% interval over (prompt, repeat) samples, and every sample's seconds,
 as JSON.

@@ -1,6 +1,6 @@
 """Carry a built zoo and the missing Python packages to a GPU machine that reaches no registry.
 
-The GPU machines lent to this project (README, "What has run on a GPU") reach no package
+The GPU machines lent to this project (docs/lab/README.md) reach no package
 registry and take at most 64 MiB of files per call, while Ray's wheel alone is 79 MB and the
 `smol` target's source wheel 89 MB. ``pack`` (run here, where PyPI and the built zoo are) writes
 one xz-compressed tar stream cut into ``OUT/01/piece``, ``OUT/02/piece``, ... of ``--piece-mb``

@@ -201,7 +201,7 @@ class HardwareProfile:
     ar_tokens_per_s: float
 
 
-#: Named profiles a trial's counts are projected onto (METHODS.md, "Metrics").
+#: Named profiles a trial's counts are projected onto (docs/methods.md, "Metrics").
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     profile.name: profile
     for profile in (

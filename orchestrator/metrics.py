@@ -1,4 +1,4 @@
-"""Trial metrics from the engine's per-sample results (pure; METHODS.md, "Metrics").
+"""Trial metrics from the engine's per-sample results (pure; docs/methods.md, "Metrics").
 
 Conventions: totals are summed over samples before dividing (a trial's tokens/s is total
 generated tokens over total seconds, not a mean of per-sample rates). A ratio whose denominator

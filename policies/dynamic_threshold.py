@@ -1,14 +1,14 @@
 """The AdaEDL dynamic threshold λ and the base of policies that stop when a score falls below λ.
 
 Used by ``max_confidence`` (score = max_x q_i(x)) and ``adaedl`` (score = 1 − sqrt(γ·H(q_i))).
-The rule (METHODS, "Draft-length policies", item 3), after a round with n_drafted proposed and
-n_acc accepted tokens and max draft length L:
+The rule (docs/methods.md, "Draft-length policies", item 3), after a round with n_drafted
+proposed and n_acc accepted tokens and max draft length L:
 
     AR_i = n_acc / n_drafted;   AR ← β1·AR + (1 − β1)·AR_i
     λ' = λ + ε if AR < α;  λ − ε elif n_acc ≠ L;  λ otherwise
     λ ← β2·λ + (1 − β2)·λ'
 
-Choices this module makes where METHODS is silent:
+Choices this module makes where docs/methods.md is silent:
 - AR starts at 0 for each request, as in the Draft & Verify code the rule comes from.
 - A round that drafted nothing (the policy stopped before the first candidate) carries no
   acceptance evidence: AR is left as it is and λ' = λ − ε, because stopping before the first

@@ -33,7 +33,7 @@ class HFHeuristicPolicy(DraftPolicy):
     ``round_cap()`` is min(K, max draft length); every candidate within it is kept.
     ``persist_across_requests=False`` (default) restarts K at ``initial_draft_len`` for each
     request, like transformers' ``"heuristic_transient"``; True keeps K across requests like
-    ``"heuristic"``. The start K = 5 is the METHODS value (the older transformers default;
+    ``"heuristic"``. The start K = 5 is the docs/methods.md value (the older transformers default;
     transformers 5.x defaults ``num_assistant_tokens`` to 20).
     """
 

@@ -34,7 +34,7 @@ def keep_and_sample_stop(theta: float, uniform: float) -> Decision:
 def beta_posterior_update(alpha: float, beta: float, outcome: RoundOutcome) -> tuple[float, float]:
     """Return Beta-TS's (α, β) after a verified round.
 
-    METHODS gives EESD's counts as r = |Q_v| − 1 successes out of n = min(|Q_v| + 1, |Q_d|)
+    docs/methods.md gives EESD's counts as r = |Q_v| − 1 successes out of n = min(|Q_v| + 1, |Q_d|)
     trials. The reading implemented here treats each drafted token as a Bernoulli trial that
     the target observes up to the first rejection: r = n_accepted successes and
     n = min(n_accepted + 1, n_drafted) trials, i.e. every accepted token is a success, the
@@ -63,7 +63,7 @@ def calibrated_posterior(
     """Return Cali-TS's posterior (μ, σ) for the continuation probability θ.
 
     Gaussian prior N(θ_M, σ_M²) from the predictor combined with n observations of mean θ̂ and
-    noise σ_S² (METHODS item 8):
+    noise σ_S² (docs/methods.md, item 8):
     μ = σ_S²/(nσ_M² + σ_S²)·θ_M + nσ_M²/(nσ_M² + σ_S²)·θ̂,  1/σ² = 1/σ_M² + n/σ_S².
     """
     prior_var = sigma_model**2

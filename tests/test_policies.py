@@ -1,4 +1,4 @@
-"""Draft-length policies against hand-computed values of their formulas (METHODS, item 1-9)."""
+"""Draft-length policies against hand-computed values of their formulas (docs/methods.md, 1-9)."""
 
 from __future__ import annotations
 

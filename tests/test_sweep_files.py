@@ -1,5 +1,5 @@
 """Every ``sweeps/*.yaml`` validates, plans to the size its grid implies, waits for the training
-jobs it names and fits the hardware it declares; the seed papers' sweeps match METHODS.md.
+jobs it names and fits the hardware it declares; the seed papers' sweeps match docs/methods.md.
 
 A sweep file declares its hardware in a comment line ``# hardware: N node(s) x G GPU(s)``; a
 file without one must run on CPU (0 GPUs).
@@ -282,7 +282,7 @@ def thresholds(trials: tuple[Trial, ...], policy: str) -> set[float | None]:
 
 @dataclass(frozen=True)
 class PublishedSetup:
-    """What METHODS.md says a seed paper ran; each field is checked against the planned trials."""
+    """What docs/methods.md says a seed paper ran; each field is checked against planned trials."""
 
     arxiv: str
     datasets: dict[str, int]

@@ -1,4 +1,4 @@
-"""Speculative decoding and the autoregressive baseline, batch 1 (shared/DESIGN.md, rounds).
+"""Speculative decoding and the autoregressive baseline, batch 1 (docs/design.md, one round).
 
 ``speculative_generate`` drives the rounds from the draft side: draft with the policy deciding
 after every draft step, send the block to the target (anything with ``prefill``/``verify``: a

@@ -166,7 +166,7 @@ def avoid_cudnn_attention(device: torch.device | str) -> None:
 
     cuDNN's attention builds an execution graph for each new key length, and decoding meets a
     new length at every step. On an H200 (bfloat16, SmolLM2) that made each first visit of a
-    length cost several times a cached one (see the README's GPU runs); flash and
+    length cost several times a cached one (docs/lab/gpu-run-3-h200.md); flash and
     memory-efficient attention have no such per-length cost. A no-op on other devices.
     """
     if torch.device(device).type == "cuda":

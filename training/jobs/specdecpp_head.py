@@ -1,4 +1,4 @@
-"""SpecDec++ acceptance-head training (METHODS.md, "SpecDec++ head training").
+"""SpecDec++ acceptance-head training (docs/methods.md, "SpecDec++ head training").
 
 ``config.base`` is the draft, ``config.teacher`` the target. Data, per target-generated text x
 (prompt of ``prompt_tokens`` tokens + ``response_tokens`` tokens of the target, greedy at
