@@ -18,13 +18,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
 from orchestrator import estimate, report
 from orchestrator.estimate import SweepEstimate
 from orchestrator.planner import Plan, plan_sweep
 from orchestrator.spec import SweepError, SweepSpec, load_sweep
-from orchestrator.store import Store, StoredTrial, StoreError, display_url, open_store
+from orchestrator.store import (
+    NotAStatement,
+    PrivilegedRoleRefused,
+    QueryLimitExceeded,
+    QueryLimits,
+    QueryRefused,
+    Store,
+    StoredTrial,
+    StoreError,
+    default_url,
+    display_url,
+    open_store,
+    reader_role_sql,
+)
 
 if TYPE_CHECKING:
     from orchestrator.cost_model import HardwareProfile
@@ -44,8 +58,8 @@ EXPORT_FORMATS = ("csv", "parquet")
 #: SQLSTATE of PostgreSQL's "cannot execute ... in a read-only transaction".
 PG_READ_ONLY_SQLSTATE = "25006"
 READ_ONLY_MARKERS = ("readonly", "read-only", "read only", "query_only")
-#: SQLite's message when the query command's authorizer denies an ATTACH.
-SQLITE_DENIED = "not authorized"
+#: ``query``'s limit flags, by QueryLimits field.
+QUERY_LIMIT_FLAGS = {"timeout_s": "--timeout", "max_rows": "--max-rows", "max_bytes": "--max-bytes"}
 WIDE_OUTPUT_COLUMNS = 200
 
 
@@ -114,7 +128,9 @@ def _db_parent(default: Any) -> argparse.ArgumentParser:
         "--db",
         metavar="URL",
         default=default,
-        help="results store URL (default: $SPECSWEEP_DB or sqlite:///results.db)",
+        help="results store URL (default: $SPECSWEEP_DB or sqlite:///results.db); for "
+        "PostgreSQL set $SPECSWEEP_DB and keep the password in ~/.pgpass instead of typing it "
+        "here, where other users and shell history can see it",
     )
     return parent
 
@@ -299,14 +315,20 @@ def _add_status(commands: Any, db: list[Any]) -> None:
 
 def _add_query(commands: Any, db: list[Any]) -> None:
     """Add ``query``."""
+    limits = QueryLimits()
     command = _add_command(
         commands,
         "query",
         _query,
-        "run one SQL statement on a read-only connection to the store and print the rows",
+        "run one read-only SQL statement on the store and print the rows",
         "Tables: sweeps, sweep_trials, trials, sample_results, rounds, position_acceptance,\n"
         "accepted_lengths, runs, training_jobs, artifacts, cost_fits, traces.\n"
-        "The connection is read-only: statements that write fail (exit code 2).\n\n"
+        "Runs one SELECT, WITH, VALUES or EXPLAIN (without ANALYZE) statement, or a PRAGMA\n"
+        "that only reads on SQLite, in a read-only transaction; anything else is refused\n"
+        "(exit code 2), as is a query past --timeout, --max-rows or --max-bytes.\n"
+        "On PostgreSQL, connect as a role that may only read the store (a superuser is\n"
+        "refused; the message shows the SQL that creates such a role), and give its URL in\n"
+        "$SPECSWEEP_DB with the password in ~/.pgpass, not on the command line.\n\n"
         "examples:\n"
         f'  {PROG} query "SELECT policy, threshold, max_draft_len, speedup FROM trials '
         "WHERE dataset = 'builtin:code' ORDER BY speedup DESC LIMIT 10\"\n"
@@ -317,6 +339,51 @@ def _add_query(commands: Any, db: list[Any]) -> None:
     command.add_argument(
         "--format", choices=("table", "csv"), default="table", help="output format"
     )
+    command.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_positive(float),
+        default=limits.timeout_s,
+        help=f"stop the query after this long (default: {limits.timeout_s:g})",
+    )
+    command.add_argument(
+        "--max-rows",
+        metavar="N",
+        type=_positive(int),
+        default=limits.max_rows,
+        help=f"stop when the result has more rows than this (default: {limits.max_rows})",
+    )
+    command.add_argument(
+        "--max-bytes",
+        metavar="N",
+        type=_positive(int),
+        default=limits.max_bytes,
+        help=f"stop when the values returned exceed this many bytes (default: {limits.max_bytes},"
+        " 64 MiB)",
+    )
+    command.add_argument(
+        "--allow-superuser",
+        action="store_true",
+        help="on PostgreSQL, run even as a superuser or a role that may run server programs, "
+        "read or write server files or signal other sessions. The statement checks and the "
+        "READ ONLY transaction still apply, but a way around them would run with those powers "
+        "(COPY ... TO PROGRAM runs a shell command as the database server's OS user)",
+    )
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
+    """Return an argparse type parsing a number of ``kind`` (int or float) that is > 0."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+        return value
+
+    return parse
 
 
 def _add_fits(commands: Any, db: list[Any]) -> None:
@@ -807,10 +874,19 @@ def _status(args: argparse.Namespace, console: Console) -> int:
 
 
 def _query(args: argparse.Namespace, console: Console) -> int:
-    """``query``: run one statement on a read-only connection and print its rows."""
+    """``query``: run one read-only statement within the limits and print its rows."""
+    limits = QueryLimits(args.timeout, args.max_rows, args.max_bytes)
     with _opened_store(args.db, read_only=True) as store:
         try:
-            result = store.query(args.sql)
+            result = store.query(args.sql, limits, allow_superuser=args.allow_superuser)
+        except PrivilegedRoleRefused as error:
+            raise UserError(privileged_role_message(error, args.db)) from None
+        except NotAStatement as error:
+            raise UserError(f"error: query failed: {error}") from None
+        except QueryRefused as error:
+            raise UserError(f"error: query refused: {error}") from None
+        except QueryLimitExceeded as error:
+            raise UserError(query_limit_message(error)) from None
         except DBAPIError as error:
             raise UserError(query_error_message(error)) from None
     if result is None:
@@ -892,15 +968,10 @@ def _refresh(args: argparse.Namespace, console: Console) -> int:
 
 
 def query_error_message(error: DBAPIError) -> str:
-    """Return the message for a failed query, saying plainly when it was a refused write.
-
-    Recognises the refusal from the database's own error (SQLite's read-only messages,
-    PostgreSQL's SQLSTATE 25006), not from the SQL text.
-    """
+    """Return the message for a query the database failed, saying plainly when it refused a
+    write (SQLite's read-only messages, PostgreSQL's SQLSTATE 25006), not from the SQL text."""
     original = error.orig
     text = str(original).strip()
-    if text == SQLITE_DENIED:
-        return "error: query refused: ATTACH is not allowed in 'query' (it can create files)"
     refused = getattr(original, "sqlstate", None) == PG_READ_ONLY_SQLSTATE or any(
         marker in text.lower() for marker in READ_ONLY_MARKERS
     )
@@ -910,6 +981,43 @@ def query_error_message(error: DBAPIError) -> str:
             f"(INSERT, UPDATE, DELETE, CREATE, DROP, ...) cannot run. The database said: {text}"
         )
     return f"error: query failed: {text}"
+
+
+def query_limit_message(error: QueryLimitExceeded) -> str:
+    """Return the message for a query stopped by a limit: which limit, and the flag to raise."""
+    flag = QUERY_LIMIT_FLAGS[error.limit]
+    if error.limit == "timeout_s":
+        return (
+            f"error: query stopped: it ran past the {error.value:g} s time limit; narrow the "
+            f"query or raise the limit with {flag} SECONDS"
+        )
+    what = "rows" if error.limit == "max_rows" else "bytes"
+    return (
+        f"error: query stopped: it returned more than {error.value:g} {what}; add a LIMIT or "
+        f"select less, or raise the cap with {flag} N"
+    )
+
+
+def privileged_role_message(error: PrivilegedRoleRefused, url: str | None) -> list[str]:
+    """Return the refusal of a superuser-like role, with how to create and use a reader role."""
+    found = error.found
+    parsed = make_url(url or default_url())
+    host, port = parsed.host or "localhost", parsed.port or 5432
+    reader = f"{parsed.drivername.split('+')[0]}://specsweep_reader@{host}:{port}/{found.database}"
+    return [
+        f"error: query refused: {error}: a statement that got past the checks of 'query' "
+        "could run programs on the database server, read its files or stop other sessions.",
+        "Query as a role that may only read the store. Create it once as a superuser (psql), "
+        "with a password of your own:",
+        *(f"  {line}" for line in reader_role_sql(found.database, found.owner, found.schema)),
+        "Then put its URL, without the password, in $SPECSWEEP_DB, and this line, with the "
+        "password, in ~/.pgpass (chmod 600 ~/.pgpass), never the password on the command line:",
+        f"  export SPECSWEEP_DB={reader}",
+        f"  {host}:{port}:{found.database}:specsweep_reader:PASSWORD",
+        f'  {PROG} query "SELECT ..."',
+        "To run as this role anyway, add --allow-superuser (the statement checks and the "
+        "READ ONLY transaction still apply).",
+    ]
 
 
 def _export_format(out: Path, requested: str | None) -> str:

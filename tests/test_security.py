@@ -3,6 +3,12 @@
 - ``query`` and the dashboard open the store read-only; the database itself refuses writes,
   also scripts that try to switch the transaction to read-write first (SQLite and, when
   ``SPECSWEEP_TEST_PG_URL`` is set, PostgreSQL).
+- ``query`` runs one SELECT / WITH / VALUES / EXPLAIN statement only; on PostgreSQL it refuses a
+  superuser (or a role that may run programs, read server files or signal sessions) unless
+  ``--allow-superuser`` is given, and even then COPY TO PROGRAM, server file reads, signals,
+  locks, DO blocks and data-modifying statements are refused, leaving the store unchanged. The
+  reader role its refusal message documents works as written. SQLite refusals say what was
+  refused (ATTACH, load_extension(), a PRAGMA write).
 - Models load from safetensors only, with ``trust_remote_code`` off unless a sweep sets it.
 - No code in the package starts a shell or a process, so no name or path from a sweep file
   can reach one (an AST scan), and a path full of shell syntax is only ever a path.
@@ -11,17 +17,23 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import os
 import pickle
-from collections.abc import Iterator
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import torch
 import yaml
-from sqlalchemy import text
+from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
-from test_concurrency import BACKENDS, fresh_pg_database
+from test_concurrency import BACKENDS
 from test_faults import sweep_yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -33,7 +45,9 @@ from orchestrator.metrics import trial_metrics
 from orchestrator.planner import Plan, plan_sweep
 from orchestrator.preflight import preflight_inputs
 from orchestrator.spec import SweepSpec, parse_sweep
-from orchestrator.store import Store, StoreError, open_store
+from orchestrator.store import QueryRefused, Store, StoreError, open_store
+from orchestrator.store.db import normalise_url
+from orchestrator.store.query import reader_role_sql
 from orchestrator.target_sets import solo
 from workers.lm import load_causal_lm
 from workers.records import GenerationResult, RoundRecord
@@ -41,6 +55,61 @@ from workers.records import GenerationResult, RoundRecord
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("orchestrator", "workers", "policies", "training", "dashboard", "bench", "scripts")
 TABLES = ("sweeps", "sweep_trials", "trials", "sample_results", "rounds", "training_jobs")
+PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
+needs_pg = pytest.mark.skipif(PG_URL is None, reason="needs SPECSWEEP_TEST_PG_URL")
+
+
+def _pg_admin() -> Any:
+    """An autocommit engine on the test server's own database, as its (superuser) role."""
+    assert PG_URL is not None
+    return create_engine(normalise_url(PG_URL), isolation_level="AUTOCOMMIT")
+
+
+def _pg_name(kind: str) -> str:
+    """A new name for a database or role: the test database's name, ``kind`` and a random part."""
+    assert PG_URL is not None
+    return f"{normalise_url(PG_URL).database}_{kind}_{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.contextmanager
+def own_pg_database() -> Iterator[str]:
+    """Create an empty database named after the test database; yield its URL, then drop it."""
+    admin = _pg_admin()
+    name = _pg_name("sec")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield normalise_url(PG_URL or "").set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def pg_role_on(url: str, setup: Sequence[str]) -> Iterator[str]:
+    """Run ``setup`` (``{role}`` replaced by a new role's name) on ``url``'s database as the
+    admin; yield the URL of that database as the role (no password: the test server trusts
+    local logins), then drop the role. ``setup`` must create the role."""
+    role = _pg_name("role")
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            for statement in setup:
+                connection.exec_driver_sql(statement.replace("{role}", role))
+        yield make_url(url).set(username=role, password=None).render_as_string(False)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP OWNED BY {role}")
+            connection.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+        admin.dispose()
+
+
+def _reader_setup(url: str) -> list[str]:
+    """The reader-role SQL the superuser refusal prints, for the role ``{role}``."""
+    database = make_url(url).database or ""
+    owner = make_url(url).username or ""
+    return [line.replace("specsweep_reader", "{role}") for line in reader_role_sql(database, owner)]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -51,9 +120,24 @@ def filled_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         _fill(url)
         yield url
         return
-    with fresh_pg_database() as url:
+    with own_pg_database() as url:
         _fill(url)
         yield url
+
+
+@pytest.fixture(params=BACKENDS)
+def reader_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A filled store as ``query`` may read it: the SQLite file, or PostgreSQL as a reader role
+    made by the documented SQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'results.db'}"
+        _fill(url)
+        yield url
+        return
+    with own_pg_database() as url:
+        _fill(url)
+        with pg_role_on(url, _reader_setup(url)) as reader:
+            yield reader
 
 
 def _fill(url: str) -> None:
@@ -101,7 +185,8 @@ def test_query_refuses_every_write_and_every_way_around_read_only(
         assert err.startswith(("error: query refused", "error: query failed")), (sql, err)
         assert "Traceback" not in err
         assert _snapshot(filled_url) == before, sql
-    assert cli.main(["--db", filled_url, "query", "SELECT count(*) FROM trials"]) == 0
+    override = ["--allow-superuser"] if filled_url.startswith("postgresql") else []
+    assert cli.main(["--db", filled_url, "query", "SELECT count(*) FROM trials", *override]) == 0
     assert "5" in capsys.readouterr().out
 
 
@@ -111,11 +196,14 @@ def test_store_query_runs_only_read_only_and_returns_typed_rows(filled_url: str)
         writable.query("DELETE FROM sweep_trials")
     assert _snapshot(filled_url) == before
     with open_store(filled_url, read_only=True) as store:
-        result = store.query("SELECT status, count(*) AS n FROM trials GROUP BY status")
+        sql = "SELECT status, count(*) AS n FROM trials GROUP BY status"
+        result = store.query(sql, allow_superuser=True)
         assert result is not None and result.columns == ["status", "n"]
         assert sorted(result.rows) == [("done", 1), ("pending", 4)]
-        with pytest.raises(DBAPIError):
-            store.query("DELETE FROM sweep_trials")
+        with pytest.raises(QueryRefused, match="starts with DELETE"):
+            store.query("DELETE FROM sweep_trials", allow_superuser=True)
+        with pytest.raises(DBAPIError, match="no_such_table"):
+            store.query("SELECT * FROM no_such_table", allow_superuser=True)
     assert _snapshot(filled_url) == before
 
 
@@ -149,6 +237,257 @@ def test_the_dashboard_reads_through_a_connection_that_refuses_writes(
             connection.exec_driver_sql(sql)
     assert _snapshot(filled_url) == before
     store.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# query on PostgreSQL: refused as a superuser, and every escape refused in any case
+# ---------------------------------------------------------------------------------------------
+
+#: Statements that reach past the read-only transaction (or try to), each with ``{dir}`` (a
+#: directory the server may write), ``{pid}`` (a live session) and ``{admin}`` filled in.
+PG_ESCAPES = (
+    "COPY (SELECT 1) TO PROGRAM 'touch {dir}/program-ran'",
+    "COPY trials TO '{dir}/trials.csv'",
+    "SELECT pg_read_file('/etc/passwd')",
+    "SELECT pg_terminate_backend({pid})",
+    "SELECT pg_reload_conf()",
+    "LOCK TABLE trials IN ACCESS EXCLUSIVE MODE",
+    "DO $$BEGIN EXECUTE 'SET TRANSACTION READ WRITE'; DELETE FROM trials; END$$",
+    "WITH gone AS (DELETE FROM trials RETURNING 1) SELECT count(*) FROM gone",
+    "SELECT * INTO stolen FROM trials",
+    "SELECT * FROM trials FOR UPDATE",
+    "SET ROLE {admin}",
+    "SELECT set_config('default_transaction_read_only', 'off', false)",
+    "SELECT query_to_xml('SELECT pg_read_file(''/etc/passwd'')', true, true, '')",
+    "SELECT 1; UPDATE trials SET status = 'failed'",
+    "SELECT 1 -- harmless\n; UPDATE trials SET status = 'failed'",
+    "SELECT 1 /* ; */ ; UPDATE trials SET status = 'failed'",
+    "EXPLAIN ANALYZE DELETE FROM trials",
+    "EXPLAIN (ANALYZE, COSTS OFF) DELETE FROM trials",
+    "UPDATE trials SET status = 'failed'",
+)
+
+
+@contextlib.contextmanager
+def _server_writable_dir() -> Iterator[Path]:
+    """A new directory the database server's OS user may write into (it is not this user)."""
+    with tempfile.TemporaryDirectory(prefix="specsweep-copy-") as name:
+        path = Path(name)
+        path.chmod(0o777)
+        yield path
+
+
+@contextlib.contextmanager
+def _pg_query_url(mode: str) -> Iterator[tuple[str, list[str]]]:
+    """A filled PostgreSQL store and how ``query`` reaches it in ``mode``: (URL, extra flags)."""
+    with own_pg_database() as url:
+        _fill(url)
+        if mode == "reader":
+            with pg_role_on(url, _reader_setup(url)) as reader:
+                yield reader, []
+        else:
+            yield url, ["--allow-superuser"] if mode == "override" else []
+
+
+@needs_pg
+@pytest.mark.parametrize("mode", ["superuser", "override", "reader"])
+def test_query_on_postgresql_refuses_every_escape_and_leaves_the_store_alone(
+    mode: str, capsys: pytest.CaptureFixture
+) -> None:
+    with _pg_query_url(mode) as (url, flags), _server_writable_dir() as directory:
+        admin_url = normalise_url(PG_URL or "").set(database=make_url(url).database)
+        before = _snapshot(admin_url.render_as_string(False))
+        conninfo = admin_url.set(drivername="postgresql").render_as_string(False)
+        with psycopg.connect(conninfo) as victim:
+            pid = victim.info.backend_pid
+            admin = normalise_url(PG_URL or "").username
+            for template in PG_ESCAPES:
+                sql = template.format(dir=directory, pid=pid, admin=admin)
+                assert cli.main(["--db", url, "query", sql, *flags]) == cli.EXIT_USER_ERROR, sql
+                err = capsys.readouterr().err
+                assert err.startswith("error: query refused"), (sql, err)
+                assert "Traceback" not in err
+                assert list(directory.iterdir()) == [], sql
+            assert victim.execute("SELECT 1").fetchone() == (1,)  # never terminated
+        assert _snapshot(admin_url.render_as_string(False)) == before
+
+
+@needs_pg
+def test_a_superuser_is_refused_with_how_to_make_a_reader_role(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    with own_pg_database() as url:
+        _fill(url)
+        assert cli.main(["--db", url, "query", "SELECT count(*) FROM trials"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: query refused")
+        assert f"role {make_url(url).username!r} is a superuser" in err
+        for needed in ("CREATE ROLE specsweep_reader LOGIN", "SPECSWEEP_DB", ".pgpass"):
+            assert needed in err
+        assert "--allow-superuser" in err
+        assert cli.main(["--db", url, "query", "SELECT count(*) AS n FROM trials",
+                         "--allow-superuser", "--format", "csv"]) == 0  # fmt: skip
+        assert capsys.readouterr().out.splitlines() == ["n", "5"]
+
+
+@needs_pg
+@pytest.mark.parametrize("power", ["pg_read_server_files", "pg_execute_server_program"])
+def test_a_role_that_may_reach_the_server_is_refused_like_a_superuser(
+    power: str, capsys: pytest.CaptureFixture
+) -> None:
+    with own_pg_database() as url:
+        _fill(url)
+        setup = [*_reader_setup(url), f"GRANT {power} TO {{role}}"]
+        with pg_role_on(url, setup) as role_url:
+            assert cli.main(["--db", role_url, "query", "SELECT 1"]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("error: query refused") and power in err
+            assert "CREATE ROLE specsweep_reader" in err
+            assert cli.main(["--db", role_url, "query", "SELECT 1", "--allow-superuser"]) == 0
+
+
+@needs_pg
+def test_the_documented_reader_role_works_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with own_pg_database() as url:
+        _fill(url)
+        assert cli.main(["--db", url, "query", "SELECT 1"]) == 2
+        lines = [line.strip() for line in capsys.readouterr().err.splitlines()]
+        sql = [line for line in lines if line.startswith(("CREATE ROLE", "GRANT", "ALTER"))]
+        exports = [line for line in lines if line.startswith("export SPECSWEEP_DB=")]
+        pgpass_lines = [line for line in lines if line.endswith(":specsweep_reader:PASSWORD")]
+        assert len(sql) == 5 and len(exports) == 1 and len(pgpass_lines) == 1, lines
+        setup = [line.replace("specsweep_reader", "{role}") for line in sql]
+        with pg_role_on(url, setup) as role_url:
+            role = make_url(role_url).username or ""
+            documented = exports[0].removeprefix("export SPECSWEEP_DB=")
+            assert make_url(documented).password is None
+            monkeypatch.setenv("SPECSWEEP_DB", documented.replace("specsweep_reader", role))
+            pgpass = tmp_path / "pgpass"
+            password = "choose-a-password"
+            pgpass.write_text(pgpass_lines[0].replace("specsweep_reader:PASSWORD",
+                                                      f"{role}:{password}") + "\n")  # fmt: skip
+            pgpass.chmod(0o600)
+            monkeypatch.setenv("PGPASSFILE", str(pgpass))
+            sql_text = "SELECT status, count(*) AS n FROM trials GROUP BY status ORDER BY status"
+            assert cli.main(["query", sql_text, "--format", "csv"]) == 0
+            assert capsys.readouterr().out.splitlines() == ["status,n", "done,1", "pending,4"]
+            with create_engine(url, isolation_level="AUTOCOMMIT").connect() as connection:
+                connection.exec_driver_sql("CREATE TABLE later (x integer)")  # a new migration
+            assert cli.main(["query", "SELECT count(*) AS n FROM later", "--format", "csv"]) == 0
+            assert capsys.readouterr().out.splitlines() == ["n", "0"]
+
+
+# ---------------------------------------------------------------------------------------------
+# query on SQLite: refusals say what was refused
+# ---------------------------------------------------------------------------------------------
+
+SQLITE_REFUSALS = (
+    ("SELECT load_extension('/tmp/nothing.so')", "load_extension()"),
+    ("PRAGMA query_only = OFF", "PRAGMA query_only = OFF"),
+    ("PRAGMA journal_mode = MEMORY", "PRAGMA journal_mode = MEMORY"),
+    ("ATTACH DATABASE 'other.db' AS other", "starts with ATTACH"),
+    ("VACUUM INTO 'copy.db'", "starts with VACUUM"),
+)
+
+
+@pytest.mark.parametrize(("sql", "named"), SQLITE_REFUSALS)
+def test_sqlite_refusals_name_what_was_refused(
+    sql: str,
+    named: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    _fill(url)
+    before = _snapshot(url)
+    monkeypatch.chdir(tmp_path)
+    files = sorted(tmp_path.iterdir())
+    assert cli.main(["--db", url, "query", sql]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: query refused") and named in err, err
+    if "ATTACH" not in sql:
+        assert "ATTACH" not in err
+    assert _snapshot(url) == before and sorted(tmp_path.iterdir()) == files
+
+
+def test_sqlite_introspection_pragmas_still_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    _fill(url)
+    assert cli.main(["--db", url, "query", "PRAGMA table_info(trials)", "--format", "csv"]) == 0
+    assert "trial_id" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# query limits: time, rows, bytes (SQLite and PostgreSQL alike)
+# ---------------------------------------------------------------------------------------------
+
+#: Runs forever (SQLite: an endless recursive CTE; PostgreSQL: a ten-second sleep).
+ENDLESS = {
+    "sqlite": (
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
+    ),
+    "postgresql": "SELECT pg_sleep(10)",
+}
+THOUSAND_ROWS = (
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 1000) SELECT n FROM r"
+)
+#: One 20000-character value.
+WIDE_VALUE = {"sqlite": "SELECT hex(randomblob(10000))", "postgresql": "SELECT repeat('ab', 10000)"}
+
+
+def _backend(url: str) -> str:
+    return "sqlite" if url.startswith("sqlite") else "postgresql"
+
+
+def test_query_stops_at_the_time_limit(reader_url: str, capsys: pytest.CaptureFixture) -> None:
+    started = time.monotonic()
+    sql = ENDLESS[_backend(reader_url)]
+    assert cli.main(["--db", reader_url, "query", sql, "--timeout", "1"]) == 2
+    assert time.monotonic() - started < 8
+    err = capsys.readouterr().err
+    assert err.startswith("error: query stopped") and "1 s time limit" in err, err
+    assert "--timeout" in err and "Traceback" not in err
+
+
+def test_query_stops_past_the_row_cap(reader_url: str, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["--db", reader_url, "query", THOUSAND_ROWS, "--max-rows", "999"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: query stopped") and "999 rows" in err and "--max-rows" in err
+    argv = ["--db", reader_url, "query", THOUSAND_ROWS, "--max-rows", "1000", "--format", "csv"]
+    assert cli.main(argv) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1001
+
+
+def test_query_stops_past_the_byte_cap(reader_url: str, capsys: pytest.CaptureFixture) -> None:
+    sql = WIDE_VALUE[_backend(reader_url)]
+    assert cli.main(["--db", reader_url, "query", sql, "--max-bytes", "10000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: query stopped") and "10000 bytes" in err, err
+    assert "--max-bytes" in err
+    assert cli.main(["--db", reader_url, "query", sql, "--max-bytes", "30000"]) == 0
+
+
+def test_a_huge_sqlite_blob_fails_at_once_instead_of_allocating_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    _fill(url)
+    started = time.monotonic()
+    assert cli.main(["--db", url, "query", "SELECT zeroblob(900000000)"]) == 2
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert err.startswith("error: query stopped") and "--max-bytes" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--timeout", "--max-rows", "--max-bytes"])
+def test_limits_must_be_positive(flag: str, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["query", "SELECT 1", flag, "0"]) == 2
+    assert flag in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------

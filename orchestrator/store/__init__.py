@@ -1,6 +1,12 @@
 """The results store: SQLAlchemy models, Alembic migrations and the :class:`Store` API."""
 
 from orchestrator.store.db import StoreError, default_url, display_url
+from orchestrator.store.query import (
+    PrivilegedRoleRefused,
+    QueryLimitExceeded,
+    QueryLimits,
+    reader_role_sql,
+)
 from orchestrator.store.records import (
     QueryResult,
     StoredArtifact,
@@ -15,8 +21,14 @@ from orchestrator.store.records import (
     SweepInfo,
 )
 from orchestrator.store.results import ShardOutput, Store, open_store, prompt_id
+from orchestrator.store.sql_guard import NotAStatement, QueryRefused
 
 __all__ = [
+    "NotAStatement",
+    "PrivilegedRoleRefused",
+    "QueryLimitExceeded",
+    "QueryLimits",
+    "QueryRefused",
     "QueryResult",
     "ShardOutput",
     "Store",
@@ -35,4 +47,5 @@ __all__ = [
     "display_url",
     "open_store",
     "prompt_id",
+    "reader_role_sql",
 ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -71,6 +70,7 @@ from orchestrator.store.models import (
     TrialShardRow,
     utc_now,
 )
+from orchestrator.store.query import QueryLimits, run_query
 from orchestrator.store.records import (
     QueryResult,
     StoredArtifact,
@@ -694,29 +694,18 @@ class Store:
         with self._transaction() as session:
             return [record_of(StoredArtifact, row) for row in session.scalars(query)]
 
-    def query(self, sql: str) -> QueryResult | None:
-        """Run one hand-written statement; return its result set, or None when it has none.
+    def query(
+        self, sql: str, limits: QueryLimits | None = None, allow_superuser: bool = False
+    ) -> QueryResult | None:
+        """Run one hand-written read-only statement; return its result set, or None.
 
-        Only on a store opened read-only (else StoreError): the database itself refuses writes,
-        also statements that try to make the transaction read-write first, and on SQLite an
-        authorizer refuses ATTACH (it would create a file). ``sql`` is sent as written, with no
-        parameters; the database's errors (a refused write, a syntax error) are raised as
-        SQLAlchemy's ``DBAPIError``.
+        Only on a store opened read-only (else StoreError); see
+        :func:`orchestrator.store.query.run_query` for the checks and limits (QueryRefused,
+        QueryLimitExceeded, and the database's own errors as SQLAlchemy's ``DBAPIError``).
         """
         if not self.read_only:
             raise StoreError("query runs only on a store opened with read_only=True")
-        with self.engine.connect() as connection:
-            if connection.dialect.name == "sqlite":
-                connection.connection.driver_connection.set_authorizer(_deny_attach)
-            result = connection.exec_driver_sql(sql, execution_options={"no_parameters": True})
-            if not result.returns_rows:
-                return None
-            return QueryResult(columns=list(result.keys()), rows=[tuple(row) for row in result])
-
-
-def _deny_attach(action: int, *_details: object) -> int:
-    """SQLite authorizer: refuse ATTACH, which would create a database file, allow the rest."""
-    return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
+        return run_query(self.engine, sql, limits or QueryLimits(), allow_superuser)
 
 
 def _values(columns: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
