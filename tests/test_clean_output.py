@@ -17,6 +17,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 #: Lines a third-party library prints that the user should not see.
+#: Python as a user runs it, with the default warning filters shown.
+PYTHON_DEFAULT_WARNINGS = (sys.executable, "-W", "default")
+#: The micro zoo build, without progress bars.
+ZOO_BUILD_MICRO = ("-m", "orchestrator", "zoo", "build", "--profile", "micro", "--no-progress")
 NOISE = ("Warning", "deprecated", "Setting accelerator")
 
 
@@ -25,8 +29,7 @@ def test_zoo_build_prints_no_third_party_warning(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     env["SPECSWEEP_CACHE"] = str(tmp_path / "cache")
     run = subprocess.run(
-        [sys.executable, "-W", "default", "-m", "orchestrator", "zoo", "build"]
-        + ["--profile", "micro", "--no-progress"],
+        [*PYTHON_DEFAULT_WARNINGS, *ZOO_BUILD_MICRO],
         cwd=REPO,
         env=env,
         capture_output=True,
