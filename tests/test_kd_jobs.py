@@ -18,7 +18,7 @@ from training.jobs import JobConfig, JobConfigError, adaspec, distillspec, run_j
 from training.jobs.adaspec import adaspec_loss, adaspec_token_mask, kept_count
 from training.jobs.draft_common import DATA_DIR, kd_texts, mix_counts
 from training.losses import distillation_loss
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 
 torch.set_num_threads(1)
 

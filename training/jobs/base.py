@@ -43,7 +43,7 @@ def jobs_root() -> Path:
     """
     if override := os.environ.get(JOBS_DIR_ENV):
         return Path(override).expanduser()
-    from training.zoo import default_cache_dir
+    from training.zoo.cache import default_cache_dir
 
     return default_cache_dir() / "jobs"
 
@@ -114,7 +114,7 @@ class JobResult:
 def resolve_ref(ref: str, progress: bool = False) -> str:
     """Return a loadable path or hub id for a model ref (zoo refs are built on first use)."""
     if ref.startswith("zoo:"):
-        from training.zoo import resolve_model_ref
+        from training.zoo.refs import resolve_model_ref
 
         return str(resolve_model_ref(ref, progress=progress))
     return ref
