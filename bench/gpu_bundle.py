@@ -42,7 +42,8 @@ from importlib import metadata
 from pathlib import Path
 
 from training.gguf_import import WheelSource, import_wheel
-from training.zoo import CARD_FILE, DOWNLOADS, MANIFEST_FILE, PROFILES, ZooManifest, zoo_dir
+from training.zoo.cache import CARD_FILE, DOWNLOADS, MANIFEST_FILE, ZooManifest, zoo_dir
+from training.zoo.recipes import PROFILES
 
 #: Packages SpecSweep needs that the lent GPU machines' image lacks (or holds at another
 #: version), per the device tool's package list of 2026-11-17.

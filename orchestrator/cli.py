@@ -1084,7 +1084,7 @@ def write_parquet(path: Path, records: Sequence[dict[str, Any]]) -> None:
 def _zoo_build(args: argparse.Namespace, console: Console) -> int:
     """``zoo build``: build or find a zoo profile and print its model cards' key figures."""
     from training.gguf_import import GGUFImportError
-    from training.zoo import build_zoo
+    from training.zoo.build import build_zoo
 
     try:
         manifest = build_zoo(

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoTokenizer
 from orchestrator.planner import Plan
 from orchestrator.spec import SweepSpec, job_base_reference
 from training.gguf_import import GGUFImportError
-from training.zoo import is_model_ref, resolve_model_ref
+from training.zoo.refs import is_model_ref, resolve_model_ref
 from workers.datasets import DatasetSpec, DatasetUnavailable, Prompt, UnknownDataset, load_prompts
 from workers.prompt_format import encode_prompts, uses_chat_template
 

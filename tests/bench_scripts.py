@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 

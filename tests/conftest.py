@@ -9,7 +9,8 @@ import pytest
 import ray
 
 from training.jobs.base import JOBS_DIR_ENV
-from training.zoo import ZooManifest, build_zoo
+from training.zoo.build import build_zoo
+from training.zoo.cache import ZooManifest
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from bench_scripts import micro_pair_args
 
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "actors.py"
 #: The placements the bench compares, in order.

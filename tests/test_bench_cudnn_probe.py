@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from bench_scripts import load_bench_script
 
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 
 
 def test_probe_times_two_passes_of_each_block_size(micro_zoo: ZooManifest, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from bench_scripts import load_bench_script
 
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 
 
 def test_two_ranks_time_every_block_and_report_the_calibrated_step(

@@ -12,7 +12,7 @@ from bench_scripts import load_bench_script, micro_pair_args
 from tiny_models import build_tiny_pair
 from tiny_models import prompts as tiny_prompts
 
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 from workers.lm import CachedLM
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget

@@ -12,7 +12,7 @@ import torch
 from bench_scripts import micro_pair_args
 
 from bench.handoff import SETTLE_ROUNDS, WAYS, RoundPieces
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 from workers.lm import CachedLM, load_causal_lm
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "handoff.py"

@@ -181,7 +181,7 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture) -> No
 
 
 def test_zoo_profile_choices_are_the_zoo_profiles() -> None:
-    from training.zoo import PROFILES
+    from training.zoo.recipes import PROFILES
 
     assert tuple(sorted(PROFILES)) == cli.ZOO_PROFILES
 

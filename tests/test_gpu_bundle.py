@@ -15,7 +15,9 @@ from gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 from safetensors.torch import load_file
 
 from training.gguf_import import file_sha256
-from training.zoo import CARD_FILE, MANIFEST_FILE, PretrainedRecipe, ZooManifest, build_zoo
+from training.zoo.build import build_zoo
+from training.zoo.cache import CARD_FILE, MANIFEST_FILE, ZooManifest
+from training.zoo.recipes import PretrainedRecipe
 
 
 @pytest.mark.parametrize("size", [1, 7, 64, 1000])

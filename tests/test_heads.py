@@ -24,7 +24,7 @@ from training.jobs.head_data import (
     response_mask,
     weighted_bce,
 )
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, speculative_generate
 from workers.heads import (

@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from training.early_exit import exit_init_layer
 from training.jobs import JobConfig, JobConfigError, adaspec, distillspec, run_job
 from training.jobs.adaspec import adaspec_loss, adaspec_token_mask, kept_count
 from training.jobs.draft_common import DATA_DIR, kd_texts, mix_counts
-from training.jobs.eesd_exit import exit_init_layer
 from training.losses import distillation_loss
-from training.zoo import ZooManifest
+from training.zoo.cache import ZooManifest
 
 torch.set_num_threads(1)
 

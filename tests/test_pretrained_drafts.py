@@ -32,15 +32,11 @@ from training.pretrained_drafts import (
     teacher_samples,
     topk_forward_kl,
 )
-from training.zoo import (
-    SMOL_BASE_RECIPE,
-    SMOL_RECIPE,
-    TEACHER_DATA_FILE,
-    PretrainedRecipe,
-    ZooManifest,
-    build_zoo,
-    parse_model_ref,
-)
+from training.zoo.build import build_zoo
+from training.zoo.cache import ZooManifest
+from training.zoo.pretrained import TEACHER_DATA_FILE
+from training.zoo.recipes import SMOL_BASE_RECIPE, SMOL_RECIPE, PretrainedRecipe
+from training.zoo.refs import parse_model_ref
 from workers.corpus import code_functions, math_problems
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import autoregressive_generate, speculative_generate
@@ -181,7 +177,7 @@ def test_an_interrupted_build_reuses_its_teacher_data(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("training.zoo.distill_on_teacher", interrupted)
+    monkeypatch.setattr("training.zoo.pretrained.distill_on_teacher", interrupted)
     with pytest.raises(KeyboardInterrupt):
         build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
     work = tmp_path / "cache" / "zoo" / f".smol-{recipe.recipe_hash()}.work"
@@ -195,7 +191,7 @@ def test_an_interrupted_build_reuses_its_teacher_data(
     def no_generation(*args: object, **kwargs: object) -> None:
         raise AssertionError("teacher data generated again")
 
-    monkeypatch.setattr("training.zoo.teacher_samples", no_generation)
+    monkeypatch.setattr("training.zoo.pretrained.teacher_samples", no_generation)
     manifest = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
     assert manifest.card("draft-s")["distillation"]["teacher_data"]["response_tokens"] > 0
     assert not work.exists()

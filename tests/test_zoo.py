@@ -24,22 +24,14 @@ from training.lm_trainer import (
     train_language_model,
 )
 from training.losses import forward_kl
+from training.pretrained_drafts import projected_embeddings
 from training.realism import entropy_nats, greedy_matches, summarize_agreement
 from training.tokenizer import END_OF_TEXT, encode_corpus, train_bpe_tokenizer
-from training.zoo import (
-    MICRO_RECIPE,
-    PROFILES,
-    ZOO_MODEL_NAMES,
-    Enlargement,
-    ZooManifest,
-    ZooRecipe,
-    build_zoo,
-    default_cache_dir,
-    enlarge_target,
-    parse_model_ref,
-    projected_embeddings,
-    resolve_model_ref,
-)
+from training.zoo.build import build_zoo
+from training.zoo.cache import ZooManifest, default_cache_dir
+from training.zoo.enlarge import enlarge_target
+from training.zoo.recipes import MICRO_RECIPE, PROFILES, ZOO_MODEL_NAMES, Enlargement, ZooRecipe
+from training.zoo.refs import parse_model_ref, resolve_model_ref
 
 CODE_SAMPLE = 'def add(a, b):\n    """Return a + b."""\n    return a + b  # ünïcode ✓\n'
 

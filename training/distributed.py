@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.jobs.base import Checkpoints, JobConfigError, typed_setting
+from training.checkpoints import Checkpoints
+from training.job_settings import JobConfigError, typed_setting
 
 PARALLEL_CHOICES: tuple[str, ...] = ("auto", "ddp", "zero")
 ZERO_STAGES = (1, 2)

@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from training.jobs.eesd_exit import early_exit_draft
+from training.early_exit import early_exit_draft
 from training.lm_trainer import (
     LOSS_WINDOW,
     TrainConfig,

@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from training import distributed
+from training.job_settings import JobConfigError
 from training.jobs.base import (
     JobConfig,
-    JobConfigError,
     JobResult,
     finished_result,
     jobs_root,

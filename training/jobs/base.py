@@ -24,6 +24,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
+from training.checkpoints import Checkpoints
+from training.job_settings import JobConfigError
 from workers.json_files import write_json
 
 ARTIFACT_DIR = "artifact"
@@ -41,13 +43,9 @@ def jobs_root() -> Path:
     """
     if override := os.environ.get(JOBS_DIR_ENV):
         return Path(override).expanduser()
-    from training.zoo import default_cache_dir
+    from training.zoo.cache import default_cache_dir
 
     return default_cache_dir() / "jobs"
-
-
-class JobConfigError(ValueError):
-    """A job's configuration names an unknown setting or an impossible value."""
 
 
 @dataclass(frozen=True)
@@ -113,36 +111,10 @@ class JobResult:
         return asdict(self)
 
 
-def typed_setting(settings: Mapping[str, Any], key: str, default: Any) -> Any:
-    """Return ``settings[key]`` checked against ``default``'s type (ints pass as floats)."""
-    if key not in settings:
-        return default
-    value = settings[key]
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        raise JobConfigError(f"setting {key!r} must be a {type(default).__name__}, got {value!r}")
-    return value
-
-
-def check_settings(settings: Mapping[str, Any], allowed: Mapping[str, Any], kind: str) -> None:
-    """Raise ``JobConfigError`` naming any setting ``kind`` does not know."""
-    unknown = sorted(set(settings) - set(allowed))
-    if unknown:
-        raise JobConfigError(f"{kind}: unknown settings {unknown}; known: {sorted(allowed)}")
-
-
 def resolve_ref(ref: str, progress: bool = False) -> str:
     """Return a loadable path or hub id for a model ref (zoo refs are built on first use)."""
     if ref.startswith("zoo:"):
-        from training.zoo import resolve_model_ref
+        from training.zoo.refs import resolve_model_ref
 
         return str(resolve_model_ref(ref, progress=progress))
     return ref
@@ -203,44 +175,8 @@ def token_blocks(tokenizer: Any, texts: list[str], block_len: int) -> torch.Tens
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints and the resumable step loop
+# The resumable step loop
 # ---------------------------------------------------------------------------------------------
-
-
-class Checkpoints:
-    """Atomic training checkpoints in one directory: the newest complete one wins.
-
-    A checkpoint is one ``torch.save`` of a dict (model and optimiser state dicts, the step,
-    anything else the job needs) written to a temporary file and renamed, so a crash while
-    writing leaves the previous checkpoint intact. Loading uses ``weights_only=True``.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def _path(self, step: int) -> Path:
-        return self.directory / f"step-{step:08d}.pt"
-
-    def latest(self) -> tuple[int, dict[str, Any]] | None:
-        """Return (step, state) of the newest checkpoint, or None when there is none."""
-        if not self.directory.is_dir():
-            return None
-        paths = sorted(self.directory.glob("step-*.pt"))
-        if not paths:
-            return None
-        state = torch.load(paths[-1], map_location="cpu", weights_only=True)
-        return int(state["step"]), state
-
-    def save(self, step: int, state: dict[str, Any]) -> None:
-        """Write ``state`` as the checkpoint of ``step`` and delete older ones."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        final = self._path(step)
-        temporary = final.with_suffix(".tmp")
-        torch.save({**state, "step": step}, temporary)
-        os.replace(temporary, final)
-        for old in self.directory.glob("step-*.pt"):
-            if old != final:
-                old.unlink(missing_ok=True)
 
 
 @dataclass

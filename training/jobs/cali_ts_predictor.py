@@ -44,14 +44,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from training.job_settings import JobConfigError, check_settings, typed_setting
 from training.jobs.base import (
     ARTIFACT_DIR,
     JobConfig,
-    JobConfigError,
     JobResult,
     Stopwatch,
-    check_settings,
-    typed_setting,
 )
 from training.jobs.head_data import (
     DATA_DEFAULTS,

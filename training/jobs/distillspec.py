@@ -18,10 +18,10 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel
 
+from training.job_settings import JobConfigError
 from training.jobs.base import (
     ARTIFACT_DIR,
     JobConfig,
-    JobConfigError,
     JobResult,
     Stopwatch,
     load_job_model,

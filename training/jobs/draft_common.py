@@ -30,16 +30,14 @@ import torch
 from transformers import PreTrainedModel
 
 from training.distributed import RankCheckpoints, Stepper, is_writer, stepper, writer_first
+from training.job_settings import JobConfigError, check_settings, typed_setting
 from training.jobs.base import (
     CHECKPOINT_DIR,
     JobConfig,
-    JobConfigError,
     StepLoop,
-    check_settings,
     job_prompts,
     token_blocks,
     training_texts,
-    typed_setting,
 )
 from training.lm_trainer import (
     LOSS_WINDOW,

@@ -28,16 +28,15 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from training.distributed import RankCheckpoints, Stepper, is_writer, stepper, writer_first
+from training.job_settings import JobConfigError, typed_setting
 from training.jobs.base import (
     CHECKPOINT_DIR,
     JobConfig,
-    JobConfigError,
     StepLoop,
     Stopwatch,
     load_job_model,
     load_job_tokenizer,
     training_texts,
-    typed_setting,
 )
 from training.lm_trainer import TrainConfig, learning_rate
 from workers.heads import CONFIG_FILE

