@@ -51,7 +51,7 @@ EXIT_INTERRUPTED = 130
 DEFAULT_ESTIMATE_PROFILE = "specdecpp-70b-7b-2xa100"
 DEFAULT_CLUSTER_FILE = Path(__file__).resolve().parents[1] / "cluster.yaml"
 PROG = "python -m orchestrator"
-#: ``training.zoo.PROFILES`` keys, repeated here so ``--help`` does not import torch
+#: ``training.zoo.recipes.PROFILES`` keys, repeated here so ``--help`` does not import torch
 #: (``tests/test_cli.py`` checks that the two agree).
 ZOO_PROFILES = ("micro", "smol", "smol-base")
 EXPORT_FORMATS = ("csv", "parquet")
