@@ -2,7 +2,9 @@
 
 from orchestrator.store.db import StoreError, default_url, display_url
 from orchestrator.store.records import (
+    LeaseHolder,
     QueryResult,
+    ShardClaim,
     StoredArtifact,
     StoredCostFit,
     StoredJob,
@@ -17,7 +19,9 @@ from orchestrator.store.records import (
 from orchestrator.store.results import ShardOutput, Store, open_store, prompt_id
 
 __all__ = [
+    "LeaseHolder",
     "QueryResult",
+    "ShardClaim",
     "ShardOutput",
     "Store",
     "StoreError",
