@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 from alembic import command
+from rich.console import Console
 from sqlalchemy import inspect
 from test_concurrency import BACKENDS, fresh_pg_database
 from test_faults import (
@@ -42,6 +43,7 @@ from test_faults import (
 )
 from tqdm import tqdm
 
+from orchestrator.cli import _report_run
 from orchestrator.driver_lease import (
     HEARTBEAT_ENV,
     HEARTBEAT_SECONDS,
@@ -53,6 +55,7 @@ from orchestrator.driver_lease import (
     lease_timing,
 )
 from orchestrator.planner import Plan, Trial, plan_sweep
+from orchestrator.runner import ShardTally, SweepSummary
 from orchestrator.scheduler import Deferred, Scheduler
 from orchestrator.spec import parse_sweep
 from orchestrator.store import (
@@ -399,3 +402,22 @@ def test_two_submits_of_one_sweep_run_every_shard_once_and_say_who_ran_what(
         assert ran + by_other == left <= total, output
         assert (found[4] == other) if by_other else found[4] is None, output
     assert sum(stored_by.values()) == total
+
+
+def test_the_summary_says_what_this_run_and_the_other_drivers_ran() -> None:
+    shards = ShardTally(left=12, ran=5, by_others=6, others=["host-b:202"], taken_over=1)
+    shards.stopped.append("host-c:303")
+    summary = SweepSummary("s", planned=3, already_done=0, ran=1, finished_by_others=2)
+    summary.shards = shards
+    console = Console(record=True, width=400)
+    assert _report_run(console, summary, [], "s.yaml", "sqlite:///r.db") == 0
+    text = console.export_text()
+    assert "3 trials planned, 0 already done, 1 ran, 2 finished by another driver, 0 failed" in text
+    assert (
+        "ran 5 of the 12 shards left to run; 6 were run by another driver (host-b:202) at the "
+        "same time; 1 taken over from another driver (host-c:303), which stopped (its lease "
+        "lapsed or was released)"
+    ) in text
+    alone = SweepSummary("s", planned=3, already_done=0, ran=3, shards=ShardTally(left=1, ran=1))
+    _report_run(console, alone, [], "s.yaml", "sqlite:///r.db")
+    assert console.export_text().splitlines()[-1] == "ran 1 of the 1 shard left to run"
