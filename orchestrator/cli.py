@@ -789,12 +789,16 @@ def _report_run(
         if summary.jobs_trained or summary.jobs_reused
         else ""
     )
+    others = getattr(summary, "finished_by_others", 0)
+    elsewhere = f", {others} finished by another driver" if others else ""
     console.print(
         f"sweep {summary.sweep}: {summary.planned} trials planned, {summary.already_done} "
-        f"already done, {summary.ran} ran, {summary.failed} failed in {summary.seconds:.1f} s"
-        f"{jobs} (store: {shown_url})",
+        f"already done, {summary.ran} ran{elsewhere}, {summary.failed} failed in "
+        f"{summary.seconds:.1f} s{jobs} (store: {shown_url})",
         markup=False,
     )
+    for line in _shard_lines(summary):
+        console.print(line, markup=False)
     for failure in summary.job_failures:
         console.print(failure, markup=False)
     for line in _fit_lines(summary):
@@ -819,6 +823,33 @@ def _fit_lines(summary: SweepSummary) -> list[str]:
     reused = getattr(summary, "traces_reused", 0)
     lines = [f"traces: {recorded} groups recorded, {reused} reused"] if recorded or reused else []
     return [*lines, *getattr(summary, "fit_notes", []), *getattr(summary, "cross_checks", [])]
+
+
+def _shard_lines(summary: SweepSummary) -> list[str]:
+    """Return the run's line about its live shards: how many it ran, how many another driver
+    ran at the same time, how many it took over from a driver that stopped.
+
+    Read with defaults, so a summary without shard counts (a test's stand-in) prints none.
+    """
+    shards = getattr(summary, "shards", None)
+    if shards is None or not shards.left:
+        return []
+    line = f"ran {shards.ran} of the {shards.left} shard{'s' * (shards.left != 1)} left to run"
+    if shards.by_others:
+        verb = "was" if shards.by_others == 1 else "were"
+        line += f"; {shards.by_others} {verb} run by {_drivers(shards.others)} at the same time"
+    if shards.taken_over:
+        line += (
+            f"; {shards.taken_over} taken over from {_drivers(shards.stopped)}, which stopped "
+            "(its lease lapsed or was released)"
+        )
+    return [line]
+
+
+def _drivers(names: Sequence[str]) -> str:
+    """Return 'another driver (host:pid)' or 'other drivers (host:pid, host:pid)'."""
+    shown = ", ".join(names) or "host:pid unknown"
+    return f"{'other drivers' if len(names) > 1 else 'another driver'} ({shown})"
 
 
 def _nothing_to_run(n_trials: int, sweep: str, shown_url: str) -> str:

@@ -15,11 +15,17 @@ done, so a crash loses only the shards in flight. After the live shards, each tr
 block-aware cost model is fit over its stored live rounds and stored (``cost_fits``). In
 ``mode: replay`` each pair's replayed trials follow once its live shards are settled, group by
 group (``GroupReplica.replay_group``), on a replica of the pair's worker group.
+
+Each shard is leased to this driver in the store before it runs (``orchestrator.driver_lease``),
+so two drivers of one sweep never run one shard: a shard another live driver holds is put
+back and looked at again each heartbeat until that driver stores it (counted in the summary as
+run by that driver) or its lease lapses (the driver died: this one takes the shard over).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +34,7 @@ from threading import Lock
 import ray
 from tqdm import tqdm
 
+from orchestrator.driver_lease import Heartbeat, LeaseTiming, lease_timing, this_driver
 from orchestrator.errors import describe_failure
 from orchestrator.group_fits import store_live_fits
 from orchestrator.metrics import trial_metrics
@@ -36,24 +43,51 @@ from orchestrator.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.provenance import collect_provenance, stored_provenance_notes
 from orchestrator.replica import GroupReplica
-from orchestrator.scheduler import Scheduler
+from orchestrator.scheduler import Deferred, Scheduler
 from orchestrator.spec import SweepSpec
 from orchestrator.step_choices import SingleStepChoices
-from orchestrator.store import Store
+from orchestrator.store import LeaseHolder, ShardClaim, Store
 from orchestrator.target_sets import SharedTarget, shared_targets, split_to_fit
 from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
 from orchestrator.work_units import WorkUnit, missing_units, trial_units
 
-__all__ = ["PreflightError", "RunOptions", "SweepSummary", "preflight", "run_sweep"]
+__all__ = [
+    "PreflightError",
+    "RunOptions",
+    "ShardTally",
+    "SweepSummary",
+    "preflight",
+    "run_sweep",
+]
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to run a sweep: the Ray address, a retries override, the progress bar."""
+    """How to run a sweep: the Ray address, a retries override, the progress bar, the shard
+    leases' timing (default: ``driver_lease.lease_timing()``, from the environment)."""
 
     address: str | None = None
     retries: int | None = None
     progress: bool = True
+    lease: LeaseTiming = field(default_factory=lease_timing)
+
+
+@dataclass
+class ShardTally:
+    """What a run did with its live shards, and what other drivers did with them meanwhile.
+
+    ``left``: the shards it found to run; ``ran``: those it ran and stored; ``by_others``:
+    those another driver stored while it ran (``others``: those drivers' ``host:pid``);
+    ``taken_over``: those it ran after another driver stopped (its lease lapsed or was
+    released; ``stopped``: those drivers).
+    """
+
+    left: int = 0
+    ran: int = 0
+    by_others: int = 0
+    others: list[str] = field(default_factory=list)
+    taken_over: int = 0
+    stopped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -63,6 +97,8 @@ class SweepSummary:
     ``failures`` has a line per failed trial, ``job_failures`` one per failed training job;
     ``fit_notes`` a line per group's cost fit (stored, or why none), ``cross_checks`` a line
     per replay group's live check; ``traces_recorded``/``traces_reused`` count trace groups.
+    ``finished_by_others`` counts trials another driver finished while this run went on;
+    ``shards`` tallies the live shards (see :class:`ShardTally`).
     """
 
     sweep: str
@@ -80,6 +116,8 @@ class SweepSummary:
     traces_recorded: int = 0
     traces_reused: int = 0
     provenance_notes: list[str] = field(default_factory=list)
+    finished_by_others: int = 0
+    shards: ShardTally = field(default_factory=ShardTally)
 
 
 def preflight(spec: SweepSpec, plan: Plan) -> PreparedInputs:
@@ -113,8 +151,9 @@ def run_sweep(
     jobs = _train_jobs(plan, store, retries, options.progress, summary)
     artifacts = attach_job_drafts(spec, inputs, jobs)
     by_pair = _trials_by_pair(pending, jobs, store, summary)
-    run = _SweepRun(spec, plan, store, inputs, artifacts, summary)
+    run = _SweepRun(spec, plan, store, inputs, artifacts, summary, options.lease)
     run.run_pairs(by_pair, retries, options.progress)
+    summary.finished_by_others = run.finished_by_others()
     replayed = {group.fit_key for group in run.groups}
     summary.fit_notes += store_live_fits(spec, plan, store, replayed)
     summary.seconds = time.perf_counter() - start
@@ -165,9 +204,17 @@ class _SweepRun:
         inputs: PreparedInputs,
         artifacts: dict[str, str],
         summary: SweepSummary,
+        lease: LeaseTiming,
     ) -> None:
         self.spec, self.plan, self.store, self.inputs = spec, plan, store, inputs
         self.artifacts, self.summary = artifacts, summary
+        #: This driver in the shard leases, and their timing.
+        self.holder: LeaseHolder = this_driver()
+        self.lease = lease
+        #: Keys of the shards this run stored; trials it counted; drivers it waited on.
+        self.stored_here: set[str] = set()
+        self.counted_ids: set[str] = set()
+        self.waited_on: set[str] = set()
         self.pairs = {pair.name: pair for pair in spec.pairs}
         self.trials = {trial.trial_id: trial for trial in plan.trials}
         self.groups = replay_groups(plan)
@@ -204,7 +251,9 @@ class _SweepRun:
             dynamic_ncols=True,
         )
         limit = self.spec.execution.max_concurrent_pairs
-        Scheduler(units, retries, bar, max_groups=limit).run(workers)
+        self.summary.shards.left = sum(unit.trial_id is not None for unit in units)
+        with Heartbeat(self.store, self.holder, self.lease):
+            Scheduler(units, retries, bar, max_groups=limit).run(workers)
 
     def _pair_units(self, name: str, group: str, trials: list[Trial]) -> list[WorkUnit]:
         """Return the pair's missing live shards, then its replay unit (after those shards),
@@ -254,19 +303,73 @@ class _SweepRun:
         )
 
     def run_shard(self, replica: GroupReplica, unit: WorkUnit) -> None:
-        """Run one shard on ``replica`` and store it; finish its trial once all are stored."""
+        """Lease one shard, run it on ``replica`` and store it; finish its trial once all are
+        stored. A shard another live driver holds is deferred (see the module doc)."""
         trial = self.trials[str(unit.trial_id)]
         if trial.trial_id in self.failed_ids:
             return
-        if not self.store.mark_shard_running(trial, unit.shard, unit.prompts):
+        claim = self.store.claim_shard(
+            trial, unit.shard, unit.prompts, self.holder, self.lease.lease_s
+        )
+        if claim.outcome != "acquired":
+            self._run_elsewhere(trial, unit, claim)
             return
+        if claim.driver is not None:
+            self._tally(claim.driver, taken_over=True)
         try:
             output = replica.run_shard(trial, unit)
         except Exception as exc:
             self.store.record_attempt_error(trial, describe_failure(exc))
             raise
-        self.store.record_shard(trial, output, self.spec.execution.record_rounds)
+        record_rounds = self.spec.execution.record_rounds
+        stored = self.store.record_shard(trial, output, record_rounds, holder=self.holder)
+        with self.lock:
+            if stored:
+                self.stored_here.add(unit.key)
+            self.summary.shards.ran += stored
+            self.summary.shards.by_others += not stored
         self.finish_if_complete(trial)
+
+    def _run_elsewhere(self, trial: Trial, unit: WorkUnit, claim: ShardClaim) -> None:
+        """Settle a shard this run did not get: raise :class:`Deferred` while another driver's
+        lease on it is live; once stored (by another driver), count it and finish its trial."""
+        if claim.outcome == "held":
+            self._note_wait(claim)
+            raise Deferred(self.lease.heartbeat_s)
+        if unit.key not in self.stored_here:
+            self._tally(claim.driver, taken_over=False)
+        self.finish_if_complete(trial)
+
+    def _tally(self, driver: str | None, taken_over: bool) -> None:
+        """Count a shard another driver ran (or, ``taken_over``, left to this run)."""
+        shards = self.summary.shards
+        with self.lock:
+            if taken_over:
+                shards.taken_over += 1
+            else:
+                shards.by_others += 1
+            names = shards.stopped if taken_over else shards.others
+            if driver is not None and driver not in names:
+                names.append(driver)
+
+    def _note_wait(self, claim: ShardClaim) -> None:
+        """Say once per other driver that this run waits for the shards it holds."""
+        with self.lock:
+            first = str(claim.driver) not in self.waited_on
+            self.waited_on.add(str(claim.driver))
+        if first:
+            tqdm.write(
+                f"another driver ({claim.driver}) is running shards of sweep {self.plan.sweep}: "
+                f"this run waits for them, and takes over any whose lease lapses (that driver "
+                f"stopped: no heartbeat for {self.lease.lease_s:g} s)",
+                file=sys.stderr,
+            )
+
+    def finished_by_others(self) -> int:
+        """Return how many of the run's pending trials are done now though it did not count them
+        (another driver finished them meanwhile)."""
+        done = self.store.completed_trial_ids(self.pending_ids)
+        return len(done - self.counted_ids)
 
     def finish_if_complete(self, trial: Trial) -> None:
         """Mark ``trial`` done, with metrics from all its samples, once every shard is stored."""
@@ -303,6 +406,7 @@ class _SweepRun:
     def count(self, trial: Trial, error: str | None) -> None:
         """Count a finished trial in the summary (failed when ``error`` is set)."""
         with self.lock:
+            self.counted_ids.add(trial.trial_id)
             self.summary.ran += 1
             if error is not None:
                 self.summary.failed += 1

@@ -8,11 +8,14 @@ A unit that raises is put back at the front and retried, by any worker of its gr
 bounds how many groups have work started at once (``execution.max_concurrent_pairs``); a
 worker whose group has no pending unit left exits and closes what it holds. Ctrl-C (or an
 error outside a unit) stops every worker from starting a new unit; units in flight finish.
+A unit whose run raises :class:`Deferred` (another driver runs its shard) goes back behind
+the others, with no attempt counted, and is offered again after the seconds it names.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +28,14 @@ from orchestrator.work_units import WorkUnit, pick_next
 
 #: Seconds between the main thread's checks on its workers (keeps Ctrl-C responsive).
 JOIN_SECONDS = 0.2
+
+
+class Deferred(Exception):
+    """Raised by :meth:`Worker.run` when a unit cannot start now: offer it again in ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"deferred for {seconds:g} s")
+        self.seconds = seconds
 
 
 class Worker(Protocol):
@@ -67,6 +78,8 @@ class Scheduler:
         self.result = SchedulerResult()
         self.settled: set[str] = set()
         self.attempts: Counter[str] = Counter()
+        #: Deferred units' keys and the monotonic time before which they are not offered.
+        self.not_before: dict[str, float] = {}
         self.running: Counter[str] = Counter()
         self.active: set[str] = set()
         self.stop = threading.Event()
@@ -108,6 +121,9 @@ class Scheduler:
             while (unit := self._take(worker.group)) is not None:
                 try:
                     worker.run(unit)
+                except Deferred as deferred:
+                    self._defer(unit, deferred.seconds)
+                    continue
                 except Exception as exc:
                     error = describe_failure(exc)
                     if self._settle(unit, error):
@@ -144,14 +160,33 @@ class Scheduler:
                     return None
                 open_group = group in self.active or self.max_groups is None
                 if open_group or len(self.active) < (self.max_groups or 0):
-                    unit = pick_next(self.pending, self.settled, {group})
+                    now = time.monotonic()
+                    due = [u for u in self.pending if self.not_before.get(u.key, now) <= now]
+                    unit = pick_next(due, self.settled, {group})
                     if unit is not None:
                         self.pending.remove(unit)
                         self.running[group] += 1
                         self.active.add(group)
                         return unit
-                self._cond.wait()
+                self._cond.wait(self._next_due(group))
             return None
+
+    def _next_due(self, group: str) -> float | None:
+        """Return the seconds until a deferred unit of ``group`` is due (None: none deferred)."""
+        waits = [
+            self.not_before[unit.key] - time.monotonic()
+            for unit in self.pending
+            if unit.group == group and unit.key in self.not_before
+        ]
+        return max(0.0, min(waits)) if waits else None
+
+    def _defer(self, unit: WorkUnit, seconds: float) -> None:
+        """Put ``unit`` back behind the pending units, offered again after ``seconds``."""
+        with self._cond:
+            self.running[unit.group] -= 1
+            self.pending.append(unit)
+            self.not_before[unit.key] = time.monotonic() + seconds
+            self._cond.notify_all()
 
     def _settle(self, unit: WorkUnit, error: str | None) -> bool:
         """Record an attempt's end; return True when ``unit`` failed for good (no retry left)."""

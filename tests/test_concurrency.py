@@ -51,12 +51,13 @@ BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
 def fresh_pg_database() -> Iterator[str]:
     """Create an empty database on the test PostgreSQL server; yield its URL, then drop it.
 
-    Its own database (not the shared one wiped by ``tests/test_store.py``), so tests running at
-    the same time against the same server cannot disturb each other.
+    Its own database (not the shared one wiped by ``tests/test_store.py``), named after that one
+    (``<name>_<random>``), so tests running at the same time against the same server cannot
+    disturb each other.
     """
     assert PG_URL is not None
     admin = create_engine(normalise_url(PG_URL), isolation_level="AUTOCOMMIT")
-    name = f"specsweep_test_{uuid.uuid4().hex[:12]}"
+    name = f"{normalise_url(PG_URL).database}_{uuid.uuid4().hex[:12]}"
     with admin.connect() as connection:
         connection.exec_driver_sql(f"CREATE DATABASE {name}")
     try:

@@ -8,7 +8,9 @@ from orchestrator.store.query import (
     reader_role_sql,
 )
 from orchestrator.store.records import (
+    LeaseHolder,
     QueryResult,
+    ShardClaim,
     StoredArtifact,
     StoredCostFit,
     StoredJob,
@@ -24,12 +26,14 @@ from orchestrator.store.results import ShardOutput, Store, open_store, prompt_id
 from orchestrator.store.sql_guard import NotAStatement, QueryRefused
 
 __all__ = [
+    "LeaseHolder",
     "NotAStatement",
     "PrivilegedRoleRefused",
     "QueryLimitExceeded",
     "QueryLimits",
     "QueryRefused",
     "QueryResult",
+    "ShardClaim",
     "ShardOutput",
     "Store",
     "StoreError",

@@ -231,7 +231,8 @@ class SampleResultRow(Base):
 
 
 class TrialShardRow(Base):
-    """One shard of a live trial's prompts: its status, attempts, where it ran, its results.
+    """One shard of a live trial's prompts: its status, attempts, where it ran, its results,
+    and the lease of the driver running it.
 
     ``prompts`` are the shard's sample indices (positions in the trial's prompt list); its
     samples are stored in ``sample_results`` with those indices when the shard ends.
@@ -253,6 +254,12 @@ class TrialShardRow(Base):
     results: Mapped[list[Any] | None]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    #: The lease of the driver running (or that stored) the shard: its random id, its
+    #: ``host:pid`` for people, and when the lease lapses unless the driver renews it (None
+    #: once released). Another driver takes a running shard only once its lease has lapsed.
+    driver_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    driver: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None]
 
     __table_args__ = (_status_check("ck_trial_shards_status", SHARD_STATUSES),)
 

@@ -257,6 +257,37 @@ class StoredShard:
     seconds: float | None
     started_at: datetime | None
     finished_at: datetime | None
+    driver_id: str | None
+    driver: str | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """A sweep driver as the shard leases name it: a random id, and ``host:pid`` for people."""
+
+    driver_id: str
+    name: str
+
+
+#: What :meth:`Store.claim_shard` found: the shard is now leased to the caller, was stored
+#: already, or is leased to another driver whose lease has not lapsed.
+CLAIM_OUTCOMES = ("acquired", "done", "held")
+
+
+@dataclass(frozen=True)
+class ShardClaim:
+    """The outcome of claiming a shard (one of :data:`CLAIM_OUTCOMES`) and who else is involved.
+
+    ``driver`` is the other driver's ``host:pid``: the one holding the lease (``held``), the
+    one that stored the shard (``done``; None when it was the caller), or the one whose lapsed
+    or released lease the caller took over (``acquired``; None for a fresh shard).
+    ``expires_in`` is the seconds left on a ``held`` lease.
+    """
+
+    outcome: str
+    driver: str | None = None
+    expires_in: float | None = None
 
 
 @dataclass(frozen=True)

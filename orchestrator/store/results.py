@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -72,7 +73,9 @@ from orchestrator.store.models import (
 )
 from orchestrator.store.query import QueryLimits, run_query
 from orchestrator.store.records import (
+    LeaseHolder,
     QueryResult,
+    ShardClaim,
     StoredArtifact,
     StoredCostFit,
     StoredJob,
@@ -277,35 +280,89 @@ class Store:
             _close_trial(session, row, metrics, self.run_id)
             return True
 
-    def mark_shard_running(self, trial: Trial, shard: int, prompts: Sequence[int]) -> bool:
-        """Mark one shard of a trial (and the trial) running and count an attempt of it.
+    def claim_shard(
+        self,
+        trial: Trial,
+        shard: int,
+        prompts: Sequence[int],
+        holder: LeaseHolder,
+        lease_s: float,
+    ) -> ShardClaim:
+        """Lease one shard of a trial to ``holder`` for ``lease_s`` seconds and count an attempt.
 
-        Returns False (no change) when the trial or the shard is done. The trial's
-        ``attempts`` is the most attempts any of its shards took.
+        One conditional UPDATE takes the lease (the shard is not done, and not running under
+        another driver's unlapsed lease), so of drivers claiming one shard at once exactly one
+        gets it. Lease times are the PostgreSQL server's clock (drivers on several hosts agree
+        on it), or this host's for SQLite (a local file). Returns ``done`` when the trial or the
+        shard is stored already, ``held`` when another driver's lease is live, else ``acquired``:
+        the shard and the trial are then running, the trial's ``attempts`` the most any of its
+        shards took.
         """
         with self._transaction() as session:
             row = _locked_trial(session, trial)
             if row.status == "done":
-                return False
-            shard_row = _locked_shard(session, trial.trial_id, shard, prompts)
-            if shard_row.status == "done":
-                return False
-            shard_row.status = "running"
-            shard_row.attempts += 1
-            shard_row.started_at = utc_now()
+                stored = session.get(TrialShardRow, (trial.trial_id, shard))
+                return ShardClaim("done", stored and _other_driver(stored, holder))
+            before = _locked_shard(session, trial.trial_id, shard, prompts)
+            if before.status == "done":
+                return ShardClaim("done", _other_driver(before, holder))
+            now = _clock(session)
+            attempt = {"status": "running", "attempts": TrialShardRow.attempts + 1}
+            attempt |= {"started_at": now, "finished_at": None}
+            taken = session.execute(
+                update(TrialShardRow)
+                .where(*_shard_key(trial.trial_id, shard), _free_for(holder, now))
+                .values(**attempt, **_lease_values(holder, now, lease_s))
+                .execution_options(synchronize_session=False)
+            )
+            if taken.rowcount != 1:
+                return ShardClaim("held", before.driver, _seconds_left(before, now))
             if row.status != "running":
-                row.started_at = shard_row.started_at
+                row.started_at = now
             row.status = "running"
-            row.attempts = max(row.attempts, shard_row.attempts)
+            row.attempts = max(row.attempts, before.attempts + 1)
             row.finished_at = None
-            return True
+            taken_over = before.status == "running" and before.driver_id is not None
+            return ShardClaim("acquired", _other_driver(before, holder) if taken_over else None)
 
-    def record_shard(self, trial: Trial, output: ShardOutput, record_rounds: bool = True) -> bool:
+    def renew_leases(self, holder: LeaseHolder, lease_s: float) -> int:
+        """Extend to ``lease_s`` seconds from now every lease ``holder`` holds on a running shard
+        (the heartbeat); return how many. A lease another driver took over is not renewed."""
+        with self._transaction() as session:
+            now = _clock(session)
+            renewed = session.execute(
+                update(TrialShardRow)
+                .where(*_held_by(holder))
+                .values(lease_expires_at=now + timedelta(seconds=lease_s))
+                .execution_options(synchronize_session=False)
+            )
+            return int(renewed.rowcount)
+
+    def release_leases(self, holder: LeaseHolder) -> int:
+        """Release every lease ``holder`` holds on a running shard (a driver ending or stopped);
+        return how many. Any driver may take those shards at once."""
+        with self._transaction() as session:
+            released = session.execute(
+                update(TrialShardRow)
+                .where(*_held_by(holder))
+                .values(lease_expires_at=None)
+                .execution_options(synchronize_session=False)
+            )
+            return int(released.rowcount)
+
+    def record_shard(
+        self,
+        trial: Trial,
+        output: ShardOutput,
+        record_rounds: bool = True,
+        holder: LeaseHolder | None = None,
+    ) -> bool:
         """Store one finished shard: its samples (and rounds) and its results, in one transaction.
 
         Returns False and writes nothing when the trial or the shard is already done, so a
-        duplicated worker cannot duplicate rows. The trial stays not done: once every shard is
-        stored, :meth:`finish_trial` writes its metrics.
+        duplicated worker cannot duplicate rows. The shard's lease ends; ``holder`` (the driver
+        that ran it) is kept on the row. The trial stays not done: once every shard is stored,
+        :meth:`finish_trial` writes its metrics.
         """
         with self._transaction() as session:
             row = _locked_trial(session, trial)
@@ -321,6 +378,9 @@ class Store:
             shard_row.node_id = output.node_id
             shard_row.seconds = output.seconds
             shard_row.finished_at = utc_now()
+            shard_row.lease_expires_at = None
+            if holder is not None:
+                shard_row.driver_id, shard_row.driver = holder.driver_id, holder.name
             session.flush()
             running = select(func.count()).where(
                 TrialShardRow.trial_id == trial.trial_id, TrialShardRow.status == "running"
@@ -343,6 +403,7 @@ class Store:
             if shard_row is not None and shard_row.status != "done":
                 shard_row.status = "failed"
                 shard_row.finished_at = utc_now()
+                shard_row.lease_expires_at = None
             row.status = "failed"
             row.error = error
             row.finished_at = utc_now()
@@ -766,23 +827,95 @@ def _locked_trial(session: Session, trial: Trial) -> TrialRow:
     return row
 
 
-def _locked_shard(
-    session: Session, trial_id: str, shard: int, prompts: Sequence[int]
-) -> TrialShardRow:
-    """Return a shard row, inserted as running if missing and locked for this transaction."""
-    values = {
+def _new_shard(trial_id: str, shard: int, prompts: Sequence[int]) -> dict[str, Any]:
+    """Return the trial_shards values of a shard not run yet (running, no attempt, no lease)."""
+    return {
         "trial_id": trial_id,
         "shard": shard,
         "status": "running",
         "attempts": 0,
         "prompts": [int(index) for index in prompts],
     }
-    _insert_ignore(session, TrialShardRow, [values])
+
+
+def _locked_shard(
+    session: Session, trial_id: str, shard: int, prompts: Sequence[int]
+) -> TrialShardRow:
+    """Return a shard row, inserted as running if missing and locked for this transaction."""
+    _insert_ignore(session, TrialShardRow, [_new_shard(trial_id, shard, prompts)])
+    return _shard_row(session, trial_id, shard)
+
+
+def _shard_row(session: Session, trial_id: str, shard: int) -> TrialShardRow:
+    """Return an existing shard row as the database has it now, locked for this transaction."""
     row = session.get(
         TrialShardRow, (trial_id, shard), with_for_update=True, populate_existing=True
     )
     assert row is not None
     return row
+
+
+def _shard_key(trial_id: str, shard: int) -> tuple[ColumnElement[bool], ...]:
+    """Return the conditions selecting one shard's row."""
+    return (TrialShardRow.trial_id == trial_id, TrialShardRow.shard == shard)
+
+
+def _clock(session: Session) -> datetime:
+    """Return the time leases are measured by: the PostgreSQL server's clock (one clock for
+    drivers on any host), else this host's (a SQLite store is a local file)."""
+    if session.get_bind().dialect.name == "postgresql":
+        now = session.scalar(select(func.clock_timestamp()))
+        assert isinstance(now, datetime)
+        return now
+    return utc_now()
+
+
+def _lease_values(holder: LeaseHolder, now: datetime, lease_s: float) -> dict[str, Any]:
+    """Return the trial_shards values of a lease to ``holder`` lapsing ``lease_s`` after ``now``."""
+    return {
+        "driver_id": holder.driver_id,
+        "driver": holder.name,
+        "lease_expires_at": now + timedelta(seconds=lease_s),
+    }
+
+
+def _free_for(holder: LeaseHolder, now: datetime) -> ColumnElement[bool]:
+    """Return the condition of a shard ``holder`` may take at ``now``: not done, and not
+    running under another driver's lease that is still live."""
+    return and_(
+        TrialShardRow.status != "done",
+        or_(
+            TrialShardRow.status != "running",
+            TrialShardRow.driver_id.is_(None),
+            TrialShardRow.driver_id == holder.driver_id,
+            TrialShardRow.lease_expires_at.is_(None),
+            TrialShardRow.lease_expires_at <= now,
+        ),
+    )
+
+
+def _held_by(holder: LeaseHolder) -> tuple[ColumnElement[bool], ...]:
+    """Return the conditions selecting the running shards whose lease ``holder`` holds."""
+    return (
+        TrialShardRow.driver_id == holder.driver_id,
+        TrialShardRow.status == "running",
+        TrialShardRow.lease_expires_at.is_not(None),
+    )
+
+
+def _other_driver(row: TrialShardRow, holder: LeaseHolder) -> str | None:
+    """Return the ``host:pid`` of the driver named on ``row`` unless it is ``holder``."""
+    return None if row.driver_id in (None, holder.driver_id) else row.driver
+
+
+def _seconds_left(row: TrialShardRow, now: datetime) -> float:
+    """Return the seconds from ``now`` until ``row``'s lease lapses (0 when it has)."""
+    expires = row.lease_expires_at
+    if expires is None:
+        return 0.0
+    if expires.tzinfo is None:  # SQLite keeps UTC timestamps without their zone
+        expires = expires.replace(tzinfo=UTC)
+    return max(0.0, (expires - now).total_seconds())
 
 
 def _insert_samples(
