@@ -733,7 +733,12 @@ def _submit(args: argparse.Namespace, console: Console) -> int:
         console.print("dry run: nothing was run and the store was not opened")
         return EXIT_OK
     from orchestrator import api, runner
+    from orchestrator.driver_lease import LeaseSettingError, lease_timing
 
+    try:
+        lease_timing()
+    except LeaseSettingError as error:
+        raise UserError(f"error: {error}") from None
     spec_yaml = Path(args.sweep).read_text(encoding="utf-8")
     try:
         prepared = api.prepare(spec, plan, spec_yaml=spec_yaml)

@@ -421,3 +421,17 @@ def test_the_summary_says_what_this_run_and_the_other_drivers_ran() -> None:
     alone = SweepSummary("s", planned=3, already_done=0, ran=3, shards=ShardTally(left=1, ran=1))
     _report_run(console, alone, [], "s.yaml", "sqlite:///r.db")
     assert console.export_text().splitlines()[-1] == "ran 1 of the 1 shard left to run"
+
+
+def test_submit_refuses_a_bad_lease_setting_before_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from orchestrator import cli
+
+    monkeypatch.setenv("SPECSWEEP_LEASE_SECONDS", "soon")
+    demo = Path(__file__).resolve().parents[1] / "sweeps" / "demo.yaml"
+    assert cli.main(["--db", f"sqlite:///{tmp_path / 'r.db'}", "submit", str(demo)]) == 2
+    err = capsys.readouterr().err
+    assert "SPECSWEEP_LEASE_SECONDS='soon' is not a positive number of seconds" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "r.db").exists()
