@@ -3,7 +3,8 @@
 - ``query`` and the dashboard open the store read-only; the database itself refuses writes,
   also scripts that try to switch the transaction to read-write first (SQLite and, when
   ``SPECSWEEP_TEST_PG_URL`` is set, PostgreSQL).
-- Models load from safetensors only, with ``trust_remote_code`` off unless a sweep sets it.
+- Models load from safetensors only, with ``trust_remote_code`` off unless a sweep sets it;
+  every ``torch.load`` is ``weights_only=True``.
 - No code in the package starts a shell or a process, so no name or path from a sweep file
   can reach one (an AST scan), and a path full of shell syntax is only ever a path.
 """
@@ -214,6 +215,31 @@ def test_load_causal_lm_passes_safetensors_and_trust_remote_code_only_when_asked
         (True, False),
         (True, True),
     ]
+
+
+def _torch_loads_without_weights_only(path: Path) -> list[tuple[str, int]]:
+    """Return (file, line) of each ``torch.load`` call in ``path`` without ``weights_only=True``
+    (such a call unpickles arbitrary objects, so a crafted file runs code)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    relative = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+    return [
+        (relative, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and _dotted(node.func, {}) == "torch.load"
+        and not any(
+            k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in node.keywords
+        )
+    ]
+
+
+def test_every_torch_load_is_weights_only(tmp_path: Path) -> None:
+    unsafe = tmp_path / "unsafe.py"
+    unsafe.write_text("import torch\ntorch.load('a')\ntorch.load('b', weights_only=True)\n")
+    assert _torch_loads_without_weights_only(unsafe) == [(str(unsafe), 2)]
+    files = [path for package in (*PACKAGES, "tests") for path in (REPO / package).rglob("*.py")]
+    assert [hit for path in files for hit in _torch_loads_without_weights_only(path)] == []
 
 
 def _pair_sweep(tmp_path: Path, trust: bool | None) -> tuple[SweepSpec, Plan]:
