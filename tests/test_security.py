@@ -3,8 +3,9 @@
 - ``query`` and the dashboard open the store read-only; the database itself refuses writes,
   also scripts that try to switch the transaction to read-write first (SQLite and, when
   ``SPECSWEEP_TEST_PG_URL`` is set, PostgreSQL).
-- Models load from safetensors only, with ``trust_remote_code`` off unless a sweep sets it;
-  every ``torch.load`` is ``weights_only=True``.
+- Models load from safetensors only, with ``trust_remote_code`` off unless a sweep sets it for
+  that model (the target's flag never trusts the draft's code); every ``torch.load`` is
+  ``weights_only=True``.
 - No code in the package starts a shell or a process, so no name or path from a sweep file
   can reach one (an AST scan), and a path full of shell syntax is only ever a path.
 """
@@ -242,26 +243,34 @@ def test_every_torch_load_is_weights_only(tmp_path: Path) -> None:
     assert [hit for path in files for hit in _torch_loads_without_weights_only(path)] == []
 
 
-def _pair_sweep(tmp_path: Path, trust: bool | None) -> tuple[SweepSpec, Plan]:
-    """A sweep over local model directories (config.json only), trusting remote code or not."""
+def _pair_sweep(tmp_path: Path, trust: dict[str, bool | None]) -> tuple[SweepSpec, Plan]:
+    """A sweep over local model directories (config.json only), each model trusting remote code
+    or not as ``trust`` (by role) says (None: the field is not written)."""
+    sweep = yaml.safe_load(sweep_yaml("trust"))
     for name in ("target", "draft"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "config.json").write_text("{}")
-    sweep = yaml.safe_load(sweep_yaml("trust"))
-    sweep["pairs"][0]["target"] = {"model": str(tmp_path / "target")}
-    sweep["pairs"][0]["draft"] = {"model": str(tmp_path / "draft")}
-    if trust is not None:
-        sweep["pairs"][0]["target"]["trust_remote_code"] = trust
+        sweep["pairs"][0][name] = {"model": str(tmp_path / name)}
+        if trust[name] is not None:
+            sweep["pairs"][0][name]["trust_remote_code"] = trust[name]
     spec = parse_sweep(yaml.safe_dump(sweep))
     return spec, plan_sweep(spec)
 
 
-@pytest.mark.parametrize("trust", [None, False, True], ids=["unset", "false", "true"])
+@pytest.mark.parametrize(
+    ("target_trust", "draft_trust"),
+    [(None, None), (False, False), (True, None), (True, False), (None, True), (True, True)],
+)
 def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
-    trust: bool | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    target_trust: bool | None,
+    draft_trust: bool | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    spec, plan = _pair_sweep(tmp_path, trust)
-    expected = bool(trust)
+    """Each model runs its repository's code only when its own flag says so: trusting the
+    target's code never trusts the draft's (a draft may be any hub id)."""
+    spec, plan = _pair_sweep(tmp_path, {"target": target_trust, "draft": draft_trust})
+    target, draft = bool(target_trust), bool(draft_trust)
     seen: list[tuple[str, bool]] = []
 
     class Tokenizer:
@@ -281,7 +290,12 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
     monkeypatch.setattr(preflight_module.AutoTokenizer, "from_pretrained", tokenizer)
     monkeypatch.setattr(preflight_module.AutoConfig, "from_pretrained", config)
     inputs = preflight_inputs(spec, plan)
-    assert seen == [("tokenizer", expected), ("config", expected), ("tokenizer", expected)]
+    assert seen == [
+        ("tokenizer", target),
+        ("config", target),
+        ("tokenizer", draft),
+        ("config", draft),
+    ]
 
     specs: list[Any] = []
 
@@ -310,8 +324,8 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
     replica = replica_module.GroupReplica(solo(spec.pairs[0]), inputs, False, None)  # type: ignore[arg-type]
     replica._draft(spec.pairs[0].name)
     assert [(Path(s.path).name, s.trust_remote_code) for s in specs] == [
-        ("target", expected),
-        ("draft", expected),
+        ("target", target),
+        ("draft", draft),
     ]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from orchestrator.planner import plan_sweep
 from orchestrator.spec import (
     SweepError,
     SweepSpec,
@@ -374,6 +375,30 @@ def test_small_aliases_still_expand(tmp_path: Path) -> None:
         )
     )
     assert [pair.target.model for pair in spec.pairs] == ["zoo:micro/target"] * 2
+
+
+def test_deep_nesting_is_refused_at_its_line(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, MINIMAL + "extra: " + "[" * 100 + "]" * 100 + "\n")
+    assert problems == ["12: (yaml): lists and mappings nest deeper than 64 levels"]
+
+
+def test_target_and_draft_each_trust_remote_code_on_their_own(tmp_path: Path) -> None:
+    def sweep(role: str | None) -> SweepSpec:
+        text = MINIMAL
+        if role is not None:
+            ref = f"zoo:micro/{role if role == 'target' else 'draft-s'}"
+            text = text.replace(
+                f"{role}: {ref}\n", f"{role}: {{model: {ref}, trust_remote_code: true}}\n"
+            )
+        return load_sweep(_write(tmp_path, text))
+
+    specs = [sweep(None), sweep("target"), sweep("draft")]
+    flags = [
+        (s.pairs[0].target.trust_remote_code, s.pairs[0].draft.trust_remote_code) for s in specs
+    ]
+    assert flags == [(False, False), (True, False), (False, True)]
+    ids = [{trial.trial_id for trial in plan_sweep(s).trials} for s in specs]
+    assert ids[0].isdisjoint(ids[1]) and ids[0].isdisjoint(ids[2]) and ids[1].isdisjoint(ids[2])
 
 
 def test_non_mapping_file_and_unreadable_path(tmp_path: Path) -> None:
