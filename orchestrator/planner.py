@@ -8,7 +8,8 @@ greedy ignores top-k/top-p), the policy with *all* its parameters (defaults fill
 coerced to the default's type), the trained artifact's job id, max draft length, seed, warm-up
 samples and ``CODE_VERSION``. It excludes labels and placement: the sweep's and the pair's names,
 the description, GPU fractions, retries. So the same measurement in two sweeps (or under two pair
-names) is one trial, stored once, and resubmitting a sweep skips trials already done.
+names) is one trial, stored once, and resubmitting a sweep skips trials already done. A draft's
+own ``trust_remote_code`` enters the identity only when set, so older ids are unchanged.
 
 An AR baseline (policy ``ar``, max draft length 0) is added per (pair, dataset, temperature,
 seed); it keeps the draft in its identity because speedups compare against the same pair's
@@ -374,6 +375,7 @@ class _TrialGroup:
             "warmup_samples": self.spec.execution.warmup_samples,
             "code_version": CODE_VERSION,
             **_prompt_format(self.dataset.chat_template),
+            **_draft_trust(draft.trust_remote_code),
         }
 
     def _trial(
@@ -521,6 +523,12 @@ def fit_group_key(trial: Trial) -> str:
             **_prompt_format(trial.chat_template),
         }
     )
+
+
+def _draft_trust(trust_remote_code: bool) -> dict[str, bool]:
+    """Return the identity entry of a draft that runs its repository's code (none when it does
+    not, so the ids of trials that existed before drafts had their own flag are unchanged)."""
+    return {"draft_trust_remote_code": True} if trust_remote_code else {}
 
 
 def _prompt_format(chat_template: bool | None) -> dict[str, bool]:

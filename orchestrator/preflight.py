@@ -1,8 +1,11 @@
 """Checks that run before any trial: models resolve, tokenizers agree, datasets load.
 
-A missing model path, a draft whose tokenizer differs from the target's, or a dataset that
-cannot be loaded is reported here, all problems at once, and nothing runs. What the checks load
-(model paths, tokenizers, prompts) is kept for the run.
+A missing model path, a draft whose tokenizer differs from the target's, a dataset that cannot
+be loaded or has fewer rows than ``samples``, or an output (``max_new_tokens``) that leaves no
+room for a prompt in the target's or the draft's context is reported here, all problems at
+once, and nothing runs. What the checks load (model paths, tokenizers, context sizes, prompts)
+is kept for the run. Each model loads its repository's code only when its own
+``trust_remote_code`` says so.
 """
 
 from __future__ import annotations
@@ -13,14 +16,35 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
-from orchestrator.planner import Plan
-from orchestrator.spec import SweepSpec, job_base_reference
+from orchestrator.planner import Plan, Trial
+from orchestrator.spec import (
+    MAX_DRAFT_LEN_LIMIT,
+    DatasetEntry,
+    PairSpec,
+    SweepSpec,
+    job_base_reference,
+)
 from training.gguf_import import GGUFImportError
 from training.zoo.refs import is_model_ref, resolve_model_ref
 from workers.datasets import DatasetSpec, DatasetUnavailable, Prompt, UnknownDataset, load_prompts
 from workers.prompt_format import encode_prompts, uses_chat_template
 
 PromptKey = tuple[str, str | None, int, str | None]
+#: The fewest tokens a left-trimmed prompt keeps (``PreparedInputs.token_ids``).
+MIN_PROMPT_TOKENS = 8
+#: Positions a trimmed prompt leaves free beyond the output: the largest verify block
+#: (``MAX_DRAFT_LEN_LIMIT`` drafts and the bonus token) and one spare.
+VERIFY_RESERVE = MAX_DRAFT_LEN_LIMIT + 2
+#: Config fields that hold a model's context length, in the order they are looked for.
+CONTEXT_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_sequence_length",
+    "seq_length",
+    "n_ctx",
+)
+#: The context assumed for a model whose config names none of ``CONTEXT_FIELDS``.
+DEFAULT_CONTEXT = 2048
 
 
 class PreflightError(Exception):
@@ -41,7 +65,8 @@ class ModelPaths:
 
 @dataclass
 class PreparedInputs:
-    """What preflight loaded: model paths, one tokenizer and context size per pair, prompts."""
+    """What preflight loaded: model paths, one tokenizer and context size per pair (the smaller
+    of its target's and draft's), prompts."""
 
     model_paths: dict[str, ModelPaths] = field(default_factory=dict)
     tokenizers: dict[str, Any] = field(default_factory=dict)
@@ -58,9 +83,10 @@ class PreparedInputs:
         """Return the prompts of ``key`` tokenized for ``pair``, left-truncated to fit.
 
         A prompt keeps its last tokens so that prompt + output + a draft block fit in the
-        model's context. ``chat_template`` is the dataset's setting (see ``uses_chat_template``).
+        context of both models (preflight refuses outputs too long for even a short prompt).
+        ``chat_template`` is the dataset's setting (see ``uses_chat_template``).
         """
-        budget = max(8, self.max_positions[pair] - max_new_tokens - 130)
+        budget = max(MIN_PROMPT_TOKENS, self.max_positions[pair] - max_new_tokens - VERIFY_RESERVE)
         tokenizer = self.tokenizers[pair]
         texts = [p.text for p in self.prompts[key]]
         return encode_prompts(tokenizer, texts, budget, chat_template)
@@ -71,36 +97,63 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     problems: list[str] = []
     inputs = PreparedInputs()
     job_bases = _check_training_jobs(spec, problems)
+    contexts: dict[str, list[ModelContext]] = {}
     for index, pair in enumerate(spec.pairs):
-        where = f"pairs[{index}]"
-        target = _resolve(pair.target.model, f"{where}.target.model", problems)
-        draft = None
-        draft_ref = pair.draft.model
-        if pair.draft.job is not None:
-            draft_ref, draft = job_bases[pair.draft.job]
-        elif pair.draft.model is not None:
-            draft = _resolve(pair.draft.model, f"{where}.draft.model", problems)
-        if target is None:
-            continue
-        inputs.model_paths[pair.name] = ModelPaths(target, None if pair.draft.job else draft)
-        tokenizer = _load_tokenizer(
-            target, f"{where}.target.model", problems, pair.target.trust_remote_code
-        )
-        if tokenizer is None:
-            continue
-        inputs.tokenizers[pair.name] = tokenizer
-        config = AutoConfig.from_pretrained(target, trust_remote_code=pair.target.trust_remote_code)
-        inputs.max_positions[pair.name] = int(getattr(config, "max_position_embeddings", 2048))
-        if draft is not None:
-            draft_tokenizer = _load_tokenizer(
-                draft, f"{where}.draft.model", problems, pair.target.trust_remote_code
-            )
-            if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
-                problems.append(
-                    f"{where}: the draft's tokenizer ({draft_ref}) differs from the "
-                    f"target's ({pair.target.model}); speculative decoding needs one vocabulary"
-                )
+        contexts[pair.name] = _check_pair(index, pair, job_bases, inputs, problems)
     _check_chat_templates(plan, inputs, problems)
+    problems += context_problems(spec, plan, contexts)
+    _load_trial_prompts(plan, inputs, problems)
+    problems += row_problems(spec, inputs)
+    if problems:
+        raise PreflightError(problems)
+    return inputs
+
+
+def _check_pair(
+    index: int,
+    pair: PairSpec,
+    job_bases: dict[str, tuple[str, Path | None]],
+    inputs: PreparedInputs,
+    problems: list[str],
+) -> list[ModelContext]:
+    """Resolve ``pair``'s models, load the target's tokenizer (and check the draft's against it)
+    into ``inputs``; return the context of each model whose config says it."""
+    where = f"pairs[{index}]"
+    target = _resolve(pair.target.model, f"{where}.target.model", problems)
+    draft = None
+    draft_ref = pair.draft.model
+    if pair.draft.job is not None:
+        draft_ref, draft = job_bases[pair.draft.job]
+    elif pair.draft.model is not None:
+        draft = _resolve(pair.draft.model, f"{where}.draft.model", problems)
+    if target is None:
+        return []
+    inputs.model_paths[pair.name] = ModelPaths(target, None if pair.draft.job else draft)
+    trust = pair.target.trust_remote_code
+    tokenizer = _load_tokenizer(target, f"{where}.target.model", problems, trust)
+    if tokenizer is None:
+        return []
+    inputs.tokenizers[pair.name] = tokenizer
+    target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust)
+    contexts = [_model_context("target", pair.target.model, target_config)]
+    if draft is not None:
+        trust = pair.draft.trust_remote_code
+        draft_tokenizer = _load_tokenizer(draft, f"{where}.draft.model", problems, trust)
+        if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+            problems.append(
+                f"{where}: the draft's tokenizer ({draft_ref}) differs from the "
+                f"target's ({pair.target.model}); speculative decoding needs one vocabulary"
+            )
+        if draft_tokenizer is not None:
+            config = AutoConfig.from_pretrained(draft, trust_remote_code=trust)
+            contexts.append(_model_context("draft", str(draft_ref), config))
+    known = [context.limit for context in contexts if context.field is not None]
+    inputs.max_positions[pair.name] = min(known, default=DEFAULT_CONTEXT)
+    return contexts
+
+
+def _load_trial_prompts(plan: Plan, inputs: PreparedInputs, problems: list[str]) -> None:
+    """Load the prompts of every trial's dataset into ``inputs`` (once per dataset)."""
     for trial in plan.trials:
         key = (trial.dataset, trial.split, trial.samples, trial.local_path)
         if key in inputs.prompts or any(p.startswith(f"dataset {key[0]}") for p in problems):
@@ -111,9 +164,108 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
             )
         except (DatasetUnavailable, UnknownDataset, OSError, ValueError) as exc:
             problems.append(f"dataset {trial.dataset}: {exc}")
-    if problems:
-        raise PreflightError(problems)
-    return inputs
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """How many positions a pair's ``role`` model ("target" or "draft") holds, and the config
+    field that says so (None: its config names none, so nothing is checked)."""
+
+    role: str
+    ref: str
+    field: str | None
+    limit: int
+
+
+def _model_context(role: str, ref: str, config: Any) -> ModelContext:
+    """Return the context of the model whose config is ``config`` (the first field of
+    ``CONTEXT_FIELDS`` its ``config.json`` holds as a positive integer)."""
+    values = config.to_dict()
+    for name in CONTEXT_FIELDS:
+        value = values.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return ModelContext(role, ref, name, value)
+    return ModelContext(role, ref, None, DEFAULT_CONTEXT)
+
+
+def context_problems(
+    spec: SweepSpec, plan: Plan, contexts: dict[str, list[ModelContext]]
+) -> list[str]:
+    """Return a problem for each dataset and model of a pair whose context cannot hold the
+    output, the largest verify block of the pair's trials on it and ``MIN_PROMPT_TOKENS``.
+
+    Longer prompts are left-trimmed to fit (``PreparedInputs.token_ids``), so they are not
+    problems; an output that leaves no room for a prompt is.
+    """
+    problems: list[str] = []
+    for index, dataset in enumerate(spec.datasets):
+        for pair in spec.pairs:
+            drafts = [
+                trial.max_draft_len
+                for trial in plan.trials
+                if trial.pair == pair.name and _same_dataset(trial, dataset)
+            ]
+            if not drafts:
+                continue
+            for context in contexts.get(pair.name, []):
+                problem = _context_problem(
+                    index, dataset.max_new_tokens, max(drafts), pair.name, context
+                )
+                if problem is not None:
+                    problems.append(problem)
+    return problems
+
+
+def _context_problem(
+    index: int, new_tokens: int, max_draft_len: int, pair: str, context: ModelContext
+) -> str | None:
+    """Return the problem of ``new_tokens`` outputs with ``max_draft_len`` drafts in ``context``
+    (None when they fit or the context is unknown)."""
+    block = max_draft_len + 1
+    needed = new_tokens + block + MIN_PROMPT_TOKENS
+    if context.field is None or needed <= context.limit:
+        return None
+    most = context.limit - block - MIN_PROMPT_TOKENS
+    fix = f"lower max_new_tokens to at most {most}" if most >= 1 else "lower max_draft_lens"
+    return (
+        f"datasets[{index}].max_new_tokens: {new_tokens} does not fit the context of pair "
+        f"{pair}'s {context.role} {context.ref} ({context.field} = {context.limit}): "
+        f"{new_tokens} new tokens + {block} for the largest verify block (max_draft_len "
+        f"{max_draft_len} + 1) + at least {MIN_PROMPT_TOKENS} prompt tokens need {needed} "
+        f"positions; {fix} or use a model with a longer context"
+    )
+
+
+def _same_dataset(trial: Trial, dataset: DatasetEntry) -> bool:
+    """True when ``trial`` runs on the prompt set of sweep entry ``dataset``."""
+    return (trial.dataset, trial.split, trial.samples, trial.local_path, trial.max_new_tokens) == (
+        dataset.name,
+        dataset.split,
+        dataset.samples,
+        dataset.local_path,
+        dataset.max_new_tokens,
+    )
+
+
+def row_problems(spec: SweepSpec, inputs: PreparedInputs) -> list[str]:
+    """Return a problem for each sweep dataset whose loaded rows are fewer than its ``samples``
+    (every trial would otherwise fail on a missing prompt)."""
+    problems: list[str] = []
+    for index, dataset in enumerate(spec.datasets):
+        key = (dataset.name, dataset.split, dataset.samples, dataset.local_path)
+        rows = len(inputs.prompts.get(key, ()))
+        if key not in inputs.prompts or rows >= dataset.samples:
+            continue
+        if dataset.local_path is not None:
+            source, fix = f"the local file {dataset.local_path}", "a file with more rows"
+        else:
+            split = f" (split {dataset.split})" if dataset.split else ""
+            source, fix = f"dataset {dataset.name}{split}", "a larger split"
+        problems.append(
+            f"datasets[{index}].samples: {dataset.samples} but {source} has only {rows} rows; "
+            f"lower samples to {rows} or give {fix}"
+        )
+    return problems
 
 
 def _check_chat_templates(plan: Plan, inputs: PreparedInputs, problems: list[str]) -> None:

@@ -287,13 +287,15 @@ class GroupReplica:
         deepspeed = target.backend == "deepspeed"
         self.rendezvous = rendezvous_port(self.group) if deepspeed else None
         key = StepKey(group_node(self.group), str(path), target.dtype, target.tp_size)
-        self.step_choices.load(key, lambda mode: self._start_ranks(self._model(path, mode)))
+        self.step_choices.load(
+            key, lambda mode: self._start_ranks(self._model(path, mode, target.trust_remote_code))
+        )
         self.warmed = set()
 
-    def _model(self, path: Path, single_step: SingleStep) -> ModelSpec:
-        """Return the spec of the model at ``path`` as this group's target settings load it."""
-        target = self.shared.target
-        return ModelSpec(str(path), target.dtype, target.trust_remote_code, single_step)
+    def _model(self, path: Path, single_step: SingleStep, trust_remote_code: bool) -> ModelSpec:
+        """Return the spec of the model at ``path`` as this group's target settings load it
+        (``trust_remote_code``: that model's own flag, the target's or a draft's)."""
+        return ModelSpec(str(path), self.shared.target.dtype, trust_remote_code, single_step)
 
     def _start_ranks(self, model: ModelSpec) -> bool | None:
         """Create the target ranks loading ``model``; once they are up, return whether rank 0's
@@ -318,8 +320,9 @@ class GroupReplica:
             self._create_draft(pair, None)
         else:
             key = StepKey(str(self.node), str(path), self.shared.target.dtype)
+            trust = self.shared.pairs[self.shared.pair_names.index(pair)].draft.trust_remote_code
             self.step_choices.load(
-                key, lambda mode: self._create_draft(pair, self._model(path, mode))
+                key, lambda mode: self._create_draft(pair, self._model(path, mode, trust))
             )
         self._warm_up(pair, path is not None)
 

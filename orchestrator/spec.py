@@ -114,7 +114,11 @@ class TargetSpec(_Frozen):
     tp_size: int = Field(1, ge=1, le=MAX_TP_SIZE)
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     gpus: float = Field(0.0, ge=0.0, le=MAX_GPUS, description="GPUs per target actor (rank)")
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(
+        False,
+        description="run Python code the target's model directory or hub repository ships "
+        "(transformers' trust_remote_code) for the target only; the draft has its own flag",
+    )
 
     _zoo = field_validator("model")(_check_zoo_ref)
 
@@ -133,6 +137,11 @@ class DraftSpec(_Frozen):
     model: ModelRef | None = None
     job: Name | None = None
     gpus: float = Field(0.0, ge=0.0, le=MAX_GPUS)
+    trust_remote_code: bool = Field(
+        False,
+        description="run Python code the draft's model directory or hub repository ships "
+        "(transformers' trust_remote_code); independent of the target's flag",
+    )
 
     _zoo = field_validator("model")(_check_zoo_ref)
 

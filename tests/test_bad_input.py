@@ -4,8 +4,10 @@ A hypothesis corpus mutates one thing in a valid sweep (a wrong type, an unknown
 list, a negative or absurd number, a YAML syntax error). Each file must give exactly one problem,
 ``FILE:LINE: field.path: message``, naming the mutated field on the line where it is written;
 ``submit`` must exit 2 and leave the database as it was (not created, or byte-identical).
+An alias bomb or a recursive alias is refused the same way, at its line, without expanding it.
 Preflight problems (a missing model, a draft with another tokenizer, a dataset that cannot be
-loaded) must also exit 2 before any trial runs, with no trial row written.
+loaded or has fewer rows than ``samples``, an output that does not fit a model's context) must
+also exit 2 before any trial runs, with no trial row written.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import copy
 import hashlib
 import json
 import re
+import shutil
 import string
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +32,7 @@ from hypothesis import strategies as st
 
 from orchestrator import cli
 from orchestrator.planner import plan_sweep
+from orchestrator.preflight import PreflightError, preflight_inputs
 from orchestrator.spec import MAX_GRID_TRIALS, SweepError, load_sweep, parse_sweep
 from orchestrator.store import open_store
 
@@ -367,6 +373,45 @@ def test_malformed_sweeps_give_one_located_error_exit_2_and_leave_the_db_alone(
     assert set(tried) == set(KINDS)
 
 
+#: Each level lists ten aliases of the level before: 10^9 values once expanded.
+ALIAS_BOMB = "".join(
+    f"l{level}: &l{level} [{', '.join([f'*l{level - 1}' if level else 'x'] * 10)}]\n"
+    for level in range(9)
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "expected"),
+    [
+        ("bomb", ALIAS_BOMB, ": aliases expand the file to more than"),
+        ("recursive", "loop: &x [1, [2, *x]]\n", ": alias *x is inside the node &x it names"),
+    ],
+)
+@pytest.mark.parametrize("command", ["plan", "submit"])
+def test_alias_bomb_and_recursive_alias_exit_2_at_their_line(
+    command: str, case: str, text: str, expected: str, tmp_path: Path
+) -> None:
+    """In a subprocess with a deadline, so a regression fails instead of hanging the suite."""
+    sweep_file = tmp_path / "sweep.yaml"
+    head = _dump(VALID)
+    sweep_file.write_text(head + text, encoding="utf-8")
+    first_line = len(head.splitlines()) + 1
+    db = tmp_path / "results.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--db", f"sqlite:///{db}", command, str(sweep_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == cli.EXIT_USER_ERROR, result.stderr[-2000:]
+    match = re.search(rf"{re.escape(str(sweep_file))}:(\d+): \(yaml\)(.*)", result.stderr)
+    assert match is not None and expected in match[2], result.stderr[-2000:]
+    assert first_line <= int(match[1]) < first_line + text.count("\n")
+    assert "Traceback" not in result.stderr
+    assert not db.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Preflight: the file is valid, but what it names cannot be used
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +450,83 @@ def _other_tokenizer_draft(zoo: Any, directory: Path) -> Path:
     return directory
 
 
-PREFLIGHT_CASES = ("missing model", "tokenizer mismatch", "dataset unavailable")
+def _short_context_draft(zoo: Any, directory: Path, positions: int) -> Path:
+    """Copy the micro draft with ``max_position_embeddings`` lowered to ``positions``."""
+    shutil.copytree(zoo.model_path("draft-xs"), directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(
+        json.dumps({**config, "max_position_embeddings": positions})
+    )
+    return directory
+
+
+GSM8K_ROWS = Path(__file__).parent / "data" / "hub" / "gsm8k.jsonl"
+PREFLIGHT_CASES = (
+    "missing model",
+    "tokenizer mismatch",
+    "dataset unavailable",
+    "output beyond the target's context",
+    "output beyond the draft's context",
+    "fewer rows than samples",
+)
+
+
+def _preflight_case(case: str, zoo: Any, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """Return a valid sweep whose ``case`` preflight must refuse, and a part of the message."""
+    sweep = copy.deepcopy(VALID)
+    if case == "missing model":
+        missing = tmp_path / "no-such-model"
+        sweep["pairs"][0]["draft"] = {"model": str(missing)}
+        expected = f"pairs[0].draft.model: {str(missing)!r} is not a model directory"
+    elif case == "tokenizer mismatch":
+        draft = _other_tokenizer_draft(zoo, tmp_path / "other-tokenizer")
+        sweep["pairs"][0]["draft"] = {"model": str(draft)}
+        expected = "pairs[0]: the draft's tokenizer"
+    elif case == "dataset unavailable":
+        sweep["datasets"] = [{"name": "gsm8k", "samples": 2, "max_new_tokens": 12}]
+        expected = "dataset gsm8k: dataset 'gsm8k' ('openai/gsm8k'"
+    elif case == "output beyond the target's context":
+        sweep["datasets"][0]["max_new_tokens"] = 100_000
+        expected = (
+            "datasets[0].max_new_tokens: 100000 does not fit the context of pair micro's target "
+            "zoo:micro/target (max_position_embeddings = 2048)"
+        )
+    elif case == "output beyond the draft's context":
+        draft = _short_context_draft(zoo, tmp_path / "short-draft", 20)
+        sweep["pairs"][0]["draft"] = {"model": str(draft)}
+        expected = (
+            f"datasets[0].max_new_tokens: 12 does not fit the context of pair micro's draft "
+            f"{draft} (max_position_embeddings = 20): 12 new tokens + 5 for the largest verify "
+            "block (max_draft_len 4 + 1) + at least 8 prompt tokens need 25 positions; lower "
+            "max_new_tokens to at most 7"
+        )
+    else:
+        rows = len(GSM8K_ROWS.read_text().splitlines())
+        sweep["datasets"] = [
+            {
+                "name": "gsm8k",
+                "samples": rows + 1,
+                "max_new_tokens": 12,
+                "local_path": str(GSM8K_ROWS),
+            }
+        ]
+        expected = (
+            f"datasets[0].samples: {rows + 1} but the local file {GSM8K_ROWS} has only {rows} "
+            f"rows; lower samples to {rows} or give a file with more rows"
+        )
+    return sweep, expected
+
+
+@pytest.mark.parametrize("case", PREFLIGHT_CASES)
+def test_preflight_inputs_names_each_problem(
+    case: str, zoo_env: Any, hub_offline: None, tmp_path: Path
+) -> None:
+    """The check itself, without the CLI (a missed check fails here instead of running)."""
+    sweep, expected = _preflight_case(case, zoo_env, tmp_path)
+    spec = parse_sweep(_dump(sweep))
+    with pytest.raises(PreflightError) as caught:
+        preflight_inputs(spec, plan_sweep(spec))
+    assert any(expected in problem for problem in caught.value.problems), caught.value.problems
 
 
 @pytest.mark.parametrize("case", PREFLIGHT_CASES)
@@ -420,18 +541,7 @@ def test_preflight_refuses_before_any_trial_runs(
 ) -> None:
     import ray
 
-    sweep = copy.deepcopy(VALID)
-    if case == "missing model":
-        missing = tmp_path / "no-such-model"
-        sweep["pairs"][0]["draft"] = {"model": str(missing)}
-        expected = f"pairs[0].draft.model: {str(missing)!r} is not a model directory"
-    elif case == "tokenizer mismatch":
-        draft = _other_tokenizer_draft(zoo_env, tmp_path / "other-tokenizer")
-        sweep["pairs"][0]["draft"] = {"model": str(draft)}
-        expected = "pairs[0]: the draft's tokenizer"
-    else:
-        sweep["datasets"] = [{"name": "gsm8k", "samples": 2, "max_new_tokens": 12}]
-        expected = "dataset gsm8k: dataset 'gsm8k' ('openai/gsm8k'"
+    sweep, expected = _preflight_case(case, zoo_env, tmp_path)
     sweep_file = tmp_path / "sweep.yaml"
     sweep_file.write_text(_dump(sweep))
     db_dir = tmp_path / "db"

@@ -107,6 +107,14 @@ def test_start_commands_start_a_head_and_join_it(config: dict[str, Any]) -> None
     assert "ray start --address=$RAY_HEAD_IP:6379" in worker
 
 
+def test_dashboard_listens_on_the_heads_localhost_only(config: dict[str, Any]) -> None:
+    """Ray's dashboard serves the unauthenticated Jobs API: bound to 127.0.0.1 on the head, it
+    is reached through ``ray dashboard cluster.yaml`` (an SSH tunnel), not by the security group."""
+    head = " ".join(config["head_start_ray_commands"])
+    assert re.findall(r"--dashboard-host[= ](\S+)", head) == ["127.0.0.1"]
+    assert "0.0.0.0" not in CLUSTER_YAML.read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize(
     ("tp_size", "target_gpus", "draft_gpus", "fits"),
     [(4, 1, 1, True), (7, 1, 1, True), (8, 0.9, 0.1, True), (8, 1, 0.5, False)],

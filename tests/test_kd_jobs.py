@@ -108,8 +108,8 @@ def test_distillspec_target_data_is_the_teachers_greedy_output(
     )
     run_job(job(micro_zoo, "distillspec", {"max_steps": 1}), tmp_path / "dataset", progress=False)
     teacher = AutoModelForCausalLM.from_pretrained(str(micro_zoo.model_path("target")))
-    generated = torch.load(tmp_path / "target" / DATA_DIR / "train_blocks.pt")
-    corpus = torch.load(tmp_path / "dataset" / DATA_DIR / "train_blocks.pt")
+    generated = torch.load(tmp_path / "target" / DATA_DIR / "train_blocks.pt", weights_only=True)
+    corpus = torch.load(tmp_path / "dataset" / DATA_DIR / "train_blocks.pt", weights_only=True)
     assert generated.shape == (12, 33)
     assert greedy_fraction(teacher, generated, FAST["prompt_tokens"]) > 0.99
     assert greedy_fraction(teacher, corpus, FAST["prompt_tokens"]) < 0.9
@@ -128,7 +128,7 @@ def test_sampled_target_data_is_seeded_and_not_the_greedy_output(
         ("other_seed", sampled, 1),
     ):
         run_job(job(micro_zoo, "distillspec", settings, seed=seed), tmp_path / name, False)
-        blocks[name] = torch.load(tmp_path / name / DATA_DIR / "train_blocks.pt")
+        blocks[name] = torch.load(tmp_path / name / DATA_DIR / "train_blocks.pt", weights_only=True)
     teacher = AutoModelForCausalLM.from_pretrained(str(micro_zoo.model_path("target")))
     start = FAST["prompt_tokens"]
     assert blocks["sampled"].shape == blocks["greedy"].shape == (12, 33)
@@ -148,7 +148,7 @@ def test_divergence_setting_reaches_the_loss(micro_zoo: ZooManifest, tmp_path: P
         directory = tmp_path / kind
         config = job(micro_zoo, "distillspec", {"divergence": kind, "max_steps": 2})
         first[kind] = run_job(config, directory, progress=False).metrics["train_loss_first"]
-        blocks = torch.load(directory / DATA_DIR / "train_blocks.pt")
+        blocks = torch.load(directory / DATA_DIR / "train_blocks.pt", weights_only=True)
         order = torch.randperm(blocks.shape[0], generator=torch.Generator().manual_seed(0))
         inputs = blocks[order[: FAST["batch_size"]], :-1]
         with torch.no_grad():

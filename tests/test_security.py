@@ -9,7 +9,9 @@
   locks, DO blocks and data-modifying statements are refused, leaving the store unchanged. The
   reader role its refusal message documents works as written. SQLite refusals say what was
   refused (ATTACH, load_extension(), a PRAGMA write).
-- Models load from safetensors only, with ``trust_remote_code`` off unless a sweep sets it.
+- Models load from safetensors only, with ``trust_remote_code`` off unless a sweep sets it for
+  that model (the target's flag never trusts the draft's code); every ``torch.load`` is
+  ``weights_only=True``.
 - No code in the package starts a shell or a process, so no name or path from a sweep file
   can reach one (an AST scan), and a path full of shell syntax is only ever a path.
 """
@@ -555,26 +557,59 @@ def test_load_causal_lm_passes_safetensors_and_trust_remote_code_only_when_asked
     ]
 
 
-def _pair_sweep(tmp_path: Path, trust: bool | None) -> tuple[SweepSpec, Plan]:
-    """A sweep over local model directories (config.json only), trusting remote code or not."""
+def _torch_loads_without_weights_only(path: Path) -> list[tuple[str, int]]:
+    """Return (file, line) of each ``torch.load`` call in ``path`` without ``weights_only=True``
+    (such a call unpickles arbitrary objects, so a crafted file runs code)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    relative = str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+    return [
+        (relative, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and _dotted(node.func, {}) == "torch.load"
+        and not any(
+            k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in node.keywords
+        )
+    ]
+
+
+def test_every_torch_load_is_weights_only(tmp_path: Path) -> None:
+    unsafe = tmp_path / "unsafe.py"
+    unsafe.write_text("import torch\ntorch.load('a')\ntorch.load('b', weights_only=True)\n")
+    assert _torch_loads_without_weights_only(unsafe) == [(str(unsafe), 2)]
+    files = [path for package in (*PACKAGES, "tests") for path in (REPO / package).rglob("*.py")]
+    assert [hit for path in files for hit in _torch_loads_without_weights_only(path)] == []
+
+
+def _pair_sweep(tmp_path: Path, trust: dict[str, bool | None]) -> tuple[SweepSpec, Plan]:
+    """A sweep over local model directories (config.json only), each model trusting remote code
+    or not as ``trust`` (by role) says (None: the field is not written)."""
+    sweep = yaml.safe_load(sweep_yaml("trust"))
     for name in ("target", "draft"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "config.json").write_text("{}")
-    sweep = yaml.safe_load(sweep_yaml("trust"))
-    sweep["pairs"][0]["target"] = {"model": str(tmp_path / "target")}
-    sweep["pairs"][0]["draft"] = {"model": str(tmp_path / "draft")}
-    if trust is not None:
-        sweep["pairs"][0]["target"]["trust_remote_code"] = trust
+        sweep["pairs"][0][name] = {"model": str(tmp_path / name)}
+        if trust[name] is not None:
+            sweep["pairs"][0][name]["trust_remote_code"] = trust[name]
     spec = parse_sweep(yaml.safe_dump(sweep))
     return spec, plan_sweep(spec)
 
 
-@pytest.mark.parametrize("trust", [None, False, True], ids=["unset", "false", "true"])
+@pytest.mark.parametrize(
+    ("target_trust", "draft_trust"),
+    [(None, None), (False, False), (True, None), (True, False), (None, True), (True, True)],
+)
 def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
-    trust: bool | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    target_trust: bool | None,
+    draft_trust: bool | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    spec, plan = _pair_sweep(tmp_path, trust)
-    expected = bool(trust)
+    """Each model runs its repository's code only when its own flag says so: trusting the
+    target's code never trusts the draft's (a draft may be any hub id)."""
+    spec, plan = _pair_sweep(tmp_path, {"target": target_trust, "draft": draft_trust})
+    target, draft = bool(target_trust), bool(draft_trust)
     seen: list[tuple[str, bool]] = []
 
     class Tokenizer:
@@ -594,7 +629,12 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
     monkeypatch.setattr(preflight_module.AutoTokenizer, "from_pretrained", tokenizer)
     monkeypatch.setattr(preflight_module.AutoConfig, "from_pretrained", config)
     inputs = preflight_inputs(spec, plan)
-    assert seen == [("tokenizer", expected), ("config", expected), ("tokenizer", expected)]
+    assert seen == [
+        ("tokenizer", target),
+        ("config", target),
+        ("tokenizer", draft),
+        ("config", draft),
+    ]
 
     specs: list[Any] = []
 
@@ -623,8 +663,8 @@ def test_trust_remote_code_reaches_tokenizers_configs_and_workers_only_when_set(
     replica = replica_module.GroupReplica(solo(spec.pairs[0]), inputs, False, None)  # type: ignore[arg-type]
     replica._draft(spec.pairs[0].name)
     assert [(Path(s.path).name, s.trust_remote_code) for s in specs] == [
-        ("target", expected),
-        ("draft", expected),
+        ("target", target),
+        ("draft", draft),
     ]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from orchestrator.planner import plan_sweep
 from orchestrator.spec import (
     SweepError,
     SweepSpec,
@@ -330,6 +331,74 @@ def test_yaml_syntax_error_reports_its_line(tmp_path: Path) -> None:
 def test_duplicate_yaml_key_is_an_error(tmp_path: Path) -> None:
     problems = _problems(tmp_path, MINIMAL + "name: again\n")
     assert problems == ["12: (yaml): duplicate key 'name'"]
+
+
+def _alias_bomb(levels: int = 9, width: int = 10) -> str:
+    """Return a billion-laughs file: each level lists ``width`` aliases of the one before."""
+    lines = ["l0: &l0 [" + ", ".join(["x"] * width) + "]"]
+    for level in range(1, levels):
+        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * width) + "]")
+    return MINIMAL + "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_at_the_alias_line(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, _alias_bomb())
+    assert len(problems) == 1, problems
+    line = int(problems[0].split(":")[0])
+    # Line 12 + k defines l<k> as copies of l<k-1>; the aliases start on line 13.
+    assert 13 <= line <= 20, problems
+    assert f"*l{line - 13}" in problems[0] and "aliases expand" in problems[0], problems
+
+
+def test_recursive_alias_is_refused_at_its_line(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, MINIMAL + "extra: &x [1, *x]\n")
+    assert len(problems) == 1 and problems[0].startswith("12: (yaml): alias *x"), problems
+    assert "recursive" in problems[0]
+    nested = _problems(tmp_path, MINIMAL + "extra: &x\n  inner:\n    - *x\n")
+    assert len(nested) == 1 and nested[0].startswith("14: (yaml): alias *x"), nested
+
+
+def test_small_aliases_still_expand(tmp_path: Path) -> None:
+    spec = load_sweep(
+        _write(
+            tmp_path,
+            """\
+            name: tiny
+            pairs:
+              - {name: a, target: &t {model: zoo:micro/target}, draft: zoo:micro/draft-s}
+              - {name: b, target: *t, draft: zoo:micro/draft-xs}
+            datasets: [&code "builtin:code"]
+            temperatures: [0]
+            policies: [{name: static}]
+            max_draft_lens: [4]
+            """,
+        )
+    )
+    assert [pair.target.model for pair in spec.pairs] == ["zoo:micro/target"] * 2
+
+
+def test_deep_nesting_is_refused_at_its_line(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, MINIMAL + "extra: " + "[" * 100 + "]" * 100 + "\n")
+    assert problems == ["12: (yaml): lists and mappings nest deeper than 64 levels"]
+
+
+def test_target_and_draft_each_trust_remote_code_on_their_own(tmp_path: Path) -> None:
+    def sweep(role: str | None) -> SweepSpec:
+        text = MINIMAL
+        if role is not None:
+            ref = f"zoo:micro/{role if role == 'target' else 'draft-s'}"
+            text = text.replace(
+                f"{role}: {ref}\n", f"{role}: {{model: {ref}, trust_remote_code: true}}\n"
+            )
+        return load_sweep(_write(tmp_path, text))
+
+    specs = [sweep(None), sweep("target"), sweep("draft")]
+    flags = [
+        (s.pairs[0].target.trust_remote_code, s.pairs[0].draft.trust_remote_code) for s in specs
+    ]
+    assert flags == [(False, False), (True, False), (False, True)]
+    ids = [{trial.trial_id for trial in plan_sweep(s).trials} for s in specs]
+    assert ids[0].isdisjoint(ids[1]) and ids[0].isdisjoint(ids[2]) and ids[1].isdisjoint(ids[2])
 
 
 def test_non_mapping_file_and_unreadable_path(tmp_path: Path) -> None:

@@ -142,7 +142,7 @@ def _cached_teacher_samples(
     (the longest) finds it at ``path`` and goes on from there; the build removes it when done."""
     if path.is_file():
         log(progress, recipe, f"reusing the teacher data of an interrupted build ({path})")
-        saved = torch.load(path)
+        saved = torch.load(path, weights_only=True)
         return [TeacherSample(**row) for row in saved["samples"]], saved["seconds"]
     log(progress, recipe, "generating the target's greedy responses (teacher data)")
     samples, seconds = teacher_samples(target, tokenizer, data, progress)
