@@ -9,6 +9,8 @@ spread with one replica points at the process itself (on the H200 it was a fresh
 warm-up spell, see bench/gpu_warmup.py), one only with two at the GPU being shared.
 
     python bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out runs/gpu/replicas.json
+
+The ``replicas`` step of ``bench/gpu_check.sh`` runs it; findings: docs/lab/gpu-run-2-h200.md.
 """
 
 from __future__ import annotations

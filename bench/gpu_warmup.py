@@ -7,6 +7,8 @@ before it, a fixed pure-Python loop (a probe of the host CPU's speed). How the w
 default ``workers.trial.GPU_WARMUP_SECONDS`` was chosen (docs/gpu/warmup-transient-h200.log).
 
     python bench/gpu_warmup.py --target zoo:smol/target --device cuda --dtype bfloat16
+
+The ``warmup`` step of ``bench/gpu_check.sh`` runs it; findings: docs/lab/gpu-run-2-h200.md.
 """
 
 from __future__ import annotations
