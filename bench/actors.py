@@ -45,20 +45,26 @@ from pathlib import Path
 
 import ray
 import torch
+from common import (
+    add_device_arguments,
+    add_out_argument,
+    add_pair_arguments,
+    add_prompt_arguments,
+    add_warmup_argument,
+    bench_parser,
+    prepare,
+    warmup_seconds,
+)
 from placements import PLACEMENTS, start_placements
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from orchestrator.metrics import TrialMetrics, trial_metrics
-from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import paired_speed_ratio
 from workers.actors import ModelSpec
 from workers.json_files import write_json
-from workers.lm import DTYPES
 from workers.process_usage import MachineUsage, ProcessUsage, machine_usage
-from workers.prompt_format import encode_dataset
 from workers.records import GenerationResult, SamplingConfig
-from workers.trial import BASELINE_POLICY, GPU_WARMUP_SECONDS, TrialRequest
+from workers.trial import BASELINE_POLICY, TrialRequest
 
 #: The ratios reported, (numerator, denominator) placements.
 RATIOS = (("actors", "in_process"), ("processes", "in_process"), ("actors", "processes"))
@@ -80,30 +86,16 @@ def _tokens_per_s(results: list[GenerationResult]) -> float:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Return the command-line options."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--target", default="zoo:smol/target")
-    parser.add_argument("--draft", default="zoo:smol/draft-s")
-    parser.add_argument("--dataset", default="humaneval")
-    parser.add_argument("--samples", type=int, default=6)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser = bench_parser(__doc__)
+    add_pair_arguments(parser)
+    add_prompt_arguments(parser, samples=6, max_new_tokens=48)
     parser.add_argument("--k", type=int, default=4, help="static draft length")
     parser.add_argument("--repeats", type=int, default=6, help="turns of both placements")
-    parser.add_argument(
-        "--device", default="cpu", help="cpu, or cuda: in process on cuda, each actor a GPU share"
+    add_device_arguments(
+        parser, device_help="cpu, or cuda: in process on cuda, each actor a GPU share"
     )
-    parser.add_argument(
-        "--dtype", default="float32", choices=sorted(DTYPES), help="both models' weights"
-    )
-    parser.add_argument(
-        "--warmup-seconds",
-        type=float,
-        default=None,
-        help=f"untimed decoding in each placement first (default {GPU_WARMUP_SECONDS:g} on cuda, "
-        "else one pass)",
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench-actors.json"))
+    add_warmup_argument(parser, "untimed decoding in each placement first", "one pass")
+    add_out_argument(parser, "bench-actors.json")
     return parser.parse_args(argv)
 
 
@@ -194,9 +186,7 @@ def _method_report(runs: dict[str, PlacementRuns]) -> dict:
 
 def _warm_all(args: argparse.Namespace, placements: list, request: TrialRequest) -> float:
     """Decode ``request`` untimed in every placement for the warm-up time; return that time."""
-    warmup = args.warmup_seconds
-    if warmup is None:
-        warmup = GPU_WARMUP_SECONDS if torch.device(args.device).type == "cuda" else 0.0
+    warmup = warmup_seconds(args)
     for placement in placements:
         placement.warm_up(request, warmup)
     return warmup
@@ -304,10 +294,9 @@ def _print_method(name: str, figures: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the placements in turns, print the comparison and write JSON; return exit code."""
     args = _parse_args(argv)
-    torch.set_num_threads(1)
-    target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    prompts = encode_dataset(tokenizer, args.dataset, args.samples, 256)
+    torch.set_num_threads(1)  # as Ray sets it for each one-CPU actor
+    inputs = prepare(args)
+    prompts, target_path, draft_path = inputs.prompts, inputs.target_path, inputs.draft_path
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
     requests = {
         "ar": TrialRequest(prompts, sampling, BASELINE_POLICY, warmup_samples=1),

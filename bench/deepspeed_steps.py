@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from common import add_device_arguments, add_out_argument, add_threads_argument
 from tqdm import tqdm
 
 from orchestrator.preflight import resolve_model_path
@@ -58,13 +59,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, help="model directory or zoo:PROFILE/NAME")
     parser.add_argument("--ranks", type=int, default=2, help="tensor-parallel size (default 2)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    add_device_arguments(parser, device=False)
+    add_threads_argument(parser, 1, "per rank")
     parser.add_argument("--context", type=int, default=160, help="tokens before each block")
     parser.add_argument("--max-block", type=int, default=9, help="largest block timed")
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds (median)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds before giving up")
-    parser.add_argument("--out", type=Path, default=Path("deepspeed-steps.json"))
+    add_out_argument(parser, "deepspeed-steps.json")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)

@@ -40,19 +40,27 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from common import (
+    add_device_arguments,
+    add_out_argument,
+    add_pair_arguments,
+    add_prompt_arguments,
+    add_threads_argument,
+    add_warmup_argument,
+    bench_parser,
+    prepare,
+    warmup_seconds,
+)
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
-from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.json_files import write_json
-from workers.lm import DTYPES, CachedLM, load_causal_lm, synchronize
-from workers.prompt_format import encode_dataset
+from workers.lm import CachedLM, synchronize
 from workers.records import GenerationResult, SamplingConfig
 from workers.static_comparison import compare_static_k
 from workers.target import LocalTarget
-from workers.trial import GPU_WARMUP_SECONDS, TrialRequest, warm_up
+from workers.trial import TrialRequest, warm_up
 
 STATIC_KS = (2, 4, 8)
 #: Timed forwards of each block size n (the sizes take turns, after two untimed rounds).
@@ -428,27 +436,15 @@ def _hf_generate(target_model, prompts, max_new: int, **options):
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Return the command-line options."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    parser = bench_parser(__doc__)
+    add_pair_arguments(parser)
+    add_prompt_arguments(parser, samples=4, max_new_tokens=48)
+    add_threads_argument(parser, None, "default: all")
+    add_device_arguments(parser)
+    add_warmup_argument(
+        parser, "untimed static K=4 decoding first, shared among the model paths", "none"
     )
-    parser.add_argument("--target", default="zoo:smol/target")
-    parser.add_argument("--draft", default="zoo:smol/draft-s")
-    parser.add_argument("--dataset", default="humaneval")
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    parser.add_argument("--device", default="cpu", help="torch device of both models (cuda, ...)")
-    parser.add_argument(
-        "--dtype", default="float32", choices=sorted(DTYPES), help="both models' weights"
-    )
-    parser.add_argument(
-        "--warmup-seconds",
-        type=float,
-        default=None,
-        help=f"untimed static K=4 decoding first, shared among the model paths (default "
-        f"{GPU_WARMUP_SECONDS:g} on cuda, else none)",
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench-engine.json"))
+    add_out_argument(parser, "bench-engine.json")
     return parser.parse_args(argv)
 
 
@@ -463,9 +459,7 @@ def _warm_up_paths(
     identical passes (AR 42.3 then 65.9 tokens/s), so without it the first path's rows carry
     the process's first seconds.
     """
-    seconds = args.warmup_seconds
-    if seconds is None:
-        seconds = GPU_WARMUP_SECONDS if torch.device(args.device).type == "cuda" else 0.0
+    seconds = warmup_seconds(args)
     if seconds <= 0:
         return {}
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
@@ -552,11 +546,11 @@ def _cell(fraction: float | None, us_per_round: float | None) -> tuple[str, str]
     return f"{fraction:.1%}", f"{us_per_round:.0f}"
 
 
-def _device_name(device: str) -> str:
+def _device_name(device: torch.device) -> str:
     """Return what ``device`` is, in words (the GPU's name on CUDA)."""
-    if torch.device(device).type == "cuda":
-        return f"{device}: {torch.cuda.get_device_name(torch.device(device))}"
-    return device
+    if device.type == "cuda":
+        return f"{device}: {torch.cuda.get_device_name(device)}"
+    return str(device)
 
 
 def _packed(lm: CachedLM) -> bool:
@@ -602,16 +596,11 @@ def _save_rows(out: Path, report: dict, results: list[MethodResult]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    prompts = encode_dataset(tokenizer, args.dataset, args.samples, 256)
-    target_model = load_causal_lm(target_path, args.dtype, args.device)
-    draft_model = load_causal_lm(draft_path, args.dtype, args.device)
+    inputs = prepare(args)
+    prompts, ids = inputs.prompts, inputs.prompt_tensors
+    target_model, draft_model = inputs.load(inputs.target_path), inputs.load(inputs.draft_path)
     # Outputs are forced to full length (no EOS) so every method generates the same tokens.
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens))
-    ids = [torch.tensor(p) for p in prompts]
     models = {
         path: (CachedLM(draft_model, **options), CachedLM(target_model, **options))
         for path, (_, options) in PATHS.items()
@@ -623,13 +612,13 @@ def main(argv: list[str] | None = None) -> int:
         for path, (draft, target_lm) in models.items()
     }
     report = {
-        "target": str(target_path),
-        "draft": str(draft_path),
+        "target": str(inputs.target_path),
+        "draft": str(inputs.draft_path),
         "dataset": args.dataset,
         "samples": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "torch_threads": torch.get_num_threads(),
-        "device": _device_name(args.device),
+        "device": _device_name(inputs.device),
         "dtype": args.dtype,
         "warmup_seconds_per_token": warmup,
         "standalone_costs": {name: asdict(costs) for name, costs in paths.items()},

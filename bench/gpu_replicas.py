@@ -9,15 +9,18 @@ spread with one replica points at the process itself (on the H200 it was a fresh
 warm-up spell, see bench/gpu_warmup.py), one only with two at the GPU being shared.
 
     python bench/gpu_replicas.py sweeps/gpu_smoke.yaml --out runs/gpu/replicas.json
+
+The ``replicas`` step of ``bench/gpu_check.sh`` runs it; findings: docs/lab/gpu-run-2-h200.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import sys
 from pathlib import Path
+
+from common import add_out_argument, bench_parser, write_report
 
 from orchestrator.api import run_sweep
 from orchestrator.spec import load_sweep
@@ -32,11 +35,9 @@ SAMPLE_QUERY = """
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Return the command-line options."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("sweep", type=Path, help="sweep file (its first pair and policy run)")
-    parser.add_argument("--out", type=Path, default=Path("gpu-replicas.json"))
+    add_out_argument(parser, "gpu-replicas.json")
     return parser.parse_args(argv)
 
 
@@ -85,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{label:13} T={trial['temperature']} {trial['policy']:8} "
                 f"ms/token {costs}  spread {trial['spread']:.2f}"
             )
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"JSON: {args.out}")
+    write_report(args.out, report)
     return 0
 
 

@@ -7,22 +7,28 @@ before it, a fixed pure-Python loop (a probe of the host CPU's speed). How the w
 default ``workers.trial.GPU_WARMUP_SECONDS`` was chosen (docs/gpu/warmup-transient-h200.log).
 
     python bench/gpu_warmup.py --target zoo:smol/target --device cuda --dtype bfloat16
+
+The ``warmup`` step of ``bench/gpu_check.sh`` runs it; findings: docs/lab/gpu-run-2-h200.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
+from common import (
+    add_device_arguments,
+    add_out_argument,
+    add_pair_arguments,
+    add_prompt_arguments,
+    bench_parser,
+    prepare,
+    write_report,
+)
 
-from orchestrator.preflight import resolve_model_path
-from workers.lm import DTYPES, CachedLM, load_causal_lm
-from workers.prompt_format import encode_dataset
+from workers.lm import CachedLM
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget
 
@@ -38,27 +44,21 @@ def _cpu_probe_ms() -> float:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Return the command-line options."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--target", default="zoo:smol/target")
-    parser.add_argument("--dataset", default="humaneval")
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser = bench_parser(__doc__)
+    add_pair_arguments(parser, draft=False)
+    add_prompt_arguments(parser, samples=4, max_new_tokens=48)
     parser.add_argument("--seconds", type=float, default=75.0, help="how long to keep decoding")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument("--out", type=Path, default=Path("gpu-warmup.json"))
+    add_device_arguments(parser)
+    add_out_argument(parser, "gpu-warmup.json")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Decode in turns for the given time, print each request's cost, write JSON."""
     args = _parse_args(argv)
-    path = resolve_model_path(args.target)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    prompts = encode_dataset(tokenizer, args.dataset, args.samples, 256)
-    target = LocalTarget(CachedLM(load_causal_lm(path, args.dtype, args.device)))
+    inputs = prepare(args)
+    prompts, path = inputs.prompts, inputs.target_path
+    target = LocalTarget(CachedLM(inputs.load(path)))
     settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens), seed=1)
     start, requests = time.perf_counter(), []
     while time.perf_counter() - start < args.seconds:
@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     report = {"target": str(path), "device": args.device, "dtype": args.dtype}
-    args.out.write_text(json.dumps({**report, "requests": requests}, indent=2))
-    print(f"JSON: {args.out}")
+    write_report(args.out, {**report, "requests": requests})
     return 0
 
 

@@ -24,7 +24,6 @@ sums, bootstrap 95% interval over cycles). Writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import random
 import statistics
@@ -34,15 +33,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import chain
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
+from common import (
+    add_device_arguments,
+    add_out_argument,
+    add_pair_arguments,
+    add_prompt_arguments,
+    bench_parser,
+    prepare,
+    write_report,
+)
 
-from orchestrator.preflight import resolve_model_path
 from orchestrator.stats import ratio_interval
-from workers.lm import DTYPES, CachedLM, load_causal_lm
-from workers.prompt_format import encode_dataset
+from workers.lm import CachedLM, load_causal_lm
 
 WAYS = ("back_to_back", "idle_between", "two_processes")
 #: Rounds at the start of each burst left out (the first after a switch of way settle it).
@@ -111,17 +115,16 @@ def _burst(run_round: Callable[[], tuple[float, float]], rounds: int, times: Way
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Return the command-line options."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    parser = bench_parser(__doc__)
+    add_pair_arguments(parser)
+    add_prompt_arguments(
+        parser, samples=None, max_new_tokens=None, dataset_help="its first prompt is the prefix"
     )
-    parser.add_argument("--target", default="zoo:smol/target")
-    parser.add_argument("--draft", default="zoo:smol/draft-s")
-    parser.add_argument("--dataset", default="humaneval", help="its first prompt is the prefix")
     parser.add_argument("--k", type=int, default=4, help="draft steps per round")
     parser.add_argument("--rounds", type=int, default=30, help="rounds per burst")
     parser.add_argument("--cycles", type=int, default=12, help="bursts of each way")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument("--out", type=Path, default=Path("bench-handoff.json"))
+    add_device_arguments(parser, device=False)
+    add_out_argument(parser, "bench-handoff.json")
     args = parser.parse_args(argv)
     if args.rounds <= SETTLE_ROUNDS:
         parser.error(f"--rounds must be above {SETTLE_ROUNDS} (the settling rounds left out)")
@@ -145,9 +148,8 @@ def _way_report(times: WayTimes, base: WayTimes) -> dict:
 
 def measure(args: argparse.Namespace) -> dict[str, WayTimes]:
     """Run every way in turns, bursts of ``args.rounds``; return each way's times."""
-    target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    prompt = encode_dataset(tokenizer, args.dataset, 1, 256)[0]
+    inputs = prepare(args, samples=1)
+    prompt, target_path, draft_path = inputs.prompts[0], inputs.target_path, inputs.draft_path
     draft = _load_pieces(str(draft_path), args.dtype, prompt, args.k, draft=True)
     target = _load_pieces(str(target_path), args.dtype, prompt, args.k + 1, draft=False)
     here, there = multiprocessing.get_context("spawn").Pipe()
@@ -205,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{figures['verify_ms_median']:8.2f} ms  round / back_to_back "
             f"{figures['round_over_back_to_back']:.3f} (95% CI {low:.3f}-{high:.3f})"
         )
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"JSON: {args.out}")
+    write_report(args.out, report)
     return 0
 
 

@@ -23,7 +23,6 @@ Prompts go through the target's chat template when its tokenizer has one, as in 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -34,17 +33,23 @@ from typing import Any
 
 import numpy as np
 import torch
+from common import (
+    add_out_argument,
+    add_pair_arguments,
+    add_prompt_arguments,
+    add_threads_argument,
+    bench_parser,
+    prepare,
+)
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from orchestrator.cost_model import fit_cost_model, fit_round_costs
-from orchestrator.preflight import resolve_model_path
 from policies import make_policy
 from policies.adaedl import entropy_acceptance_bound
 from policies.replay import GreedyTrace, ReplayedRound, replay
 from workers.engine import RequestSettings, speculative_generate
-from workers.lm import CachedLM, load_causal_lm
-from workers.prompt_format import encode_dataset
+from workers.json_files import write_json
+from workers.lm import CachedLM
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 from workers.trace import record_trace
@@ -279,35 +284,31 @@ def _report(
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print a table and write JSON; return the exit code."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--target", default="zoo:smol/target")
-    parser.add_argument("--draft", default="zoo:smol/draft-s")
-    parser.add_argument("--dataset", default="humaneval")
-    parser.add_argument("--samples", type=int, default=4)
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Return the command-line options."""
+    parser = bench_parser(__doc__)
+    add_pair_arguments(parser)
+    add_prompt_arguments(parser, samples=4, max_new_tokens=32)
     parser.add_argument("--prompt-tokens", type=int, default=64, help="keep the last N tokens")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--thresholds", type=int, default=20, help="values per threshold policy")
     parser.add_argument("--max-draft-len", type=int, default=8, help="for threshold policies")
     parser.add_argument("--cap", type=int, default=16, help="largest static K = trace cap")
     parser.add_argument(
         "--live-static", type=int, nargs="+", default=[2, 6], help="static Ks also run live"
     )
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (1: no stalls on a shared machine)"
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench-replay.json"))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    target_path, draft_path = resolve_model_path(args.target), resolve_model_path(args.draft)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    encoded = encode_dataset(tokenizer, args.dataset, args.samples, args.prompt_tokens)
-    ids = [torch.tensor(prompt) for prompt in encoded]
-    draft = CachedLM(load_causal_lm(draft_path))
-    target_lm = CachedLM(load_causal_lm(target_path))
+    add_threads_argument(parser, 1, "1: no stalls on a shared machine")
+    add_out_argument(parser, "bench-replay.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print a table and write JSON; return the exit code."""
+    args = _parse_args(argv)
+    inputs = prepare(args, prompt_tokens=args.prompt_tokens)
+    ids = inputs.prompt_tensors
+    target_path, draft_path = inputs.target_path, inputs.draft_path
+    draft = CachedLM(inputs.load(draft_path))
+    target_lm = CachedLM(inputs.load(target_path))
     target = LocalTarget(target_lm)
     run_live([Config("static", {}, 2)], draft, target, ids[:1], args.max_new_tokens)
 
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(_report(config, replayed, seconds, tokens, live, fits))
     summary = _summary(args, reports, record_seconds, live, fits)
     summary.update(target=str(target_path), draft=str(draft_path), samples=len(ids))
-    args.out.write_text(json.dumps({**summary, "reports": [asdict(r) for r in reports]}, indent=2))
+    write_json(args.out, {**summary, "reports": [asdict(r) for r in reports]})
     _print(reports, summary, args.out)
     return 0
 

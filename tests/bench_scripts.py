@@ -13,7 +13,10 @@ BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
 
 
 def load_bench_script(name: str) -> ModuleType:
-    """Return ``bench/<name>.py`` imported as module ``bench_<name>``."""
+    """Return ``bench/<name>.py`` imported as module ``bench_<name>``, with ``bench/`` on
+    ``sys.path`` as when the script runs (its shared module ``common`` is imported from there)."""
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH_DIR / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there

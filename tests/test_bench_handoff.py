@@ -9,20 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench_scripts import micro_pair_args
+from bench_scripts import load_bench_script, micro_pair_args
 
-from bench.handoff import SETTLE_ROUNDS, WAYS, RoundPieces
 from training.zoo.cache import ZooManifest
 from workers.lm import CachedLM, load_causal_lm
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "handoff.py"
+HANDOFF = load_bench_script("handoff")
+SETTLE_ROUNDS, WAYS = HANDOFF.SETTLE_ROUNDS, HANDOFF.WAYS
 
 
 def test_a_piece_leaves_the_cache_as_it_found_it(micro_zoo: ZooManifest) -> None:
     lm = CachedLM(load_causal_lm(micro_zoo.model_path("draft-s")))
     prompt = torch.tensor([5, 6, 7, 8, 9])
     for one_by_one in (True, False):
-        piece = RoundPieces(lm, prompt, 3, one_by_one)
+        piece = HANDOFF.RoundPieces(lm, prompt, 3, one_by_one)
         assert piece.length == len(prompt)
         assert piece.run() > 0 and piece.run() > 0
         assert lm.cached_len == len(prompt)
