@@ -8,9 +8,12 @@ by the pair's draft actor or read back from the store, the group's cost fit, the
 of the live check trial, each replayed trial stored like a live one). The target ranks start
 with the replica's first unit, a pair's draft actor with the first unit of that pair (lazily:
 a pair with nothing left to run loads no draft). When any actor dies, all are closed and
-restarted by the next unit. Each new draft actor warms up on a few tokens before its first
-timed shard, and a trial's ``warmup_samples`` run on a replica's first shard of that trial. A
-deepspeed target's rendezvous port is picked on the node of rank 0 (:func:`rendezvous_port`).
+restarted by the next unit. The driver's wait on a shard (and on a new draft actor's warm-up)
+ends once the draft actor has reported no progress for ``stall_seconds``
+(``orchestrator.stall_watch``): the stuck actors are closed like dead ones and the shard is
+retried. Each new draft actor warms up on a few tokens before its first timed shard, and a
+trial's ``warmup_samples`` run on a replica's first shard of that trial. A deepspeed target's
+rendezvous port is picked on the node of rank 0 (:func:`rendezvous_port`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
+from orchestrator.spec import ExecutionSpec
+from orchestrator.stall_watch import WorkerStalled, wait_with_progress
 from orchestrator.step_choices import SingleStepChoices, StepKey
 from orchestrator.store import ShardOutput, Store
 from orchestrator.target_sets import SharedTarget
@@ -67,6 +72,8 @@ from workers.trial import GPU_WARMUP_SECONDS, TrialRequest
 #: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
 WARMUP_TOKENS = 8
 WARMUP_DRAFT_LEN = 2
+#: Calls a draft actor runs at once: the driver's call, and the progress query beside it.
+DRAFT_CONCURRENCY = 2
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ class ReplayNotes:
 class GroupReplica:
     """One replica of the worker group of a set of pairs sharing a target: the target ranks
     and each pair's draft actor (``drafts``, by pair name), all replaced when one dies;
-    ``node`` is where they run, ``rendezvous`` the ranks' port (deepspeed).
+    ``node`` is where they run, ``rendezvous`` the ranks' port (deepspeed); a draft actor
+    that reports no progress for ``stall_seconds`` counts as dead.
     """
 
     def __init__(
@@ -93,8 +101,10 @@ class GroupReplica:
         artifacts: dict[str, str] | None = None,
         warmup_seconds: float | None = None,
         step_choices: SingleStepChoices | None = None,
+        stall_seconds: float = ExecutionSpec().stall_timeout_seconds,
     ) -> None:
         self.shared = shared
+        self.stall_seconds = stall_seconds
         self.name = shared.name
         self.artifacts = artifacts or {}
         self.inputs = inputs
@@ -113,15 +123,15 @@ class GroupReplica:
     def run_shard(self, trial: Trial, unit: WorkUnit) -> ShardOutput:
         """Run one shard of ``trial``'s prompts on its pair's draft actor; return what to store.
 
-        Starts (or restarts) the actors first; an actor death closes them all, so the shard's
-        retry, on whichever replica takes it, finds live ones.
+        Starts (or restarts) the actors first; an actor death, or a draft actor that stalled,
+        closes them all, so the shard's retry, on whichever replica takes it, finds live ones.
         """
         try:
             draft = self._draft(trial.pair)
             request = self._request(trial, unit.prompts)
             start = time.perf_counter()
-            results = ray.get(draft.run_trial.remote(request))
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            results = self._wait(draft, draft.run_trial.remote(request))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, WorkerStalled):
             self.close()
             raise
         seconds = time.perf_counter() - start
@@ -331,6 +341,7 @@ class GroupReplica:
         whether its calibration padded one-token steps (None when it did not calibrate)."""
         index = self.shared.pair_names.index(pair)
         options = draft_actor_options(self.group, index, len(self.shared.pairs))
+        options = {**options, "max_concurrency": DRAFT_CONCURRENCY}
         self.drafts[pair] = DraftWorker.options(**options).remote(model, self.ranks)
         ray.get(self.drafts[pair].node_id.remote())
         return None if model is None else _padded(self.drafts[pair], model.single_step)
@@ -352,7 +363,13 @@ class GroupReplica:
             policy="static" if has_draft else BASELINE_POLICY,
             max_draft_len=WARMUP_DRAFT_LEN,
         )
-        ray.get(self.drafts[pair].warm_up.remote(request, self.warmup_seconds))
+        draft = self.drafts[pair]
+        self._wait(draft, draft.warm_up.remote(request, self.warmup_seconds))
+
+    def _wait(self, draft: Any, ref: ray.ObjectRef) -> Any:
+        """Return the result of ``draft``'s call ``ref``; raise ``WorkerStalled`` once the draft
+        actor has reported no progress for ``stall_seconds``."""
+        return wait_with_progress(ref, draft.progress.remote, self.stall_seconds)
 
     def close(self) -> None:
         """Kill the group's actors (every draft and rank) and free their placement group."""

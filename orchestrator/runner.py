@@ -300,6 +300,7 @@ class _SweepRun:
             self.artifacts,
             warmup_seconds=execution.warmup_seconds,
             step_choices=self.step_choices,
+            stall_seconds=execution.stall_timeout_seconds,
         )
 
     def run_shard(self, replica: GroupReplica, unit: WorkUnit) -> None:

@@ -480,6 +480,10 @@ class ExecutionSpec(_Frozen):
     Each new draft actor decodes untimed for ``warmup_seconds`` (default: 20 s when its worker
     group uses a GPU, else one short pass) before its first timed shard; ``warmup_samples``
     prompts of each trial are then decoded untimed on a replica's first shard of that trial.
+
+    A shard whose worker answers no target call for ``stall_timeout_seconds`` (a hung worker)
+    has its worker group replaced and is retried (``orchestrator.stall_watch``); it must exceed
+    the longest single target call, an AR baseline request's whole decode.
     """
 
     retries: int = Field(2, ge=0, le=100)
@@ -491,6 +495,7 @@ class ExecutionSpec(_Frozen):
     replicas: int | None = Field(None, ge=1, le=4096)
     mode: Literal["live", "replay", "mixed"] = "live"
     live_check: LiveCheckSpec = Field(default_factory=LiveCheckSpec)
+    stall_timeout_seconds: float = Field(600.0, gt=0.0, le=86400.0)
 
 
 class SweepSpec(_Frozen):

@@ -4,8 +4,8 @@ and a broken channel says so after checking the ranks."""
 
 from __future__ import annotations
 
+import socket
 import threading
-from multiprocessing.connection import Listener
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ from tiny_models import build_tiny_pair, prompts
 
 from workers.actors import ChannelTargetGroup
 from workers.channel import ChannelAddress, serve_channel
+from workers.channel_wire import accept_handshake
 from workers.lm import CachedLM
 from workers.records import SamplingConfig
 from workers.target import LocalTarget, VerifyRequest
@@ -78,17 +79,18 @@ class _Checked(ChannelTargetGroup):
 
 
 def _hanging_up_address() -> ChannelAddress:
-    """Return the address of a listener that accepts one client and hangs up at once (a rank
+    """Return the address of a listener that admits one client and hangs up at once (a rank
     that died mid-request)."""
     key = b"k" * 32
-    listener = Listener(("127.0.0.1", 0), authkey=key)
+    listener = socket.create_server(("127.0.0.1", 0))
 
     def accept_and_hang_up() -> None:
-        listener.accept().close()
+        sock, _ = listener.accept()
+        accept_handshake(sock, key, seconds=30).close()
         listener.close()
 
     threading.Thread(target=accept_and_hang_up, daemon=True).start()
-    host, port = listener.address
+    host, port = listener.getsockname()
     return ChannelAddress(host, port, key)
 
 

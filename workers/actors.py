@@ -114,12 +114,14 @@ class ChannelTargetGroup:
     Channels open on first use, at the addresses :meth:`_open_addresses` returns. (The prefill
     is not left running while the draft prefills: its wait would land in the first round's
     verify seconds, which the cost fits read.) A broken channel is dropped, :meth:`_check_ranks`
-    runs, and a ``ConnectionError`` follows.
+    runs, and a ``ConnectionError`` follows. ``answered`` counts the calls answered: the draft
+    actor's progress, which the driver watches.
     """
 
     def __init__(self, addresses: list[ChannelAddress]) -> None:
         self.addresses = addresses
         self.channels: list[ChannelClient] = []
+        self.answered = 0
 
     def _open_addresses(self) -> list[ChannelAddress]:
         """Return the ranks' channel addresses, in rank order."""
@@ -137,6 +139,7 @@ class ChannelTargetGroup:
             for channel in self.channels:
                 channel.send(method, *args)
             answers = [channel.receive() for channel in self.channels]  # drain every rank
+            self.answered += 1
             return answers[0]
         except (EOFError, OSError) as exc:
             self.channels = []
@@ -227,6 +230,11 @@ class DraftWorker:
     def warm_up(self, request: TrialRequest, min_seconds: float) -> WarmUp:
         """Decode ``request`` untimed for at least ``min_seconds`` (``workers.trial.warm_up``)."""
         return warm_up(self.draft, self.target, request, min_seconds)
+
+    def progress(self) -> int:
+        """Return how many target calls this actor's decoding has had answered so far (the
+        driver's stall watch asks while a call runs; the actor must allow two at once)."""
+        return self.target.answered
 
     def single_step_calibration(self) -> SingleStepCalibration | None:
         """Return how the draft's one-token steps were calibrated (None without a draft or when
