@@ -436,3 +436,24 @@ def test_heading_anchors_follow_github_slugs(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# A `code` title\n\n## Second: part\n\n```\n# not a heading\n```\n")
     assert heading_anchors(page) == {"a-code-title", "second-part"}
+
+
+def test_committed_result_databases_are_at_the_schema_head() -> None:
+    """The stores the docs quote and the dashboard tests open are migrated with the code, so a
+    reader opens them read-only without a writer's migration first."""
+    import sqlite3
+
+    from orchestrator.store.db import head_revision
+
+    stores = sorted((REPO / "docs").rglob("*.db"))
+    assert stores, "no committed result databases under docs/"
+    behind = {}
+    for store in stores:
+        with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+            (revision,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
+        if revision != head_revision():
+            behind[str(store.relative_to(REPO))] = revision
+    assert behind == {}, (
+        f"migrate these to {head_revision()} (open each once as a writer, e.g. "
+        "orchestrator.store.db.upgrade_to_head, then PRAGMA journal_mode=DELETE): {behind}"
+    )
