@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
+import torch
+from tiny_models import VOCAB, build_tiny_pair
+from tiny_models import prompts as tiny_prompts
 
 from policies import (
     FEATURE_NAMES,
@@ -22,6 +26,10 @@ from policies import (
     policy_parameters,
     update_dynamic_threshold,
 )
+from workers.engine import RequestSettings, speculative_generate
+from workers.lm import CachedLM, StepOutput
+from workers.records import SamplingConfig
+from workers.target import LocalTarget
 
 
 def start(policy: DraftPolicy, seed: int = 0, reference: tuple[int, ...] | None = None) -> None:
@@ -407,33 +415,67 @@ def _sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x))
 
 
+def _logit(probability: float) -> float:
+    return math.log(probability / (1 - probability))
+
+
+#: What the head makes of the state before the round (the one producing q_1): a value that would
+#: stop every round at its first candidate if Algorithm 2 had a factor at i = 1.
+BEFORE_ROUND = -50.0
+
+
+def paper_steps(head_outputs: list[float]) -> list[DraftStep]:
+    """Return a round's DraftSteps as the engine fills them: candidate 1 carries the state that
+    produced q_1 (BEFORE_ROUND), candidate i >= 2 the state that produced q_i, which is e_{i−1},
+    the final embedding of Y_{i−1}; ``head_outputs[j − 1]`` is f(e_j)."""
+    states = [BEFORE_ROUND, *head_outputs]
+    return [DraftStep(index=i + 1, position=i, hidden=np.array([x])) for i, x in enumerate(states)]
+
+
 def test_specdecpp_stop_index_from_head_logits() -> None:
     policy = make_policy("specdecpp", 16, head=lambda hidden: float(hidden[0]))
     start(policy)
-    logits = [3.0, 2.0, 1.0, -1.0, 5.0]
-    steps = [
-        DraftStep(index=i + 1, position=i, hidden=np.array([x, 0.0])) for i, x in enumerate(logits)
-    ]
-    products = np.cumprod([_sigmoid(x) for x in logits])
-    # 1 − Π: 0.047, 0.161, 0.387, 0.835 → after the fourth candidate 1 − Π > h = 0.7: it is kept
-    # and the round stops (Algorithm 2 breaks after appending Y_4)
+    head_outputs = [3.0, 2.0, 1.0, -1.0, 5.0]  # f(e_1) ... f(e_5)
+    products = np.cumprod([_sigmoid(x) for x in head_outputs])
+    # at step i, p̂ = Π_{j<i} sigmoid(f(e_j)); 1 − p̂: 0 (i = 1), 0.047, 0.161, 0.387, 0.835, so
+    # 1 − p̂ > h = 0.7 first at i = 5: Y_5 is kept and the round stops
     assert list(1 - products[:4] > 0.7) == [False, False, False, True]
-    assert drafted_count(policy, steps) == 4
+    assert drafted_count(policy, paper_steps(head_outputs)) == 5
     # the product restarts with the next round
-    policy.update(RoundOutcome(3, 3, 16))
-    assert drafted_count(policy, steps[:3]) == 3
+    policy.update(RoundOutcome(5, 5, 16))
+    assert drafted_count(policy, paper_steps(head_outputs)[:4]) == 4
     assert policy.acceptance_product == pytest.approx(products[2])
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "drafted"),
+    [(0.27, 2), (0.5, 3), (_sigmoid(2.2), 13)],
+)
+def test_specdecpp_constant_acceptance_drafts_the_first_i_with_1_minus_s_to_the_i_minus_1_above_h(
+    acceptance: float, drafted: int
+) -> None:
+    # Algorithm 2 with sigmoid(f(e)) = s everywhere: p̂ = s^{i−1} at step i, so the round stops
+    # at the smallest i with 1 − s^{i−1} > h = 0.7 (s = 0.27: 2; 0.5: 3; the demo's stand-in
+    # sigmoid(2.2) = 0.900: 13). A factor at i = 1 as well would draft 1, 2 and 12.
+    assert 1 - acceptance ** (drafted - 2) <= 0.7 < 1 - acceptance ** (drafted - 1)
+    for params in (
+        {"head": lambda hidden: _logit(acceptance)},
+        {"constant_logit": _logit(acceptance)},
+    ):
+        policy = make_policy("specdecpp", 20, **params)
+        start(policy)
+        assert drafted_count(policy, paper_steps([_logit(acceptance)] * 19)) == drafted
 
 
 def test_specdecpp_cap_constant_logit_and_missing_head() -> None:
     assert make_policy("specdecpp", 32, constant_logit=9.0).round_cap() == 20
-    # constant logit 2: Π = sigmoid(2)^i = 0.8808^i = 0.776, 0.683, 0.602, 0.530, 0.467, ...
-    # so 1 − Π > 0.5 first at i = 6, which is kept
+    # constant logit 2: p̂ = sigmoid(2)^{i−1} = 1, 0.881, 0.776, 0.683, 0.602, 0.530, 0.467, ...
+    # so 1 − p̂ > 0.5 first at i = 7, which is kept
     policy = make_policy("specdecpp", 32, constant_logit=2.0, threshold=0.5)
     assert policy.features == frozenset()
     start(policy)
     assert 1 - _sigmoid(2.0) ** 5 <= 0.5 < 1 - _sigmoid(2.0) ** 6
-    assert drafted_count(policy, entropy_steps([0.0] * 10)) == 6
+    assert drafted_count(policy, entropy_steps([0.0] * 10)) == 7
     headless = make_policy("specdecpp", 8)
     assert headless.features == {"hidden"}
     start(headless)
@@ -442,9 +484,10 @@ def test_specdecpp_cap_constant_logit_and_missing_head() -> None:
 
 
 def test_specdecpp_sigmoid_is_stable_for_extreme_logits() -> None:
+    # no factor at i = 1: a head predicting certain rejection still drafts Y_1 and Y_2
     policy = make_policy("specdecpp", 8, constant_logit=-1000.0)
     start(policy)
-    assert drafted_count(policy, entropy_steps([0.0] * 8)) == 1
+    assert drafted_count(policy, entropy_steps([0.0] * 8)) == 2
     policy = make_policy("specdecpp", 8, constant_logit=1000.0)
     start(policy)
     assert drafted_count(policy, entropy_steps([0.0] * 8)) == 8
@@ -493,13 +536,16 @@ def eesd_algorithm_1(rng: np.random.Generator, alpha: float, beta: float, cap: i
     return drafted
 
 
-def specdecpp_algorithm_2(logits: list[float], h: float, cap: int) -> int:
-    """SpecDec++ Algorithm 2 as printed: sample Y_i, p̂ ← p̂·sigmoid(f(e)) with e the state that
-    produced q_i (``logits[i − 1]``), break if 1 − p̂ > h; Y_i stays in the round."""
-    product = 1.0
+def specdecpp_algorithm_2(head_of_embedding: Callable[[int], float], h: float, cap: int) -> int:
+    """SpecDec++ Algorithm 2 as printed, one round: p̂ = 1; for i = 1, 2, ...: sample Y_i (the
+    draft reads x_prefix, Y_1, ..., Y_{i−1}); if i >= 2, p̂ ← p̂·sigmoid(f(e_{i−1})), with
+    e_{i−1} the draft's final embedding of Y_{i−1} (``head_of_embedding(i − 1)`` = f(e_{i−1}); e_0
+    is never computed); break if 1 − p̂ > h, Y_i staying in the round. Returns the round's length."""
+    p_hat = 1.0
     for i in range(1, cap + 1):
-        product *= _sigmoid(logits[i - 1])
-        if 1 - product > h:
+        if i >= 2:
+            p_hat *= _sigmoid(head_of_embedding(i - 1))
+        if 1 - p_hat > h:
             return i
     return cap
 
@@ -561,13 +607,11 @@ def test_cali_ts_keeps_the_candidate_it_stops_after() -> None:
 def test_specdecpp_drafts_as_algorithm_2(cap: int) -> None:
     rng = np.random.default_rng(cap)
     for _ in range(300):
-        logits = list(rng.normal(2.0, 1.5, size=cap))
+        head_outputs = list(rng.normal(2.0, 1.5, size=cap))
         policy = make_policy("specdecpp", cap, head=lambda hidden: float(hidden[0]))
         start(policy)
-        steps = [
-            DraftStep(index=i + 1, position=i, hidden=np.array([x])) for i, x in enumerate(logits)
-        ]
-        assert drafted_count(policy, steps) == specdecpp_algorithm_2(logits, 0.7, cap)
+        expected = specdecpp_algorithm_2(lambda j, f=head_outputs: f[j - 1], 0.7, cap)
+        assert drafted_count(policy, paper_steps(head_outputs)) == expected
 
 
 @pytest.mark.parametrize(
@@ -596,3 +640,91 @@ def test_each_policy_stops_the_way_its_paper_decides(name, params, decisions) ->
                 seen.add(decision.value)
                 break
     assert seen == decisions
+
+
+# --- SpecDec++ through the engine: the state each candidate carries, round by round -----------
+
+
+class TokenStateDraft:
+    """The tiny draft, except that its last-layer state after reading token t is [t]: e_j, the
+    final embedding of Y_j, names Y_j, so a head can be any function of the token it judges."""
+
+    def __init__(self, lm: CachedLM) -> None:
+        self.lm = lm
+        self.device = lm.device
+
+    @property
+    def cached_len(self) -> int:
+        return self.lm.cached_len
+
+    def reset(self) -> None:
+        self.lm.reset()
+
+    def crop(self, length: int) -> None:
+        self.lm.crop(length)
+
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> StepOutput:
+        out = self.lm.forward(ids, last_only)
+        read = ids.view(-1)[-out.hidden.shape[0] :].to(torch.float32)
+        return StepOutput(logits=out.logits, hidden=read[:, None])
+
+
+def _greedy_draft_tokens(draft: CachedLM, context: list[int]) -> Callable[[int], int]:
+    """Return j ↦ Y_j, the draft's greedy j-th token after ``context`` (computed from scratch)."""
+    tokens: list[int] = []
+
+    def token(j: int) -> int:
+        while len(tokens) < j:
+            logits = draft.full_logits(torch.tensor([*context, *tokens]))
+            tokens.append(int(logits[-1].argmax()))
+        return tokens[j - 1]
+
+    return token
+
+
+HEAD_TABLES = {
+    "per-token head, seed 0": np.random.default_rng(0).normal(1.5, 1.5, size=VOCAB),
+    "per-token head, seed 1": np.random.default_rng(1).normal(2.5, 1.0, size=VOCAB),
+    "sigmoid 0.27 everywhere": np.full(VOCAB, math.log(0.27 / 0.73)),
+    "sigmoid 0.5 everywhere": np.zeros(VOCAB),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_engine_pair() -> tuple[CachedLM, LocalTarget]:
+    """The tiny in-memory pair of test_engine: (draft, target as the engine's target side)."""
+    draft_model, target_model = build_tiny_pair()
+    return CachedLM(draft_model, single_step="plain"), LocalTarget(
+        CachedLM(target_model, single_step="plain")
+    )
+
+
+@pytest.mark.parametrize("table", list(HEAD_TABLES))
+def test_specdecpp_through_the_engine_drafts_as_algorithm_2_round_by_round(
+    table: str, tiny_engine_pair: tuple[CachedLM, LocalTarget]
+) -> None:
+    # The head reads f(e) = HEAD_TABLES[table][token named by e]. Each live round's length must
+    # be Algorithm 2's over the draft's greedy tokens after that round's context, with the
+    # factor at step i read from e_{i−1} (the embedding of Y_{i−1}) and none at i = 1.
+    head_of_token = HEAD_TABLES[table]
+    (draft, target), cap, max_new = tiny_engine_pair, 12, 32
+    lengths = []
+    for seed, prompt in enumerate(tiny_prompts(3, seed=3)):
+        policy = make_policy("specdecpp", cap, head=lambda e: float(head_of_token[int(e[0])]))
+        settings = RequestSettings(SamplingConfig(max_new_tokens=max_new), seed=seed)
+        result = speculative_generate(TokenStateDraft(draft), target, policy, prompt, settings, cap)
+        generated = 0
+        for record in result.rounds:
+            context = [*prompt.tolist(), *result.output_ids[:generated]]
+            token = _greedy_draft_tokens(draft, context)
+            round_cap = min(cap, max_new - generated - 1)
+            expected = specdecpp_algorithm_2(lambda j, y=token: head_of_token[y(j)], 0.7, round_cap)
+            assert record.drafted == expected, (seed, generated, record)
+            lengths.append(record.drafted)
+            generated += record.accepted + 1
+    if table.startswith("sigmoid 0.27"):
+        assert max(lengths) == 2
+    if table.startswith("sigmoid 0.5"):
+        assert max(lengths) == 3
+    if table.startswith("per-token"):
+        assert len(set(lengths)) >= 3, lengths

@@ -64,6 +64,7 @@ def _configs(traces: list[GreedyTrace]) -> list[tuple[str, dict[str, Any]]]:
         ("beta_ts", {"prior_alpha": 4.0, "prior_beta": 1.0}),
         ("cali_ts", {"theta_model": 0.8}),
         ("specdecpp", {"constant_logit": 1.5, "threshold": 0.5}),
+        ("specdecpp", {"constant_logit": 0.0, "threshold": 0.7}),
     ]
 
 
@@ -288,10 +289,11 @@ def test_hand_made_trace_reads_the_detour_and_stops_after_eos():
 
 
 def test_hand_made_trace_stop_after_a_kept_candidate_skips_its_forward():
-    # sigmoid(ln 4) = 0.8, h = 0.3: 1 − 0.8 ≤ h < 1 − 0.64, so SpecDec++ keeps two candidates a
-    # round and stops without the forward after the second; the last round's cap is 1.
+    # sigmoid(ln 4) = 0.8, h = 0.1: no factor at the first candidate (Algorithm 2), then
+    # 1 − 0.8 > h at the second, so SpecDec++ keeps two candidates a round and stops without the
+    # forward after the second; the last round's cap is 1.
     trace = _hand_trace()
-    rounds = _rounds("specdecpp", trace, 4, constant_logit=math.log(4.0), threshold=0.3)
+    rounds = _rounds("specdecpp", trace, 4, constant_logit=math.log(4.0), threshold=0.1)
     assert rounds == [(2, 2, True, 2), (2, 2, True, 2), (1, 1, True, 1)]
     # SVIP keeps the first candidate whatever its entropy; the detour's entropy stops it after.
     high_first = dataclasses.replace(
