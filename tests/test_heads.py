@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from policies import CaliTSPolicy, DraftStep
@@ -209,8 +211,74 @@ def test_greedy_unmixed_examples_are_the_drafts_argmax_continuation(micro_models
     mixed = torch.cat([sequences[:, :prompt_len], draft_tokens], dim=1)
     hidden, _ = forward_states(draft, mixed)
     assert examples["labels"].tolist() == agree.flatten().tolist()
-    torch.testing.assert_close(examples["features"], hidden[:, rows].flatten(0, 1))
+    # Y_k sits at index prompt_len + k of the mixed sequence; e_k, the state there, has read it.
+    torch.testing.assert_close(examples["features"], hidden[:, prompt_len:].flatten(0, 1))
     assert examples["row"].tolist() == torch.arange(3).repeat_interleave(8).tolist()
+
+
+PLANTED_VOCAB = 8
+
+
+class _OneHotDecoder(torch.nn.Module):
+    """A "decoder" whose last-layer state at each index is the one-hot of the token read there."""
+
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(last_hidden_state=F.one_hot(input_ids, PLANTED_VOCAB).float())
+
+
+class _PlantedLM(torch.nn.Module):
+    """A context-free LM over PLANTED_VOCAB tokens: its next-token logits are ``bias`` whatever
+    it read, and its state after reading token t is one-hot(t)."""
+
+    def __init__(self, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.decoder = _OneHotDecoder()
+        self.lm_head = torch.nn.Linear(PLANTED_VOCAB, PLANTED_VOCAB)
+        with torch.no_grad():
+            self.lm_head.weight.zero_()
+            self.lm_head.bias.copy_(bias)
+        self.config = SimpleNamespace()
+
+    def get_decoder(self) -> torch.nn.Module:
+        return self.decoder
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.lm_head
+
+
+def test_each_label_is_paired_with_the_state_that_has_read_its_token():
+    # SpecDec++ Eq. (3.1): the head reads e_k, the draft's final embedding of the judged token
+    # Y_k itself. Planted: the draft is uniform over 8 tokens and its state after token t is
+    # one-hot(t); the target puts all its mass on even tokens, so Y_k is accepted (label 1) iff
+    # Y_k is even. Only the state that has read Y_k can tell; the state before it cannot.
+    draft = _PlantedLM(torch.zeros(PLANTED_VOCAB))
+    target = _PlantedLM(torch.tensor([0.0, -1e4] * (PLANTED_VOCAB // 2)))
+    generator = torch.Generator().manual_seed(0)
+    sequences = torch.randint(0, PLANTED_VOCAB, (6, 40), generator=generator)
+    examples = head_job.specdecpp_examples(
+        target,
+        draft,
+        sequences,
+        8,
+        SamplingConfig(temperature=1.0),
+        mix_ratio=0.15,
+        generator=generator,
+        eos_token_id=None,
+    )
+    labels, features = examples["labels"], examples["features"]
+    assert 100 < labels.numel() < 6 * 32  # mixed: some positions hold the target's token
+    assert 0.2 < float(labels.mean()) < 0.8
+    judged = features.argmax(-1)
+    assert labels.tolist() == (judged % 2 == 0).float().tolist()
+    # and a head trained on these pairs learns the rule
+    head = AcceptanceHead(PLANTED_VOCAB, depth=0)
+    optimizer = torch.optim.Adam(head.parameters(), lr=0.1)
+    for _ in range(200):
+        optimizer.zero_grad()
+        weighted_bce(labels, head(features), 1.0, 1.0).backward()
+        optimizer.step()
+    predicted = torch.sigmoid(head(features)).detach()
+    assert ((predicted > 0.5).float() == labels).all()
 
 
 def test_settings_errors_name_the_setting(micro_zoo, tmp_path):

@@ -9,12 +9,15 @@ temperature 0, else sampled at ``temperature``, default 1.0):
 2. the sequence fed to the draft mixes the two: z_k = x_k with probability ``mix_ratio`` r
    (15 %), else Y_k; the loss is taken only where z_k = Y_k (a draft token) and the response has
    not ended (positions after the first EOS are dropped);
-3. the head's input for the candidate at k is the draft's last-layer hidden state at index k − 1
-   of z (it has read z_<k and produces q for position k). That is the state the engine gives a
-   policy as ``DraftStep.hidden`` for a candidate: the one producing the candidate's q_i
-   (``workers.engine._draft_block``), not one that has read the candidate itself. As published,
-   the label conditions on the target's tokens x_<k while the features read the mixed z_<k,
-   whose draft tokens stand for the earlier candidates of a round.
+3. the head's input for the candidate at k is e_k, the draft's last-layer hidden state at
+   index k of z (it has read z_≤k, the judged token Y_k included): SpecDec++ Eq. (3.1), where
+   the draft reads (x_prefix, Y_1, ..., Y_k) and the final embedding of Y_k predicts whether
+   Y_k is accepted given the earlier candidates were (the authors' training code pairs the
+   hidden state at each input token with that token's label, unshifted). In a round the engine
+   shows candidate i the state that produced q_i, which for i >= 2 is e_{i−1}: the policy
+   (``policies.specdecpp``, Algorithm 2) multiplies that factor in at step i, none at i = 1. As
+   published, the label conditions on the target's tokens x_<k while the features read the
+   mixed z_≤k, whose draft tokens stand for the earlier candidates of a round.
 
 Loss: weighted BCE, −(w_acc·P·log σ(f) + w_rej·(1−P)·log(1−σ(f))), w_acc = 1, ``w_rej`` = 6.
 Head: ``workers.heads.AcceptanceHead`` ((D+1) linear layers, ``depth`` D = 3). Adam, cosine
@@ -143,6 +146,13 @@ def label_block(
     return mixed, acceptance_labels(target_probs, draft_probs, draft_tokens)
 
 
+def judged_token_states(hidden: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Return e_k [B, R, d] for each response position k: the state at sequence index
+    ``prompt_len`` + k of ``hidden`` [B, prompt_len + R, d], the one that has read token k
+    itself (SpecDec++ Eq. (3.1): the final embedding of the judged token)."""
+    return hidden[:, prompt_len:]
+
+
 def specdecpp_examples(
     target: torch.nn.Module,
     draft: torch.nn.Module,
@@ -155,9 +165,9 @@ def specdecpp_examples(
 ) -> dict[str, torch.Tensor]:
     """Return the examples of target-generated ``sequences`` [B, T]: features, labels, row.
 
-    ``features`` [n, d] are the draft's hidden states at index k − 1 of the mixed sequence for
-    the candidates at draft-token positions k, ``labels`` [n] their P_k, ``row`` [n] which of
-    the ``sequences`` each came from.
+    ``features`` [n, d] are e_k, the draft's hidden states at index k of the mixed sequence
+    (``judged_token_states``) for the candidates Y_k at draft-token positions k, ``labels`` [n]
+    their P_k, ``row`` [n] which of the ``sequences`` each came from.
     """
     rows = slice(prompt_len - 1, sequences.shape[1] - 1)
     response = sequences[:, prompt_len:].to(generator.device)
@@ -178,7 +188,7 @@ def specdecpp_examples(
     keep = draft_mask & response_mask(response, eos_token_id)
     row = torch.arange(sequences.shape[0], device=keep.device)[:, None].expand_as(keep)
     return {
-        "features": hidden[:, rows][keep].float().cpu(),
+        "features": judged_token_states(hidden, prompt_len)[keep].float().cpu(),
         "labels": labels[keep].float().cpu(),
         "row": row[keep].cpu(),
     }
