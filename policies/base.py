@@ -62,8 +62,10 @@ class DraftStep:
     from: the warped q_i when sampling, softmax of the raw logits when decoding greedily.
     ``position`` is the index of the candidate within the generated output (0-based), which the
     oracle uses to look up the target's greedy token. ``hidden`` is the draft's last-layer
-    hidden state producing q_i; ``target_hidden`` the target's last-layer hidden state at the
-    last verified position (Cali-TS). Fields the policy did not ask for are None.
+    hidden state producing q_i: for i >= 2 the state after feeding y_{i−1} (SpecDec++'s
+    e_{i−1}), for i = 1 that of the last token before the round. ``target_hidden`` is the
+    target's last-layer hidden state at the last verified position (Cali-TS). Fields the policy
+    did not ask for are None.
     """
 
     index: int
