@@ -15,12 +15,19 @@ makes the same forward calls and nothing else (``bare_speculative``, ``bare_auto
 no policy, records or clocks), taking turns with ours prompt by prompt: what driving PyTorch
 from Python costs on this pair whatever the engine, so ours minus the floor is the engine's own.
 Our rows run on three model paths: the plain-torch Llama path (``workers.llama_fast``, the
-default, its weights oneDNN-packed on CPU in float32), the same path with unpacked weights
-(``CachedLM(prepack=False)``, suffixed "(unpacked weights)") and the transformers forward
-(``CachedLM(fast=False)``, suffixed "(transformers modules)"), so the report separates what the
-engine loop gains from what each model path gains. The paths' block costs are timed taking
-turns, and within a path AR and the static K take turns prompt by prompt, so drift of a shared
-machine hits them alike.
+default: on CPU in float32 it holds oneDNN-packed copies of the weights beside the model's own
+and runs each block size on the layout its calibration found fastest, ``workers.step_plan``),
+the same path with unpacked weights only (``CachedLM(prepack=False)``, suffixed "(unpacked
+weights)") and the transformers forward (``CachedLM(fast=False)``, suffixed "(transformers
+modules)"), so the report separates what the engine loop gains from what each model path gains.
+The paths' block costs are timed taking turns, and within a path AR and the static K take turns
+prompt by prompt, so drift of a shared machine hits them alike.
+
+Before those rows, target-only AR runs on every path taking turns prompt by prompt
+(``bench/ar_baseline.py``; where weights pack, also on packed weights only), and the default
+path's AR, the sweep's baseline, is compared with each through a paired bootstrap interval: the
+script exits with status 1, after writing its report, when another path's AR is faster beyond
+that interval and the calibration's tolerance (``ar_baseline`` in the JSON).
 
     python bench/engine.py --target zoo:smol/target --draft zoo:smol/draft-s \
         --dataset humaneval --samples 4 --max-new-tokens 48 --out bench-engine.json
@@ -40,6 +47,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from ar_baseline import BASELINE_TOLERANCE, ar_on_every_path, check_baseline
 from common import (
     add_device_arguments,
     add_out_argument,
@@ -58,11 +66,15 @@ from workers.engine import RequestSettings, autoregressive_generate, speculative
 from workers.json_files import write_json
 from workers.lm import CachedLM, synchronize
 from workers.records import GenerationResult, SamplingConfig
-from workers.static_comparison import compare_static_k
+from workers.static_comparison import StaticComparison, compare_static_k
 from workers.target import LocalTarget
 from workers.trial import TrialRequest, warm_up
 
 STATIC_KS = (2, 4, 8)
+#: Passes over the prompts of the AR-on-every-path comparison (more pairs for its interval).
+AR_PASSES = 3
+#: The path whose AR is a sweep's baseline (a default ``CachedLM``).
+BASELINE_PATH = "plain_torch"
 #: Timed forwards of each block size n (the sizes take turns, after two untimed rounds).
 BLOCK_REPEATS = 25
 #: Name suffix of the rows run with ``CachedLM(fast=False)``: the transformers module forward.
@@ -533,6 +545,13 @@ def _print_report(report: dict, results: list[MethodResult], out: Path) -> None:
     packed = " ".join(f"{n}:{r:.2f}" for n, r in report["packed_vs_unpacked_t_target"].items())
     same_code = "" if report["weights_packed"] else SAME_CODE_NOTE
     print(f"t_target(n) packed / unpacked weights{same_code}: {packed}")
+    ar = " ".join(f"{path} {rate:.1f}" for path, rate in report["ar_tokens_per_s"].items())
+    baseline = report["ar_baseline"]
+    print(f"target-only AR tokens/s, paths taking turns: {ar}")
+    print(
+        f"AR baseline: {baseline['path']}, one-token steps on {baseline['one_token_layout']} "
+        f"weights{' (padded)' if baseline['padded'] else ''}; {baseline['message']}"
+    )
     print(
         f"t_draft/t_target: {report['cost_ratio']:.3f}; best static vs AR: "
         f"{report['best_static_speedup_vs_ar']:.2f}x; JSON: {out}"
@@ -544,6 +563,46 @@ def _cell(fraction: float | None, us_per_round: float | None) -> tuple[str, str]
     if fraction is None or us_per_round is None:
         return "-", "-"
     return f"{fraction:.1%}", f"{us_per_round:.0f}"
+
+
+def _ar_targets(models: dict[str, tuple[CachedLM, CachedLM]]) -> dict[str, CachedLM]:
+    """Return the target of every path whose AR is compared with the baseline's: each of
+    ``models``' and, where weights pack, a target on packed weights only (its one-token
+    padding calibrated on that layout alone)."""
+    targets = {path: target for path, (_, target) in models.items()}
+    baseline = targets[BASELINE_PATH]
+    if "packed" not in baseline.layouts:
+        return targets
+    packed = CachedLM(baseline.model, single_step="plain")
+    packed.calibrate_steps(layouts=("packed",))
+    return {BASELINE_PATH: baseline, "plain_torch_packed": packed, **targets}
+
+
+def _ar_baseline(
+    models: dict[str, tuple[CachedLM, CachedLM]],
+    ids: list[torch.Tensor],
+    settings: RequestSettings,
+) -> dict:
+    """Run target-only AR on every path taking turns and check the baseline's; return the
+    report's ``ar_tokens_per_s`` and ``ar_baseline`` fields."""
+    targets = _ar_targets(models)
+    runs = ar_on_every_path(targets, ids, settings, AR_PASSES, "target-only AR on every path")
+    check = check_baseline(runs, BASELINE_PATH)
+    plan = targets[BASELINE_PATH].plan
+    return {
+        "ar_tokens_per_s": {p: StaticComparison.tokens_per_second(r) for p, r in runs.items()},
+        "ar_baseline": {
+            "path": BASELINE_PATH,
+            "step_plan": asdict(plan),
+            "one_token_layout": plan.layout(1),
+            "padded": plan.padded,
+            "fastest_path": check.fastest,
+            "ratio_vs": {p: None if r is None else asdict(r) for p, r in check.ratios.items()},
+            "tolerance": BASELINE_TOLERANCE,
+            "fair": check.fair,
+            "message": check.message(),
+        },
+    }
 
 
 def _device_name(device: torch.device) -> str:
@@ -607,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     warmup = _warm_up_paths(models, prompts, args)
     paths = standalone_costs(models, ids, max(STATIC_KS) + 1, args.max_new_tokens)
+    ar_paths = _ar_baseline(models, ids, settings)
     calibrations = {
         path: {"draft": _calibration(draft), "target": _calibration(target_lm)}
         for path, (draft, target_lm) in models.items()
@@ -623,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_seconds_per_token": warmup,
         "standalone_costs": {name: asdict(costs) for name, costs in paths.items()},
         "single_step_calibration": calibrations,
+        **ar_paths,
         "cost_ratio": paths["plain_torch"].t_draft / paths["plain_torch"].t_target[1],
         "weights_packed": _packed(models["plain_torch"][1]),
         "packed_vs_unpacked_t_target": {
@@ -641,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     report["best_static_speedup_vs_ar"] = best_static / by_name["target-only AR"].tokens_per_s
     write_json(args.out, report)
     _print_report(report, results, args.out)
+    if not report["ar_baseline"]["fair"]:
+        print(f"FAILED: {report['ar_baseline']['message']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -67,6 +67,7 @@ from workers.actors import DraftWorker, TargetWorker
 from workers.model_spec import ModelSpec, RankSpec, SingleStep, free_port
 from workers.prompt_format import response_text
 from workers.records import BASELINE_POLICY, SamplingConfig
+from workers.step_plan import StepPlan
 from workers.trial import GPU_WARMUP_SECONDS, TrialRequest
 
 #: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
@@ -307,9 +308,9 @@ class GroupReplica:
         (``trust_remote_code``: that model's own flag, the target's or a draft's)."""
         return ModelSpec(str(path), self.shared.target.dtype, trust_remote_code, single_step)
 
-    def _start_ranks(self, model: ModelSpec) -> bool | None:
-        """Create the target ranks loading ``model``; once they are up, return whether rank 0's
-        calibration padded one-token steps (None when it did not calibrate)."""
+    def _start_ranks(self, model: ModelSpec) -> StepPlan | None:
+        """Create the target ranks loading ``model``; once they are up, return the step plan
+        rank 0's calibration chose (None when it did not calibrate)."""
         target = self.shared.target
         port = self.rendezvous.port if self.rendezvous else 0
         drafts = len(self.shared.pairs)
@@ -320,7 +321,7 @@ class GroupReplica:
             for rank in range(target.tp_size)
         ]
         self.node, *_ = ray.get([rank.node_id.remote() for rank in self.ranks])
-        return _padded(self.ranks[0], model.single_step)
+        return _step_plan(self.ranks[0], model.single_step)
 
     def _start_draft(self, pair: str) -> None:
         """Create ``pair``'s draft actor in its bundle, next to the running ranks, with the
@@ -336,15 +337,15 @@ class GroupReplica:
             )
         self._warm_up(pair, path is not None)
 
-    def _create_draft(self, pair: str, model: ModelSpec | None) -> bool | None:
-        """Create ``pair``'s draft actor loading ``model`` (None: target-only pair); return
-        whether its calibration padded one-token steps (None when it did not calibrate)."""
+    def _create_draft(self, pair: str, model: ModelSpec | None) -> StepPlan | None:
+        """Create ``pair``'s draft actor loading ``model`` (None: target-only pair); return the
+        step plan its calibration chose (None when it did not calibrate)."""
         index = self.shared.pair_names.index(pair)
         options = draft_actor_options(self.group, index, len(self.shared.pairs))
         options = {**options, "max_concurrency": DRAFT_CONCURRENCY}
         self.drafts[pair] = DraftWorker.options(**options).remote(model, self.ranks)
         ray.get(self.drafts[pair].node_id.remote())
-        return None if model is None else _padded(self.drafts[pair], model.single_step)
+        return None if model is None else _step_plan(self.drafts[pair], model.single_step)
 
     def _warm_up(self, pair: str, has_draft: bool) -> None:
         """Decode one prompt's first tokens on ``pair``'s new draft actor, untimed, for
@@ -380,13 +381,13 @@ class GroupReplica:
         self.drafts, self.ranks, self.group = {}, [], None
 
 
-def _padded(actor: Any, single_step: SingleStep) -> bool | None:
-    """Return whether ``actor``'s model calibrated its one-token steps to be padded, when it
-    was asked to (``single_step`` "auto"), else None."""
+def _step_plan(actor: Any, single_step: SingleStep) -> StepPlan | None:
+    """Return the step plan ``actor``'s model calibrated, when it was asked to (``single_step``
+    "auto"), else None."""
     if single_step != "auto":
         return None
     calibration = ray.get(actor.single_step_calibration.remote())
-    return None if calibration is None else calibration.padded
+    return None if calibration is None else calibration.plan
 
 
 def group_warmup_seconds(setting: float | None, shared: SharedTarget) -> float:

@@ -1,5 +1,6 @@
 """bench/engine.py end to end on the micro zoo (its JSON, its model-dtype option), and its parts:
-the bare loops of the overhead floor and the order of the block-cost timings."""
+the bare loops of the overhead floor, the order of the block-cost timings, and the check that
+the AR baseline runs on the fastest path (``bench/ar_baseline.py``)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ from tiny_models import prompts as tiny_prompts
 
 from training.zoo.cache import ZooManifest
 from workers.lm import CachedLM
-from workers.records import RequestSettings, SamplingConfig
+from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget
 
 
 def _run(micro_zoo: ZooManifest, tmp_path: Path, dtype: str, *extra: str) -> dict:
+    """Run the script; return its report, whose baseline verdict must match the exit status
+    (on this shared machine either verdict may come out)."""
     out = tmp_path / f"engine-{dtype}.json"
     args = micro_pair_args(micro_zoo)
     args += ["--samples", "2", "--max-new-tokens", "8", "--threads", "1", "--dtype", dtype]
-    assert load_bench_script("engine").main([*args, *extra, "--out", str(out)]) == 0
-    return json.loads(out.read_text())
+    status = load_bench_script("engine").main([*args, *extra, "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert status == (0 if report["ar_baseline"]["fair"] else 1)
+    return report
 
 
 def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
@@ -55,6 +60,23 @@ def test_float32_report_has_every_block_cost_and_speculation_matches_ar(
         assert all(c["one_token_s"] > 0 and c["two_tokens_s"] > 0 for c in models.values())
     assert report["warmup_seconds_per_token"] == {}  # on the CPU only when asked for
     assert report["complete"] is True
+    _assert_ar_on_every_path(report, paths | {"plain_torch_packed"})
+
+
+def _assert_ar_on_every_path(report: dict, paths: set[str]) -> None:
+    """The report gives every path's AR tokens/s and the baseline's plan and comparisons."""
+    assert set(report["ar_tokens_per_s"]) == paths
+    assert all(rate > 0 for rate in report["ar_tokens_per_s"].values())
+    baseline = report["ar_baseline"]
+    assert baseline["path"] == "plain_torch"
+    assert baseline["fastest_path"] in paths
+    assert set(baseline["ratio_vs"]) == paths - {"plain_torch"}
+    for ratio in baseline["ratio_vs"].values():
+        assert ratio["low"] <= ratio["estimate"] <= ratio["high"] and ratio["n"] == 2 * 3
+    plan = report["single_step_calibration"]["plain_torch"]["target"]["plan"]
+    assert baseline["step_plan"] == plan
+    assert baseline["one_token_layout"] == plan["layouts"][0][1]
+    assert baseline["padded"] == plan["padded"]
 
 
 def test_the_report_is_saved_before_each_path_runs(
@@ -65,11 +87,12 @@ def test_the_report_is_saved_before_each_path_runs(
     monkeypatch.setattr(engine, "write_json", lambda path, data: writes.append(data))
     out = tmp_path / "engine.json"
     args = [*micro_pair_args(micro_zoo), "--samples", "1", "--max-new-tokens", "4"]
-    assert engine.main([*args, "--threads", "1", "--out", str(out)]) == 0
+    status = engine.main([*args, "--threads", "1", "--out", str(out)])
+    assert status == (0 if writes[-1]["ar_baseline"]["fair"] else 1)
     saved = [(w["complete"], len(w["methods"])) for w in writes]
     # block costs alone, then each path's AR + 3 static rows, then transformers' 5 rows too
     assert saved == [(False, 0), (False, 4), (False, 8), (False, 12), (True, 17)]
-    assert all("standalone_costs" in w for w in writes)
+    assert all("standalone_costs" in w and "ar_baseline" in w for w in writes)
 
 
 def test_warmup_decodes_every_path_untimed_first(micro_zoo: ZooManifest, tmp_path: Path) -> None:
@@ -87,6 +110,33 @@ def test_dtype_option_loads_both_models_in_it(
     assert report["dtype"] == dtype
     assert all(m["tokens"] == 2 * 8 for m in report["methods"])
     assert report["weights_packed"] is False  # only float32 on CPU packs
+    paths = {"plain_torch", "plain_torch_unpacked", "transformers_modules"}
+    _assert_ar_on_every_path(report, paths)  # no packed-only path where nothing packs
+    assert report["ar_baseline"]["one_token_layout"] == "unpacked"
+
+
+def _results(seconds: list[float]) -> list[GenerationResult]:
+    """Return AR results of 10 tokens each, taking ``seconds`` each."""
+    return [GenerationResult([1], list(range(10)), seconds=t) for t in seconds]
+
+
+def test_the_baseline_fails_only_when_a_path_is_faster_beyond_noise_and_tolerance() -> None:
+    check_baseline = load_bench_script("ar_baseline").check_baseline
+    baseline = [1.0, 1.2, 0.9, 1.1, 1.0, 1.3]
+    same = [t * f for t, f in zip(baseline, [1.01, 0.99, 1.02, 0.98, 1.0, 1.01], strict=True)]
+    faster = [t * 0.75 for t in baseline]  # a path 1.33x faster on every prompt
+    slightly = [t * 0.97 for t in baseline]  # faster, but within the calibration's tolerance
+    fair = check_baseline({"chosen": _results(baseline), "other": _results(same)}, "chosen")
+    assert fair.fair and "fastest AR path within noise" in fair.message()
+    beaten = check_baseline(
+        {"chosen": _results(baseline), "same": _results(same), "fast": _results(faster)},
+        "chosen",
+    )
+    assert not beaten.fair and beaten.fastest == "fast"
+    assert beaten.ratios["fast"].high < 0.8 and "slower than fast" in beaten.message()
+    assert "same" not in beaten.message().split("slower than")[1]
+    within = check_baseline({"chosen": _results(baseline), "o": _results(slightly)}, "chosen")
+    assert within.fair and within.fastest == "o"
 
 
 @pytest.fixture(scope="module")

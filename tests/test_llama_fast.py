@@ -15,9 +15,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 import workers.llama_fast as llama_fast
 import workers.lm
 from policies import make_policy
+from training.zoo.cache import ZooManifest
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
-from workers.lm import CachedLM, avoid_cudnn_attention, prefers_padding
+from workers.lm import CachedLM, avoid_cudnn_attention, load_causal_lm
 from workers.records import SamplingConfig
+from workers.step_plan import CALIBRATION_SIZES, StepPlan, choose_step_plan
 from workers.target import LocalTarget
 
 torch.set_num_threads(1)
@@ -224,24 +226,100 @@ def test_a_padded_one_token_step_equals_the_plain_step(fast: bool) -> None:
     assert result.output_ids == outputs[0]
 
 
-def test_calibration_times_both_steps_and_leaves_the_cache_empty() -> None:
+def test_calibration_times_both_layouts_at_every_size_and_leaves_the_cache_empty() -> None:
     _, target = build_tiny_pair()
     lm = CachedLM(target)
     calibration = lm.calibration
     assert calibration is not None
-    assert calibration.one_token_s > 0 and calibration.two_tokens_s > 0
-    assert calibration.padded == prefers_padding(calibration.one_token_s, calibration.two_tokens_s)
-    assert lm.pad_single_step == calibration.padded
+    assert set(calibration.seconds) == {"packed", "unpacked"}
+    for times in calibration.seconds.values():
+        assert sorted(times) == list(CALIBRATION_SIZES) and all(t > 0 for t in times.values())
+    assert calibration.plan == choose_step_plan(calibration.seconds) == lm.plan
+    assert calibration.one_token_s == calibration.seconds[lm.plan.layout(1)][1]
+    assert calibration.two_tokens_s == calibration.seconds[lm.plan.layout(2)][2]
+    assert lm.pad_single_step == calibration.padded == lm.plan.padded
     assert lm.cached_len == 0
     assert CachedLM(target, single_step="plain").calibration is None
+    assert set(CachedLM(target, prepack=False).calibration.seconds) == {"unpacked"}
+    assert set(CachedLM(target, fast=False).calibration.seconds) == {"unpacked"}
 
 
-@pytest.mark.parametrize(
-    "one,two,padded",
-    [(37.1, 19.1, True), (10.0, 8.9, True), (10.0, 9.1, False), (22.7, 26.1, False)],
-)
-def test_padding_needs_a_clear_gain_over_one_token_steps(one, two, padded) -> None:
-    assert prefers_padding(one, two) == padded
+def _record_layouts(lm: CachedLM) -> list[tuple[int, bool]]:
+    """Make ``lm``'s fast decoder log (tokens, packed) for every forward; return the log."""
+    log: list[tuple[int, bool]] = []
+    forward = lm.fast_decoder.forward
+
+    def logged(ids: torch.Tensor, packed: bool = True) -> torch.Tensor:
+        log.append((ids.numel(), packed))
+        return forward(ids, packed)
+
+    lm.fast_decoder.forward = logged
+    return log
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_each_forward_runs_on_its_sizes_layout(padded: bool) -> None:
+    _, target = build_tiny_pair(seed=4)
+    plan = StepPlan(((1, "unpacked"), (3, "packed"), (6, "unpacked")), padded)
+    lm = CachedLM(target, single_step=plan)
+    assert lm.plan == plan and lm.calibration is None
+    log = _record_layouts(lm)
+    for n in (5, 1, 2, 3, 4, 6, 9, 1):
+        lm.forward(torch.arange(2, 2 + n))
+    one = (2, False) if padded else (1, False)  # a padded step runs on size 2's layout
+    expected = [(5, True), one, (2, False), (3, True), (4, True), (6, False), (9, False), one]
+    assert log == expected
+
+
+def test_a_layout_computes_what_a_model_with_only_that_layout_computes() -> None:
+    """Bit for bit: the unpacked layout of a packed model is the unpacked model's product."""
+    _, target = build_tiny_pair(seed=5)
+    mixed = CachedLM(target, single_step=StepPlan(((1, "unpacked"), (2, "packed"))))
+    packed = CachedLM(target, single_step=StepPlan.uniform("packed"))
+    unpacked = CachedLM(target, prepack=False, single_step="plain")
+    prompt = prompts(1, seed=6)[0]
+    for lm in (mixed, packed, unpacked):
+        lm.forward(prompt[:1])  # a one-token prefix: mixed and unpacked share their cache
+    steps = [lm.forward(prompt[1:2]).logits for lm in (mixed, unpacked)]
+    assert torch.equal(steps[0], steps[1])
+    for lm in (mixed, packed):
+        lm.reset()
+        lm.forward(prompt)
+    blocks = [lm.forward(torch.tensor([3, 4, 5])).logits for lm in (mixed, packed)]
+    assert torch.equal(blocks[0], blocks[1])
+
+
+PLANS = [
+    StepPlan.uniform("packed"),
+    StepPlan.uniform("unpacked"),
+    StepPlan(((1, "unpacked"), (3, "packed"))),
+    StepPlan(((1, "packed"), (2, "unpacked")), padded=True),
+    "auto",
+]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=str)
+def test_every_plan_decodes_greedily_as_the_transformers_forward(
+    micro_zoo: ZooManifest, plan
+) -> None:
+    """On the micro zoo: target-only and static-K greedy decoding with any step plan give the
+    tokens of target-only greedy decoding through the transformers forward."""
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    draft = load_causal_lm(micro_zoo.model_path("draft-s"))
+    reference_target = LocalTarget(CachedLM(target, fast=False, single_step="plain"))
+    lm = CachedLM(target, single_step=plan)
+    draft_lm = CachedLM(draft, single_step=plan)
+    assert lm.fast_path and draft_lm.fast_path
+    settings = RequestSettings(SamplingConfig(max_new_tokens=24))
+    for prompt in prompts(4, seed=8, vocab=200):
+        reference = autoregressive_generate(reference_target, prompt, settings).output_ids
+        ours = autoregressive_generate(LocalTarget(lm), prompt, settings).output_ids
+        assert ours == reference
+        for k in (1, 3, 7):
+            result = speculative_generate(
+                draft_lm, LocalTarget(lm), make_policy("static", k), prompt, settings, k
+            )
+            assert result.output_ids == reference, f"static K={k} under {plan}"
 
 
 def test_cuda_models_take_cudnn_out_of_attention_and_cpu_models_leave_it(monkeypatch) -> None:

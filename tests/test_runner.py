@@ -14,6 +14,7 @@ from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
 from orchestrator.target_sets import solo
 from workers.lm import CachedLM, load_causal_lm
+from workers.step_plan import StepPlan
 from workers.target import LocalTarget
 from workers.trial import run_trial
 
@@ -136,20 +137,33 @@ def test_replicas_on_a_node_load_with_the_step_choice_made_there(zoo_env, ray_lo
     assert None not in calibrations
     padded = tuple(calibration.padded for calibration in calibrations)
     assert _pads_single_step(first) == padded
-    assert [choices.known(key) for key in keys] == [("plain", "padded")[p] for p in padded]
+    assert [choices.known(key) for key in keys] == [c.plan for c in calibrations]
     first.close()
 
-    # A later replica on the node takes the recorded choice as is: seeded with the opposite
-    # of what this node measured, it loads with that and does not time its steps again.
+    # A later replica on the node takes the recorded plan as is: seeded with the opposite
+    # padding and layouts of what this node measured, it loads with that and does not time its
+    # steps again.
     seeded = SingleStepChoices()
-    for key, choice in zip(keys, padded, strict=True):
-        seeded.load(key, lambda mode, choice=choice: not choice)
+    opposite = [_opposite(calibration.plan) for calibration in calibrations]
+    for key, plan in zip(keys, opposite, strict=True):
+        seeded.load(key, lambda mode, plan=plan: plan)
     later = GroupReplica(solo(spec.pairs[0]), inputs, False, store, step_choices=seeded)
     later._draft("micro")
     actors = (later.ranks[0], later.drafts["micro"])
     assert ray.get([actor.single_step_calibration.remote() for actor in actors]) == [None, None]
     assert _pads_single_step(later) == tuple(not p for p in padded)
+    plans = [
+        ray.get(actors[0].__ray_call__.remote(lambda a: a.target.lm.plan)),
+        ray.get(actors[1].__ray_call__.remote(lambda a: a.draft.plan)),
+    ]
+    assert plans == opposite
     later.close()
+
+
+def _opposite(plan: StepPlan) -> StepPlan:
+    """Return ``plan`` with its padding and its one-token layout the other way round."""
+    flipped = "packed" if plan.layout(1) == "unpacked" else "unpacked"
+    return StepPlan(((1, flipped),), padded=not plan.padded)
 
 
 def test_preflight_names_missing_model_and_tokenizer_mismatch(zoo_env, tmp_path):

@@ -89,9 +89,10 @@ class PackedLinear:
         if pack and packs_for_onednn(weight):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Return ``x @ weight.T`` [n, out] for ``x`` [n, in]."""
-        if self.packed is None:
+    def __call__(self, x: torch.Tensor, packed: bool = True) -> torch.Tensor:
+        """Return ``x @ weight.T`` [n, out] for ``x`` [n, in]; ``packed=False`` multiplies the
+        unpacked weight even where a packed copy exists (``workers.step_plan``)."""
+        if self.packed is None or not packed:
             return block_linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
@@ -125,7 +126,7 @@ class LlamaFastDecoder:
     after the final norm (what ``model.get_decoder()(...).last_hidden_state[0]`` returns).
 
     ``prepack`` (default) gives each projection a oneDNN-packed copy where ``PackedLinear``
-    applies.
+    applies; each ``forward`` says which of the two layouts it multiplies.
     """
 
     def __init__(self, model: PreTrainedModel, prepack: bool = True) -> None:
@@ -185,10 +186,11 @@ class LlamaFastDecoder:
         """Forget the cached prefix (start of a new request); the buffers are kept."""
         self.length = 0
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, packed: bool = True) -> torch.Tensor:
         """Return the final hidden states [n, d] of ``ids`` [n] after the cached prefix.
 
-        The new positions' keys and values are appended to the cache.
+        The new positions' keys and values are appended to the cache. ``packed=False`` runs
+        every projection on the unpacked weights even where packed copies exist.
         """
         n = ids.numel()
         start, end = self.length, self.length + n
@@ -204,7 +206,7 @@ class LlamaFastDecoder:
         hidden = F.embedding(ids, self.embed)
         for index, layer in enumerate(self.layers):
             normed = self._rms_norm(hidden, layer.input_norm)
-            q, k, v = layer.qkv(normed).split([n_q, n_kv, n_kv], dim=-1)
+            q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
             q = _rotate(q.view(n, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
             k = _rotate(k.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
             keys, values = self._keys[index], self._values[index]
@@ -214,10 +216,10 @@ class LlamaFastDecoder:
                 q[None], keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa
             )
             attended = attended[0].transpose(0, 1).reshape(n, n_q)
-            hidden = hidden + layer.out(attended)
+            hidden = hidden + layer.out(attended, packed)
             normed = self._rms_norm(hidden, layer.post_norm)
-            gate, up = layer.gate_up(normed).chunk(2, -1)
-            hidden = hidden + layer.down(F.silu(gate) * up)
+            gate, up = layer.gate_up(normed, packed).chunk(2, -1)
+            hidden = hidden + layer.down(F.silu(gate) * up, packed)
         self.length = end
         return self._rms_norm(hidden, self.final_norm)
 

@@ -8,14 +8,17 @@ run their decoder through ``workers.llama_fast`` (same computation, without tran
 per-call bookkeeping); every other model, and any model with ``fast=False``, through the
 transformers forward with a ``DynamicCache``.
 
-A one-token step (every step of target-only decoding, every draft step) may cost more than a
-two-token block: on this repository's CPU MKL runs a one-row product as a matrix-vector kernel
-on one core, and the 49152-row LM head of SmolLM2 took 11.5 ms that way against 4.2 ms as a
-two-column product. ``CachedLM`` therefore times both once when it is created
-(``calibrate_single_step``) and, where two tokens are cheaper, runs a one-token step as a
-two-token block (the token twice, the second position cropped off): a step never costs more
-than a block of two, on every model path, so no speedup over the AR baseline comes from a
-slow baseline step.
+A forward's cost depends on its block size differently on each weight layout of the fast path
+(oneDNN-packed or the model's own weights), and a one-token step (every step of target-only
+decoding, every draft step) may cost more than a two-token block: on this repository's CPU MKL
+runs a one-row product as a matrix-vector kernel on one core, and the 49152-row LM head of
+SmolLM2 took 11.5 ms that way against 4.2 ms as a two-column product. ``CachedLM`` therefore
+times every layout at several block sizes once when it is created (``calibrate_steps``) and
+follows the resulting ``workers.step_plan.StepPlan``: each forward runs on the layout fastest
+for its size, and where two tokens are cheaper a one-token step runs as a two-token block (the
+token twice, the second position cropped off). The AR baseline's steps and speculation's
+blocks each run on their fastest layout, so no speedup over AR comes from a slow baseline step;
+what mixing layouts means for exactness is in ``workers.step_plan``.
 
 A draft may restrict its LM head to the tokens it proposes (a frequency-ranked head, as in
 FR-Spec): its ``config.json`` then carries ``draft_vocab``, the sorted ids it may propose, while
@@ -28,6 +31,7 @@ speculative sampling's residual max(0, p − q) stays exact.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,17 +41,14 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from workers.hf_cache import cache_kwargs
 from workers.llama_fast import LlamaFastDecoder, PackedLinear, unsupported_reason
 from workers.model_spec import SingleStep
+from workers.step_plan import CALIBRATION_SIZES, Layout, StepPlan, choose_step_plan
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-#: Timed repetitions of each step kind when calibrating (interleaved, fastest taken).
-CALIBRATION_REPEATS = 7
-#: A one-token step is padded only when a two-token block is at least this fraction faster. A
-#: padded step computes the same values in other kernels (last-bit differences, enough in
-#: bfloat16 to change a greedy output), so a choice that near-equal timings could flip from one
-#: process to the next is not taken (on an H100 the two took 22.7 and 26.1 ms, near enough for
-#: a busy host to reverse them).
-PAD_MIN_GAIN = 0.10
+#: Timed repetitions of each (layout, block size) when calibrating (interleaved, fastest taken).
+CALIBRATION_REPEATS = 5
+#: Cached tokens the calibration's blocks run after (a short prompt plus some decoding).
+CALIBRATION_CONTEXT = 64
 #: The logit of a token outside a draft's ``draft_vocab``. Finite, not -inf: temperature divides
 #: logits and policies take entropies as −Σ p·log p, where -inf would give NaN (-inf − -inf, or
 #: 0·-inf); it is low enough that exp(it − any real logit) is exactly 0 in float32, so such a
@@ -57,16 +58,19 @@ OUTSIDE_VOCAB_LOGIT = -1e9
 
 @dataclass(frozen=True)
 class SingleStepCalibration:
-    """Fastest seconds of a one-token step and of a two-token block, and the choice made."""
+    """What ``CachedLM.calibrate_steps`` measured and chose.
 
+    ``seconds``: the fastest seconds of a block of each timed size on each layout timed;
+    ``plan``: the choice (``workers.step_plan.choose_step_plan``). ``one_token_s`` and
+    ``two_tokens_s`` are the chosen layouts' one-token step and two-token block, ``padded``
+    whether one-token steps run as two-token blocks.
+    """
+
+    seconds: dict[Layout, dict[int, float]]
+    plan: StepPlan
     one_token_s: float
     two_tokens_s: float
     padded: bool
-
-
-def prefers_padding(one_token_s: float, two_tokens_s: float) -> bool:
-    """Return whether a two-token block is enough faster than a one-token step to pad steps."""
-    return two_tokens_s < one_token_s * (1 - PAD_MIN_GAIN)
 
 
 @dataclass(frozen=True)
@@ -127,18 +131,20 @@ def head_logits(
     restricted: RestrictedHead | None,
     hidden: torch.Tensor,
     product: PackedLinear | None = None,
+    packed: bool = True,
 ) -> torch.Tensor:
     """Return float logits [..., V] of last-layer hidden states [..., d] through the LM head.
 
     ``restricted`` (from ``restricted_head``) scores only its kept rows, scattered to full width.
     ``product`` (rows [n, d] only; from ``head_product``) computes the product with the head's
-    prepared weight, otherwise it runs as the head module (or ``F.linear`` on the kept rows) does.
+    prepared weight (its packed copy unless ``packed`` is False), otherwise it runs as the head
+    module (or ``F.linear`` on the kept rows) does.
     """
     if restricted is None:
-        logits = product(hidden) if product is not None else head(hidden)
+        logits = product(hidden, packed) if product is not None else head(hidden)
         return logits.float()
     if product is not None:
-        return scatter_logits(restricted, product(hidden))
+        return scatter_logits(restricted, product(hidden, packed))
     linear = torch.nn.functional.linear(hidden, restricted.weight, restricted.bias)
     return scatter_logits(restricted, linear)
 
@@ -196,12 +202,17 @@ class CachedLM:
     """One model plus one KV cache for batch-1 decoding.
 
     ``fast`` (default) takes the plain-torch Llama path when the model qualifies;
-    ``fast_path`` says whether it did. ``single_step`` says how one-token steps run: "auto"
-    (default) times both ways now (``calibrate_single_step``), "plain" and "padded" force one
-    (a tensor-parallel rank must not decide alone: its ranks run the same kernels in lockstep).
-    ``prepack`` (default) lets the fast path keep oneDNN-packed copies of the weights on CPU in
-    float32 (``workers.llama_fast.PackedLinear``: faster steps, twice the projections' memory).
-    A model on CUDA takes cuDNN out of attention for the whole process (``avoid_cudnn_attention``).
+    ``fast_path`` says whether it did. ``prepack`` (default) lets the fast path keep
+    oneDNN-packed copies of the weights on CPU in float32 beside the model's own
+    (``workers.llama_fast.PackedLinear``: twice the projections' memory); ``layouts`` lists the
+    layouts it can then run on ("packed" first, the default), else only "unpacked".
+    ``single_step`` says how forwards run (``plan``): "auto" (default) times every layout at
+    several block sizes now (``calibrate_steps``); "plain" and "padded" run every size on the
+    default layout with one-token steps as themselves or as two-token blocks (a tensor-parallel
+    rank must not decide alone: its ranks run the same kernels in lockstep); a
+    ``workers.step_plan.StepPlan`` is taken as given (a choice made on the node before,
+    ``orchestrator.step_choices``). A model on CUDA takes cuDNN out of attention for the whole
+    process (``avoid_cudnn_attention``).
     """
 
     def __init__(
@@ -223,37 +234,69 @@ class CachedLM:
         if use_fast:
             self.head_product = head_product(self.head, self.restricted, prepack)
         self.cache = None if use_fast else DynamicCache(config=model.config)
-        self.pad_single_step = single_step == "padded"
+        packs = self.head_product is not None and self.head_product.packed is not None
+        self.layouts: tuple[Layout, ...] = ("packed", "unpacked") if packs else ("unpacked",)
+        self.plan = _given_plan(single_step, self.layouts[0])
         self.calibration: SingleStepCalibration | None = None
         if single_step == "auto":
-            self.calibrate_single_step()
+            self.calibrate_steps()
+
+    @property
+    def pad_single_step(self) -> bool:
+        """Whether one-token steps run as two-token blocks (``plan.padded``)."""
+        return self.plan.padded
+
+    @pad_single_step.setter
+    def pad_single_step(self, padded: bool) -> None:
+        self.plan = StepPlan(self.plan.layouts, padded)
 
     @torch.inference_mode()
-    def calibrate_single_step(self, repeats: int = CALIBRATION_REPEATS) -> SingleStepCalibration:
-        """Time one-token steps and two-token blocks, taking turns; pad steps if blocks win.
+    def calibrate_steps(
+        self, repeats: int = CALIBRATION_REPEATS, layouts: Sequence[Layout] | None = None
+    ) -> SingleStepCalibration:
+        """Time blocks of each size on each layout, taking turns, and follow the plan chosen.
 
-        Both run after a short prefix from an empty cache, which is left empty. The fastest of
-        the repeats counts (a busy machine only adds time); blocks win when they are at least
-        ``PAD_MIN_GAIN`` faster. Returns (and keeps in ``calibration``) those times and the
-        choice.
+        ``layouts`` (default: all of ``layouts``) are timed at ``CALIBRATION_SIZES``, or at 1
+        and 2 tokens when there is one (only the padding is then to choose), after a cached
+        context of ``CALIBRATION_CONTEXT`` tokens; the cache is left empty. Each layout's turn
+        starts with an untimed one-token step (its weights back in the caches) and the sizes'
+        order rotates; the fastest of the repeats counts (a busy machine only adds time).
+        Returns (and keeps in ``calibration``) the times and the choice
+        (``workers.step_plan.choose_step_plan``).
         """
-        prefix = torch.zeros(8, dtype=torch.long, device=self.device)
-        times: dict[int, list[float]] = {1: [], 2: []}
-        self.pad_single_step = False
-        for _ in range(repeats + 1):
-            for n in (1, 2):
-                self.reset()
-                self._forward(prefix, last_only=True)
-                synchronize(self.device)
-                start = time.perf_counter()
-                self._forward(prefix[:n], last_only=False)
-                synchronize(self.device)
-                times[n].append(time.perf_counter() - start)
+        layouts = tuple(layouts or self.layouts)
+        sizes = CALIBRATION_SIZES if len(layouts) > 1 else (1, 2)
+        context = torch.zeros(CALIBRATION_CONTEXT, dtype=torch.long, device=self.device)
+        times: dict[tuple[Layout, int], list[float]] = {(a, n): [] for a in layouts for n in sizes}
         self.reset()
-        one, two = (min(times[n][1:]) for n in (1, 2))
-        self.calibration = SingleStepCalibration(one, two, padded=prefers_padding(one, two))
-        self.pad_single_step = self.calibration.padded
+        self._forward(context, last_only=True)
+        for repeat in range(repeats + 1):
+            for layout in layouts if repeat % 2 == 0 else layouts[::-1]:
+                self.plan = StepPlan.uniform(layout)
+                self._timed_block(context[:1])
+                for n in sizes[repeat % len(sizes) :] + sizes[: repeat % len(sizes)]:
+                    seconds = self._timed_block(context[:n])
+                    if repeat > 0:
+                        times[layout, n].append(seconds)
+        self.reset()
+        seconds = {a: {n: min(times[a, n]) for n in sizes} for a in layouts}
+        plan = choose_step_plan(seconds)
+        one, two = seconds[plan.layout(1)][1], seconds[plan.layout(2)][2]
+        self.calibration = SingleStepCalibration(seconds, plan, one, two, plan.padded)
+        self.plan = plan
         return self.calibration
+
+    def _timed_block(self, ids: torch.Tensor) -> float:
+        """Return the seconds of one forward of ``ids`` (all rows through the head) after the
+        cached context, which it is cropped back to."""
+        length = self.cached_len
+        synchronize(self.device)
+        start = time.perf_counter()
+        self._forward(ids, last_only=False)
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        self.crop(length)
+        return seconds
 
     @property
     def fast_path(self) -> bool:
@@ -289,7 +332,7 @@ class CachedLM:
         ids = ids.view(-1).to(self.device)
         if ids.numel() == 0:
             raise ValueError("the model was given no tokens to run (an empty prompt?)")
-        if ids.numel() == 1 and self.pad_single_step:
+        if ids.numel() == 1 and self.plan.padded:
             length = self.cached_len
             out = self._forward(ids.repeat(2), last_only=False)
             self.crop(length + 1)
@@ -297,16 +340,18 @@ class CachedLM:
         return self._forward(ids, last_only)
 
     def _forward(self, ids: torch.Tensor, last_only: bool) -> StepOutput:
-        """Run ``ids`` [n] (on the model's device) through decoder and head, as ``forward``."""
+        """Run ``ids`` [n] (on the model's device) through decoder and head, as ``forward``, on
+        the layout ``plan`` gives n."""
+        packed = self.plan.layout(ids.numel()) == "packed"
         if self.fast_decoder is not None:
-            hidden = self.fast_decoder.forward(ids)
+            hidden = self.fast_decoder.forward(ids, packed)
         else:
             out = self.decoder(
                 input_ids=ids[None], use_cache=True, **cache_kwargs(self.decoder, self.cache)
             )
             hidden = out.last_hidden_state[0]
         hidden = hidden[-1:] if last_only else hidden
-        logits = head_logits(self.head, self.restricted, hidden, self.head_product)
+        logits = head_logits(self.head, self.restricted, hidden, self.head_product, packed)
         return StepOutput(logits=logits, hidden=hidden)
 
     def crop(self, length: int) -> None:
@@ -323,3 +368,10 @@ class CachedLM:
         """Return logits [n, V] of a from-scratch forward of ``ids`` (no cache involved)."""
         out = self.decoder(input_ids=ids.view(1, -1).to(self.device), use_cache=False)
         return head_logits(self.head, self.restricted, out.last_hidden_state[0])
+
+
+def _given_plan(single_step: SingleStep, layout: Layout) -> StepPlan:
+    """Return the plan ``single_step`` gives before any calibration (``layout``: the default)."""
+    if isinstance(single_step, StepPlan):
+        return single_step
+    return StepPlan.uniform(layout, padded=single_step == "padded")

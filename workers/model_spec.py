@@ -10,15 +10,19 @@ import socket
 from dataclasses import dataclass
 from typing import Literal
 
-#: How a one-token step runs: decided by timing ("auto"), as itself, or as a two-token block.
-SingleStep = Literal["auto", "plain", "padded"]
+from workers.step_plan import StepPlan
+
+#: How a model's forwards run (``workers.lm.CachedLM``): decided by timing ("auto"), every size
+#: on the default layout with one-token steps as themselves ("plain") or as two-token blocks
+#: ("padded"), or a ``StepPlan`` chosen before.
+SingleStep = Literal["auto", "plain", "padded"] | StepPlan
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Where a model is and how to load it; ``single_step`` is passed to ``CachedLM`` ("auto":
-    time one-token steps against two-token blocks at load; "plain" or "padded": a choice an
-    earlier replica on the node made, ``orchestrator.step_choices``)."""
+    time its weight layouts and block sizes at load; a ``StepPlan``: the choice an earlier
+    replica on the node made, ``orchestrator.step_choices``)."""
 
     path: str
     dtype: str = "float32"

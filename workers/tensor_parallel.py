@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from workers.lm import DTYPES, CachedLM, load_causal_lm
 from workers.model_spec import ModelSpec, RankSpec, SingleStep
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
+from workers.step_plan import StepPlan
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -157,15 +158,19 @@ class RowsToSequenceHead(nn.Module):
 
 def agreed_single_step(lm: CachedLM, single_step: SingleStep = "auto") -> CachedLM:
     """Calibrate ``lm``'s one-token step on every rank in lockstep and adopt rank 0's choice;
-    a forced ``single_step`` ("plain" or "padded", the same on every rank) is taken as is.
+    a forced ``single_step`` ("plain", "padded" or a ``StepPlan``, the same on every rank) is
+    taken as is.
 
     Each rank times its own shard; the ranks must still run the same kernels shapes (their
     collectives pair up), so rank 0's choice is broadcast to all.
     """
+    if isinstance(single_step, StepPlan):
+        lm.plan = single_step
+        return lm
     if single_step != "auto":
         lm.pad_single_step = single_step == "padded"
         return lm
-    padded = torch.tensor([int(lm.calibrate_single_step().padded)], dtype=torch.int64)
+    padded = torch.tensor([int(lm.calibrate_steps().padded)], dtype=torch.int64)
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         padded = padded.cuda()
     dist.broadcast(padded, src=0)
