@@ -75,7 +75,7 @@ def trial_interval_table(trials: pd.DataFrame) -> pd.DataFrame:
     """Return one row per trial: its configuration and each figure with its 95% interval.
 
     Columns: policy, setting, pair, dataset, temperature, then per figure the estimate and
-    ``<figure> low`` / ``<figure> high`` (the stored bootstrap bounds; speedup's paired with
+    ``<figure> low`` / ``<figure> high`` (the stored interval bounds; speedup's paired with
     the AR baseline's prompts), best speedup first.
     """
     table = pd.DataFrame(

@@ -15,12 +15,12 @@ from orchestrator.pairing import Comparison, paired_ratio
 from orchestrator.report import PROVENANCE_FIELDS
 
 
-def compare_trials(url: str, trial_a: str, trial_b: str, seed: int = 0) -> Comparison:
+def compare_trials(url: str, trial_a: str, trial_b: str) -> Comparison:
     """Return A's tokens/s over B's on their shared prompts (interval None: not comparable)."""
     with reader(url) as store:
         samples_a = store.sample_speeds(trial_a)
         samples_b = store.sample_speeds(trial_b)
-    return paired_ratio(samples_a, samples_b, seed=seed)
+    return paired_ratio(samples_a, samples_b)
 
 
 def load_runs(url: str, run_ids: Iterable[int]) -> pd.DataFrame:

@@ -2,7 +2,8 @@
 
 A speedup or a comparison is only meaningful on the same prompts: samples are matched on their
 ``prompt_id`` (a prompt that occurs twice in a slice is matched occurrence by occurrence), and
-prompts only one trial holds are left out.
+prompts only one trial holds are left out. Several comparisons made together
+(:func:`compare_family`) control the family-wise error with Holm's method.
 """
 
 from __future__ import annotations
@@ -11,7 +12,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.metrics import ratio
-from orchestrator.stats import Interval, Verdict, paired_speed_ratio, verdict
+from orchestrator.stats import (
+    CONFIDENCE,
+    Interval,
+    Verdict,
+    family_confidence,
+    holm_adjusted,
+    p_verdict,
+    paired_speed_ratio,
+    verdict,
+)
 
 
 @dataclass(frozen=True)
@@ -31,11 +41,18 @@ class SampleSpeed:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A's tokens/s over B's on their shared prompts, its interval and the verdict."""
+    """A's tokens/s over B's on their shared prompts, its interval and the verdict.
+
+    In a family of ``family_size`` comparisons made together, ``ratio`` is at the family's
+    per-interval level (Bonferroni, 1 − α/m: the intervals hold simultaneously) and the verdict
+    comes from ``adjusted_p``, Holm's adjustment of ``ratio.p_value`` over the family.
+    """
 
     n_prompts: int
     ratio: Interval | None
     verdict: Verdict | None
+    family_size: int = 1
+    adjusted_p: float | None = None
 
 
 def _keyed(samples: Iterable[SampleSpeed]) -> dict[tuple[str, int], SampleSpeed]:
@@ -68,18 +85,56 @@ def sample_speedups(
     return speedups
 
 
-def paired_ratio(a: Sequence[SampleSpeed], b: Sequence[SampleSpeed], seed: int = 0) -> Comparison:
-    """Return A's tokens/s over B's on their shared prompts with its paired bootstrap interval."""
+def _paired_interval(
+    a: Sequence[SampleSpeed], b: Sequence[SampleSpeed], confidence: float
+) -> tuple[int, Interval | None]:
+    """Return the number of shared prompts and A's tokens/s over B's interval on them."""
     pairs = pair_samples(a, b)
     interval = paired_speed_ratio(
         [x.tokens for x, _ in pairs],
         [x.seconds for x, _ in pairs],
         [y.tokens for _, y in pairs],
         [y.seconds for _, y in pairs],
-        seed=seed,
+        confidence=confidence,
     )
+    return len(pairs), interval
+
+
+def paired_ratio(a: Sequence[SampleSpeed], b: Sequence[SampleSpeed]) -> Comparison:
+    """Return A's tokens/s over B's on their shared prompts with its paired 95% interval."""
+    n_prompts, interval = _paired_interval(a, b, CONFIDENCE)
     return Comparison(
-        n_prompts=len(pairs),
+        n_prompts=n_prompts,
         ratio=interval,
         verdict=verdict(interval) if interval is not None else None,
+        adjusted_p=interval.p_value if interval is not None else None,
     )
+
+
+def compare_family(
+    pairs: Sequence[tuple[Sequence[SampleSpeed], Sequence[SampleSpeed]]],
+) -> list[Comparison]:
+    """Return each (A, B) comparison of a family made together, family-wise error ≤ 5%.
+
+    Intervals are at 1 − 0.05/m (m comparisons that have an interval); verdicts come from
+    Holm-adjusted p-values, which decide at least as often as the intervals exclude 1 (a
+    verdict can be "faster" while its simultaneous interval still touches 1, never the reverse).
+    """
+    found = [_paired_interval(a, b, CONFIDENCE) for a, b in pairs]
+    m = sum(interval is not None for _, interval in found)
+    level = family_confidence(m)
+    tested = [
+        1.0 if interval.p_value is None else interval.p_value
+        for _, interval in found
+        if interval is not None
+    ]
+    adjusted = iter(holm_adjusted(tested))
+    family = []
+    for (a, b), (n_prompts, interval) in zip(pairs, found, strict=True):
+        if interval is None:
+            family.append(Comparison(n_prompts, None, None, m))
+            continue
+        _, wide = _paired_interval(a, b, level)
+        p = next(adjusted)
+        family.append(Comparison(n_prompts, wide, p_verdict(interval.estimate, p), m, p))
+    return family

@@ -25,6 +25,7 @@ from orchestrator.cost_model import (
 )
 from orchestrator.planner import Plan
 from orchestrator.run_fit import TrialCounts, round_fit_seconds
+from orchestrator.stats import MIN_PROMPTS, too_few_prompts
 
 if TYPE_CHECKING:
     from orchestrator.pairing import Comparison
@@ -240,10 +241,10 @@ def trial_label(row: StoredTrial) -> str:
 
 
 def comparison_refusal(a: StoredTrial, b: StoredTrial, n_shared: int) -> list[str]:
-    """Return why two trials cannot be compared: fewer than two shared prompts."""
-    if n_shared < 2:
-        what = "share no prompts" if n_shared == 0 else "share only 1 prompt"
-        why = "a paired comparison needs at least two prompts measured by both"
+    """Return why two trials cannot be compared: too few shared prompts, or no time on a side."""
+    if n_shared < MIN_PROMPTS:
+        what = "share no prompts" if n_shared == 0 else f"share only {n_shared} prompt(s)"
+        why = f"no interval is shown ({too_few_prompts(n_shared)} measured by both)"
     else:
         what, why = f"share {n_shared} prompts", "but a trial's samples took no time"
     return [
@@ -253,36 +254,42 @@ def comparison_refusal(a: StoredTrial, b: StoredTrial, n_shared: int) -> list[st
     ]
 
 
-#: Below this many shared prompts ``compare`` warns that its interval is optimistic.
-FEW_PROMPTS = 10
+def family_header(family: Sequence[Comparison]) -> list[str]:
+    """Return the line that says how a family of comparisons controls its family-wise error."""
+    m = sum(compared.ratio is not None for compared in family)
+    level = next((c.ratio.confidence for c in family if c.ratio is not None), None)
+    shown = f"intervals at {100 * level:.4g}% hold together" if level is not None else "none"
+    return [
+        f"Holm-adjusted over {m} comparisons (family-wise error 5%): verdicts from "
+        f"Holm-adjusted p-values; {shown}",
+        "",
+    ]
 
 
 def comparison_lines(
     a: StoredTrial, b: StoredTrial, compared: Comparison, n_a: int, n_b: int
 ) -> list[str]:
-    """Return the ``compare`` command's output lines for a paired comparison."""
-    assert compared.ratio is not None
+    """Return the ``compare`` command's output lines for one paired comparison."""
+    lines = [f"A: {trial_label(a)}", f"B: {trial_label(b)}"]
     ratio = compared.ratio
-    lines = [
-        f"A: {trial_label(a)}",
-        f"B: {trial_label(b)}",
-        f"tokens/s A / B = {ratio.estimate:.4g}, 95% CI [{ratio.low:.4g}, {ratio.high:.4g}] "
-        f"(paired bootstrap over {compared.n_prompts} shared prompts)",
+    if ratio is None:
+        return [*lines, f"no interval: {too_few_prompts(compared.n_prompts)} shared", ""]
+    p_name = "Holm-adjusted p" if compared.family_size > 1 else "p"
+    lines += [
+        f"tokens/s A / B = {ratio.estimate:.4g}, {100 * ratio.confidence:.4g}% CI "
+        f"[{ratio.low:.4g}, {ratio.high:.4g}], n = {ratio.n} "
+        f"(paired t interval over {compared.n_prompts} shared prompts); "
+        f"{p_name} = {compared.adjusted_p:.3g}",
         f"verdict: A is {compared.verdict} than B"
         if compared.verdict != "not distinguishable"
         else "verdict: not distinguishable (the interval contains 1)",
     ]
-    if compared.n_prompts < FEW_PROMPTS:
-        lines.append(
-            f"note: only {compared.n_prompts} prompts; a bootstrap over so few covers less than "
-            "its nominal 95%: measure more samples before relying on the verdict"
-        )
     if compared.n_prompts < max(n_a, n_b):
         lines.append(
             f"note: A has {n_a} samples and B {n_b}; only the {compared.n_prompts} prompts "
             "both measured are compared"
         )
-    return lines
+    return lines if compared.family_size == 1 else [*lines, ""]
 
 
 def status_counts(rows: Iterable[StoredTrial]) -> dict[str, int]:

@@ -81,7 +81,7 @@ def test_compare_says_faster_slower_and_not_distinguishable(stats_store, capsys)
     estimate, low, high = (float(value) for value in match.groups())
     assert estimate == pytest.approx(expected, rel=1e-3) and low < estimate < high
     assert "verdict: A is faster than B" in out
-    assert "note: only 6 prompts" in out
+    assert "n = 6 (paired t interval over 6 shared prompts); p = " in out
     assert cli.main(["--db", url, "compare", ids["ar"], ids["static"]]) == 0
     assert "verdict: A is slower than B" in capsys.readouterr().out
     assert cli.main(["--db", url, "compare", ids["svip"], ids["static"]]) == 0
@@ -95,6 +95,31 @@ def test_compare_refuses_trials_without_shared_prompts(stats_store, capsys) -> N
     assert "share no prompts" in err and ids["other"] in err and "Traceback" not in err
     assert cli.main(["--db", url, "compare", "nope", ids["ar"]]) == 2
     assert "no trial 'nope'" in capsys.readouterr().err
+
+
+def test_compare_of_several_pairs_is_holm_adjusted(stats_store, capsys) -> None:
+    url, ids = stats_store
+    pairs = [ids["static"], ids["ar"], ids["svip"], ids["ar"], ids["other"], ids["ar"]]
+    assert cli.main(["--db", url, "compare", *pairs]) == 0
+    out = capsys.readouterr().out
+    assert "Holm-adjusted over 2 comparisons (family-wise error 5%)" in out
+    assert "intervals at 97.5% hold together" in out
+    assert out.count("97.5% CI [") == 2 and out.count("Holm-adjusted p = ") == 2
+    assert "no interval: n = 0; an interval needs at least 2 prompts shared" in out
+    assert cli.main(["--db", url, "compare", ids["static"], ids["ar"], ids["svip"]]) == 2
+    assert "in pairs" in capsys.readouterr().err
+
+
+def test_compare_says_how_many_prompts_an_interval_needs(tmp_path, capsys) -> None:
+    from orchestrator import report
+    from orchestrator.pairing import Comparison
+
+    a, b = _summary_row(1.5), _summary_row(1.0)
+    refusal = "\n".join(report.comparison_refusal(a, b, 1))
+    assert "share only 1 prompt(s)" in refusal
+    assert "n = 1; an interval needs at least 2 prompts" in refusal
+    lines = report.comparison_lines(a, b, Comparison(1, None, None, 3), 4, 1)
+    assert "no interval: n = 1; an interval needs at least 2 prompts shared" in lines
 
 
 def test_export_carries_provenance_and_intervals(stats_store, tmp_path, capsys) -> None:

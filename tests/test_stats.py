@@ -1,4 +1,4 @@
-"""Bootstrap intervals and paired comparisons (orchestrator/stats.py) against known cases."""
+"""Jackknife t intervals, paired comparisons and Holm (orchestrator/stats.py) on known cases."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import pytest
 
 from orchestrator.stats import (
     Interval,
+    family_confidence,
+    holm_adjusted,
+    p_verdict,
     paired_speed_ratio,
     ratio_interval,
+    too_few_prompts,
     verdict,
 )
 
@@ -21,36 +25,38 @@ def test_ratio_interval_estimate_is_ratio_of_sums() -> None:
     assert interval.n == 3
 
 
-def test_ratio_interval_is_seeded() -> None:
-    rng = np.random.default_rng(1)
-    num, den = rng.uniform(10, 20, 12), rng.uniform(1, 2, 12)
-    assert ratio_interval(num, den, seed=3) == ratio_interval(num, den, seed=3)
-    assert ratio_interval(num, den, seed=3) != ratio_interval(num, den, seed=4)
+def test_ratio_interval_is_the_hand_worked_jackknife_t_interval() -> None:
+    """Three prompts: leave-one-out ratios 50/6, 40/5, 30/3 of 60/7; t quantile with 2 df."""
+    interval = ratio_interval([10, 20, 30], [1, 2, 4])
+    theta = np.log(60 / 7)
+    jack = np.log([50 / 6, 40 / 5, 30 / 3])
+    se = np.sqrt(2 / 3 * np.sum((jack - jack.mean()) ** 2))
+    half = 4.302652729911275 * se  # scipy.stats.t.ppf(0.975, 2)
+    assert interval == Interval(
+        pytest.approx(60 / 7),
+        pytest.approx(np.exp(theta - half)),
+        pytest.approx(np.exp(theta + half)),
+        3,
+    )
 
 
-def test_ratio_interval_matches_direct_percentile_bootstrap() -> None:
-    """With unit denominators the statistic is the mean: compare with a hand-made bootstrap."""
+def test_ratio_interval_of_a_mean_is_the_t_interval_of_its_log() -> None:
+    """With unit denominators the statistic is the mean; its jackknife se is s/√n exactly."""
     rng = np.random.default_rng(7)
-    values = rng.normal(5.0, 2.0, 40)
+    values = rng.normal(5.0, 0.5, 40)
     interval = ratio_interval(values, np.ones_like(values))
     assert interval is not None
-    resampled = rng.choice(values, size=(20000, len(values)), replace=True).mean(axis=1)
-    low, high = np.percentile(resampled, [2.5, 97.5])
-    width = high - low
-    assert interval.low == pytest.approx(low, abs=0.08 * width)
-    assert interval.high == pytest.approx(high, abs=0.08 * width)
-    # and the normal-theory interval of a mean, mean ± 1.96·s/√n
-    half = 1.96 * values.std(ddof=1) / np.sqrt(len(values))
-    assert interval.high - interval.low == pytest.approx(2 * half, rel=0.15)
+    relative = 2.0226909117347285 * values.std(ddof=1) / np.sqrt(40) / values.mean()
+    assert np.log(interval.high / interval.low) == pytest.approx(2 * relative, rel=0.02)
 
 
 def test_ratio_interval_covers_the_true_ratio_about_95_percent() -> None:
     rng = np.random.default_rng(11)
     true_rate, covered, runs = 50.0, 0, 200
-    for run in range(runs):
+    for _ in range(runs):
         seconds = rng.uniform(0.5, 1.5, 30)
         tokens = true_rate * seconds * rng.lognormal(0.0, 0.2, 30) / np.exp(0.02)
-        interval = ratio_interval(tokens, seconds, seed=run)
+        interval = ratio_interval(tokens, seconds)
         assert interval is not None
         covered += interval.contains(true_rate)
     assert 0.88 <= covered / runs <= 0.99
@@ -105,12 +111,50 @@ def test_verdict_bounds() -> None:
     assert verdict(Interval(1.0, 1.0, 1.2, 5)) == "not distinguishable"
 
 
-def test_resamples_without_a_denominator_are_left_out() -> None:
-    """Two of six prompts drafted nothing: some resamples have no acceptance rate at all."""
+def test_prompts_without_a_denominator_keep_the_rest() -> None:
+    """Two of six prompts drafted nothing: every leave-one-out rate exists, so does the interval."""
     accepted, drafted = [3, 0, 4, 0, 2, 5], [4, 0, 8, 0, 4, 6]
     interval = ratio_interval(accepted, drafted)
     assert interval is not None
     assert interval.estimate == pytest.approx(14 / 22)
-    assert 0.0 <= interval.low <= interval.estimate <= interval.high <= 1.0
-    # one drafting prompt: every resample that has a rate has this one
-    assert ratio_interval([1, 0, 0, 0, 0, 0], [2, 0, 0, 0, 0, 0]) == Interval(0.5, 0.5, 0.5, 6)
+    assert 0.0 < interval.low < interval.estimate < interval.high < 1.0
+    # one drafting prompt: leaving it out leaves no rate, nothing accepted: no log; no interval
+    assert ratio_interval([1, 0, 0, 0, 0, 0], [2, 0, 0, 0, 0, 0]) is None
+    assert ratio_interval([0, 0, 0], [2, 3, 4]) is None
+
+
+def test_p_value_agrees_with_the_interval() -> None:
+    """p < 0.05 exactly when the 95% interval excludes 1, on many random paired sets."""
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        n = int(rng.integers(2, 12))
+        seconds = rng.uniform(0.5, 2.0, n)
+        faster = seconds / (1.05 * np.exp(rng.normal(0, 0.1, n)))
+        ratio = paired_speed_ratio(np.full(n, 32.0), faster, np.full(n, 32.0), seconds)
+        assert ratio is not None and ratio.p_value is not None
+        assert (ratio.p_value < 0.05) == (not ratio.contains(1.0))
+        assert p_verdict(ratio.estimate, ratio.p_value) == verdict(ratio)
+
+
+def test_holm_adjusted_matches_a_hand_worked_example() -> None:
+    """p = 0.01, 0.04, 0.03, 0.005: sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06,
+    0.04·1 = 0.04 raised to the running maximum 0.06."""
+    adjusted = holm_adjusted([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert [p < 0.05 for p in adjusted] == [True, False, False, True]
+    assert holm_adjusted([0.5, 0.6]) == [1.0, 1.0]
+    assert holm_adjusted([0.04]) == [0.04]
+    assert holm_adjusted([]) == []
+
+
+def test_family_confidence_is_bonferroni() -> None:
+    assert family_confidence(4) == pytest.approx(0.9875)
+    assert family_confidence(1) == pytest.approx(0.95)
+    wide = paired_speed_ratio([8, 8, 8, 8], [1, 1.1, 0.9, 1], [8] * 4, [2, 2, 2, 2.1], 0.9875)
+    narrow = paired_speed_ratio([8, 8, 8, 8], [1, 1.1, 0.9, 1], [8] * 4, [2, 2, 2, 2.1])
+    assert wide is not None and narrow is not None and wide.confidence == 0.9875
+    assert wide.low < narrow.low < narrow.high < wide.high
+
+
+def test_too_few_prompts_says_how_many_are_needed() -> None:
+    assert too_few_prompts(1) == "n = 1; an interval needs at least 2 prompts"

@@ -5,15 +5,16 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, trial_compare
+from orchestrator.stats import too_few_prompts
 
 context: data.DashboardContext = st.session_state[data.CONTEXT_KEY]
 labels = trial_compare.trial_choices(context.trials)
 
 st.header("Compare two trials")
 st.caption(
-    "A's tokens/s over B's on the prompts both measured; the interval is a seeded bootstrap "
-    "over those prompts, the same prompts resampled for both (paired), as in "
-    "`python -m orchestrator compare A B`."
+    "A's tokens/s over B's on the prompts both measured; the interval is a t interval on the "
+    "log ratio with the jackknife standard error over those prompts, each left out of both "
+    "trials at once (paired), as in `python -m orchestrator compare A B`."
 )
 if len(labels) < 2:
     st.info("Fewer than two finished trials in this selection.")
@@ -29,8 +30,9 @@ except data.StoreUnavailable as error:
     st.stop()
 if compared.ratio is None:
     st.error(
-        f"These trials share {compared.n_prompts} prompt(s): a paired comparison needs at least "
-        "two prompts measured by both (pick trials of the same dataset slice)."
+        f"These trials share {compared.n_prompts} prompt(s), so no interval is shown: "
+        f"{too_few_prompts(compared.n_prompts)} measured by both (pick trials of the same "
+        "dataset slice)."
     )
     st.stop()
 columns = st.columns(3)
@@ -42,4 +44,4 @@ columns[2].metric(
     if compared.verdict != "not distinguishable"
     else "not distinguishable",
 )
-st.caption(f"Over {compared.n_prompts} shared prompts.")
+st.caption(f"Over {compared.n_prompts} shared prompts (n = {compared.ratio.n}).")

@@ -14,7 +14,7 @@ st.caption(
     "One point per policy setting (threshold, max draft length), averaged over the trials the "
     "sidebar keeps; each policy's line joins its Pareto-optimal settings. Hover a point for its "
     "configuration. Black stars: the greedy oracle (temperature 0 only); grey ×: the AR baseline. "
-    "Error bars: 95% intervals of the speedup. A point of one trial shows its bootstrap "
+    "Error bars: 95% intervals of the speedup. A point of one trial shows its stored "
     "interval (paired with the baseline's prompts); a point averaging k trials shows the mean "
     "± √(Σ half-width²)/k of theirs (independent trials, normal approximation)."
 )

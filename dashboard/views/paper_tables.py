@@ -69,9 +69,9 @@ show_table(tables.kd_acceptance_table(trials, job_kinds, policy), "kd_acceptance
 
 st.subheader("Every trial with its 95% intervals")
 st.caption(
-    "Seeded bootstrap over the trial's prompts (2000 resamples, percentile interval); the "
-    "speedup's interval resamples the same prompts for the trial and its AR baseline. A trial "
-    "of one prompt has none."
+    "t interval on the log figure with the jackknife standard error over the trial's prompts "
+    "(n = the trial's samples); the speedup's leaves each prompt out of the trial and its AR "
+    "baseline at once. A trial of fewer than 2 prompts has none (an interval needs at least 2)."
 )
 show_table(tables.trial_interval_table(trials), "trial_intervals.csv")
 

@@ -145,8 +145,8 @@ class TrialRow(Base):
     draft_seconds: Mapped[float | None] = mapped_column(Float)
     verify_seconds: Mapped[float | None] = mapped_column(Float)
     metrics: Mapped[dict[str, Any] | None]
-    #: Seeded bootstrap 95% intervals over prompts (``orchestrator.stats``); the speedup's is
-    #: paired with the AR baseline's same prompts. None with fewer than two samples.
+    #: 95% intervals over prompts (``orchestrator.stats``, over ``n_samples``); the speedup's
+    #: is paired with the AR baseline's same prompts. None below ``stats.MIN_PROMPTS`` samples.
     tokens_per_s_low: Mapped[float | None] = mapped_column(Float)
     tokens_per_s_high: Mapped[float | None] = mapped_column(Float)
     speedup_low: Mapped[float | None] = mapped_column(Float)
@@ -192,7 +192,7 @@ HEADLINE_METRICS = (
     "discard_rate",
     "verification_rate",
 )
-#: Figures stored with a bootstrap 95% interval as ``<name>_low`` / ``<name>_high`` columns.
+#: Figures stored with a 95% interval as ``<name>_low`` / ``<name>_high`` columns.
 INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
 INTERVAL_COLUMNS = tuple(
     f"{figure}_{end}" for figure in INTERVAL_FIGURES for end in ("low", "high")
