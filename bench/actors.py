@@ -16,7 +16,7 @@ static K = 4 0.884× and 0.962×, each interval excluding the other's figure). C
 outputs and accepted counts are identical and reports each placement's tokens/s and three
 ratios: actors over in process (the split's whole cost, the figure the ≤ 5% bound is on),
 processes over in process (the split without Ray) and actors over processes (Ray's share), each
-with a paired bootstrap 95% interval over (prompt, repeat) samples, and every sample's seconds,
+with a paired 95% interval (jackknife t) over (prompt, repeat) samples, and every sample's seconds,
 as JSON.
 
 Per round, each placement's time is split into drafting, verifying and the rest, and what its
@@ -153,7 +153,7 @@ def _ratio(runs: dict[str, PlacementRuns], over: str, under: str) -> dict:
 def _method_report(runs: dict[str, PlacementRuns]) -> dict:
     """Return one method's figures in every placement and whether their rounds agree.
 
-    Each ratio's 95% interval is a paired bootstrap over (prompt, repeat) samples, each listed
+    Each ratio's 95% interval is paired over (prompt, repeat) samples (jackknife t), each listed
     with its tokens and seconds in every placement; ``per_round_ms`` splits each placement's
     rounds into drafting, verifying and the rest (``_round_split``), ``usage_per_round`` says
     what its processes used (``_usage_per_round``).

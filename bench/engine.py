@@ -25,7 +25,7 @@ prompt by prompt, so drift of a shared machine hits them alike.
 
 Before those rows, target-only AR runs on every path taking turns prompt by prompt
 (``bench/ar_baseline.py``; where weights pack, also on packed weights only), and the default
-path's AR, the sweep's baseline, is compared with each through a paired bootstrap interval: the
+path's AR, the sweep's baseline, is compared with each through a paired interval (jackknife t): the
 script exits with status 1, after writing its report, when another path's AR is faster beyond
 that interval and the calibration's tolerance (``ar_baseline`` in the JSON).
 

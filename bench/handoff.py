@@ -16,7 +16,7 @@ Each piece is timed inside the process that runs it, so the pipe's own latency i
 The ways take turns in bursts of ``--rounds`` rounds (order shuffled per cycle, seeded), over
 ``--cycles`` cycles, because this repository's 2-core VM drifts by up to ±20% over tens of
 seconds; each way's round time is compared with ``back_to_back``'s in the same cycles (ratio of
-sums, bootstrap 95% interval over cycles). Writes JSON.
+sums, jackknife t 95% interval over cycles). Writes JSON.
 
     python bench/handoff.py --target zoo:smol/target --draft zoo:smol/draft-s --out handoff.json
 """

@@ -3,7 +3,7 @@
 Pools the per-prompt (tokens, seconds) of every done speculative trial and its AR baseline in a
 results store, each trial's seconds scaled so that its own speedup is 1 (what is left is the
 spread of prompts around their trial). For each n it draws n pooled prompts (seeded, with
-replacement), takes the paired bootstrap 95% interval of the speedup
+replacement), takes the paired 95% interval of the speedup
 (``orchestrator.stats.paired_speed_ratio``, the interval every stored speedup carries) and
 reports the mean relative half-width over the draws.
 

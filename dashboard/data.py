@@ -279,7 +279,7 @@ def config_points(trials: pd.DataFrame) -> pd.DataFrame:
     These are the points of the Pareto views: a policy's threshold sweep gives one point per
     (threshold, max draft length), averaged over the selected pairs, datasets, temperatures.
     Each point carries a 95% interval (``<metric>_low/_high``, its error bars): a point of one
-    trial keeps that trial's bootstrap bounds; a mean of k trials gets mean ± √(Σ h_i²)/k, h_i
+    trial keeps that trial's interval bounds; a mean of k trials gets mean ± √(Σ h_i²)/k, h_i
     a trial's half-width (the trials measured independently, normal approximation). NaN when
     a trial of the point has no interval.
     """

@@ -137,7 +137,7 @@ class SampleCounts:
 
 @dataclass(frozen=True)
 class TrialIntervals:
-    """The bootstrap intervals of a trial's tokens/s, acceptance rate and mean accepted."""
+    """The 95% intervals of a trial's tokens/s, acceptance rate and mean accepted."""
 
     tokens_per_s: Interval | None
     acceptance_rate: Interval | None

@@ -195,7 +195,7 @@ def summary_rows(
 
     Columns: the ``group_by`` values, ``trials`` (in the group), ``done``, and over the group's
     done trials the mean ``tokens_per_s``, mean ``speedup``, ``best_speedup`` with the best
-    trial's bootstrap 95% interval (``best_speedup_ci``, text) and mean ``acceptance_rate``
+    trial's 95% interval (``best_speedup_ci``, text) and mean ``acceptance_rate``
     (None where no done trial has the metric). Exists for the table ``submit`` prints at the
     end of a run: how each policy did on each dataset.
     """
