@@ -6,23 +6,15 @@ import inspect
 import warnings
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from tiny_models import tiny_config
+from transformers import DynamicCache, LlamaForCausalLM
 
 from workers.hf_cache import cache_keyword, cache_kwargs, returned_cache
 
 
 def _tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-    )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(tiny_config(layers=1)).eval()
 
 
 def test_keyword_is_a_forward_parameter() -> None:
