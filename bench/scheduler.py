@@ -27,9 +27,9 @@ from orchestrator.estimate import (
     pair_profiles,
     plan_workload,
 )
-from orchestrator.planner import plan_sweep
 from orchestrator.schedule_sim import Replica, simulate
-from orchestrator.spec import load_sweep
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILE = "specdecpp-70b-7b-2xa100"

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from orchestrator.planner import Plan, plan_sweep
-from orchestrator.spec import SweepSpec, load_sweep
 from orchestrator.store import Store, open_store
+from orchestrator.sweep.planner import Plan, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, load_sweep
 
 if TYPE_CHECKING:
     from orchestrator.preflight import PreparedInputs
@@ -65,7 +65,7 @@ def prepare(
 ) -> PreparedSweep:
     """Load (when given a path), plan and preflight a sweep; nothing is run or stored.
 
-    Raises :class:`orchestrator.spec.SweepError` for an invalid sweep file and
+    Raises :class:`orchestrator.sweep.spec.SweepError` for an invalid sweep file and
     :class:`orchestrator.preflight.PreflightError` listing every model or dataset problem.
     """
     from orchestrator import runner

@@ -23,8 +23,6 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 
 from orchestrator import estimate, report
 from orchestrator.estimate import SweepEstimate
-from orchestrator.planner import Plan, plan_sweep
-from orchestrator.spec import SweepError, SweepSpec, load_sweep
 from orchestrator.store import (
     NotAStatement,
     PrivilegedRoleRefused,
@@ -39,6 +37,8 @@ from orchestrator.store import (
     open_store,
     reader_role_sql,
 )
+from orchestrator.sweep.planner import Plan, plan_sweep
+from orchestrator.sweep.spec import SweepError, SweepSpec, load_sweep
 
 if TYPE_CHECKING:
     from orchestrator.cost_model import HardwareProfile

@@ -16,9 +16,9 @@ from orchestrator.estimate import (
     EstimateError,
     EstimateOptions,
 )
-from orchestrator.planner import Plan, Trial
-from orchestrator.spec import SweepSpec
 from orchestrator.store import Store, StoredTrial
+from orchestrator.sweep.planner import Plan, Trial
+from orchestrator.sweep.spec import SweepSpec
 
 #: (target, backend, tp_size, dtype, draft): the models a cost fit belongs to.
 ModelsKey = tuple[str, str, int, str, str]

@@ -1,6 +1,6 @@
 """Ray placement of a worker group: target ranks and draft actors on one node.
 
-A worker group serves the pairs that share one target (``orchestrator.target_sets``; a pair
+A worker group serves the pairs that share one target (``orchestrator.sweep.target_sets``; a pair
 with a target of its own is a set of one). Its workers share one placement group with strategy
 ``STRICT_PACK`` (every bundle on the same node). Bundles ``0 .. tp_size - 1`` are the target
 ranks, ``{"CPU": 1, "GPU": g}`` with ``g`` the first pair's ``target.gpus`` (no ``GPU`` key when
@@ -37,7 +37,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.spec import PairSpec
+from orchestrator.sweep.spec import PairSpec
 
 #: Every worker actor (target rank or draft) reserves one CPU, as ``Plan.resources()`` counts.
 CPUS_PER_ACTOR = 1

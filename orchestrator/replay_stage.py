@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cost_model import CostModelError, RoundCostFit, fit_round_costs
-from orchestrator.planner import Trial
+from orchestrator.sweep.planner import Trial
 from policies import make_policy
 from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
 from workers.records import GenerationResult, RoundRecord

@@ -1,6 +1,6 @@
 """One replica of a worker group: the target ranks, loaded once, and a draft actor per pair.
 
-The group serves the pairs that share one target (``orchestrator.target_sets``), all in one
+The group serves the pairs that share one target (``orchestrator.sweep.target_sets``), all in one
 placement group. A replica runs one unit at a time, so the target serves one request at a
 time: shards of any of its pairs' trials' prompts (``run_shard``, on that pair's draft actor)
 and, in replay mode, a pair's replay groups (``replay_group``: traces recorded once per group
@@ -45,7 +45,6 @@ from orchestrator.placement import (
     group_node,
     remove_worker_group,
 )
-from orchestrator.planner import ReplayGroup, Trial
 from orchestrator.preflight import PreparedInputs
 from orchestrator.replay_stage import (
     CrossCheck,
@@ -56,12 +55,13 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
-from orchestrator.spec import ExecutionSpec
 from orchestrator.stall_watch import WorkerStalled, wait_with_progress
 from orchestrator.step_choices import SingleStepChoices, StepKey
 from orchestrator.store import ShardOutput, Store
-from orchestrator.target_sets import SharedTarget
-from orchestrator.work_units import WorkUnit
+from orchestrator.sweep.planner import ReplayGroup, Trial
+from orchestrator.sweep.spec import ExecutionSpec
+from orchestrator.sweep.target_sets import SharedTarget
+from orchestrator.sweep.work_units import WorkUnit
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
 from workers.model_spec import ModelSpec, RankSpec, SingleStep, free_port

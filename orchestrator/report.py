@@ -23,8 +23,8 @@ from orchestrator.cost_model import (
     RoundCostFit,
     project_onto_profile,
 )
-from orchestrator.planner import Plan
 from orchestrator.run_fit import TrialCounts, round_fit_seconds
+from orchestrator.sweep.planner import Plan
 
 if TYPE_CHECKING:
     from orchestrator.pairing import Comparison

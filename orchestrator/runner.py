@@ -6,7 +6,7 @@ requests stays one shard), leaving out the shards a previous run stored. One sch
 (``orchestrator.scheduler``) runs the shards over ``execution.replicas`` replicas of each
 worker group (``orchestrator.replica``), ``execution.max_concurrent_pairs`` groups at a time,
 retrying a failed shard on live actors. Pairs whose targets are identical share one worker
-group (``orchestrator.target_sets``): their units carry the set's name as their group, and a
+group (``orchestrator.sweep.target_sets``): their units carry the set's name as their group, and a
 replica of it runs any of them, each on its pair's draft actor, with the target loaded once.
 Replicas on one node share each model's one-token step choice (``orchestrator.step_choices``).
 Each shard's samples are stored in one transaction as it ends; when a trial's last shard is
@@ -39,17 +39,17 @@ from orchestrator.errors import describe_failure
 from orchestrator.group_fits import store_live_fits
 from orchestrator.metrics import trial_metrics
 from orchestrator.placement import alive_node_resources, groups_held
-from orchestrator.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.provenance import collect_provenance, stored_provenance_notes
 from orchestrator.replica import GroupReplica
 from orchestrator.scheduler import Deferred, Scheduler
-from orchestrator.spec import SweepSpec
 from orchestrator.step_choices import SingleStepChoices
 from orchestrator.store import LeaseHolder, ShardClaim, Store
-from orchestrator.target_sets import SharedTarget, shared_targets, split_to_fit
+from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, replay_groups
+from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.target_sets import SharedTarget, shared_targets, split_to_fit
+from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
 from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
-from orchestrator.work_units import WorkUnit, missing_units, trial_units
 
 __all__ = [
     "PreflightError",

@@ -21,12 +21,12 @@ import ray
 from tqdm import tqdm
 
 from orchestrator.errors import describe_failure
-from orchestrator.planner import TrainingJob
 from orchestrator.preflight import ModelPaths, PreparedInputs
 from orchestrator.scheduler import Scheduler
-from orchestrator.spec import SweepSpec, job_base_reference
 from orchestrator.store import Store
-from orchestrator.work_units import JOB_GROUP, WorkUnit, job_key
+from orchestrator.sweep.planner import TrainingJob
+from orchestrator.sweep.spec import SweepSpec, job_base_reference
+from orchestrator.sweep.work_units import JOB_GROUP, WorkUnit, job_key
 from training.jobs import JobConfig, JobResult, jobs_root
 from training.ray_job import WORKER_PID_FILE, clear_started, started, train_with_ray
 

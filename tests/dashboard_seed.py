@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING
 import pytest
 
 from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Trial, plan_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import Trial, plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from workers.records import GenerationResult, RoundRecord
 
 if TYPE_CHECKING:
-    from orchestrator.planner import Plan
     from orchestrator.runner import SweepSummary
-    from orchestrator.spec import SweepSpec
     from orchestrator.store import Store
+    from orchestrator.sweep.planner import Plan
+    from orchestrator.sweep.spec import SweepSpec
 
 REAL_SWEEP = """
 name: dashboard-real

@@ -31,10 +31,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import cli
-from orchestrator.planner import plan_sweep
 from orchestrator.preflight import PreflightError, preflight_inputs
-from orchestrator.spec import MAX_GRID_TRIALS, SweepError, load_sweep, parse_sweep
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import MAX_GRID_TRIALS, SweepError, load_sweep, parse_sweep
 
 #: A valid sweep; validation is pure, so its zoo references are never resolved here.
 VALID: dict[str, Any] = {

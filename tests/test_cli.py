@@ -25,9 +25,9 @@ import pytest
 import orchestrator
 from orchestrator import cli
 from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Plan, Trial, plan_sweep
-from orchestrator.spec import SweepSpec, load_sweep
 from orchestrator.store import Store, open_store
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, load_sweep
 from workers.records import GenerationResult, RoundRecord
 
 REPO = Path(__file__).resolve().parents[1]

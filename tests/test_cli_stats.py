@@ -11,11 +11,11 @@ import pytest
 
 from orchestrator import cli
 from orchestrator.metrics import trial_metrics
-from orchestrator.planner import plan_sweep
 from orchestrator.provenance import collect_provenance
-from orchestrator.spec import load_sweep
 from orchestrator.store import open_store
 from orchestrator.store.records import StoredTrial
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep
 from tests import test_cli
 from tests.store_records import stored_trial
 from workers.records import GenerationResult, RoundRecord

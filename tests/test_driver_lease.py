@@ -54,10 +54,8 @@ from orchestrator.driver_lease import (
     LeaseTiming,
     lease_timing,
 )
-from orchestrator.planner import Plan, Trial, plan_sweep
 from orchestrator.runner import ShardTally, SweepSummary
 from orchestrator.scheduler import Deferred, Scheduler
-from orchestrator.spec import parse_sweep
 from orchestrator.store import (
     LeaseHolder,
     ShardClaim,
@@ -67,7 +65,9 @@ from orchestrator.store import (
     open_store,
 )
 from orchestrator.store.db import alembic_config
-from orchestrator.work_units import WorkUnit, trial_units
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.work_units import WorkUnit, trial_units
 from workers.records import GenerationResult, RoundRecord
 
 #: Prompts per trial; with ``shard_prompts: 1`` each is one shard.
@@ -178,8 +178,8 @@ def test_released_leases_are_free_at_once_and_a_stored_shard_names_its_driver(
 CLAIMER = """
 import json, sys, time
 from pathlib import Path
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from orchestrator.store import LeaseHolder, open_store
 
 url, sweep, name, shards, go = sys.argv[1:6]

@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator import estimate
 from orchestrator.cost_model import HardwareProfile
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 

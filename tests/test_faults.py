@@ -35,11 +35,11 @@ import yaml
 from sqlalchemy import func, select
 
 from orchestrator import replica as replica_module
-from orchestrator.planner import Plan, Trial, plan_sweep
 from orchestrator.runner import RunOptions, run_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import Store, StoredTrial, open_store
 from orchestrator.store.models import RoundRow, SampleResultRow
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 
 SAMPLES = 2
 #: Ray's exception type names for an actor that died (``ray.kill`` or a killed process).

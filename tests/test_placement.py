@@ -29,8 +29,8 @@ from orchestrator.placement import (
     unplaceable_message,
     worker_group_bundles,
 )
-from orchestrator.planner import Plan
-from orchestrator.spec import PairSpec
+from orchestrator.sweep.planner import Plan
+from orchestrator.sweep.spec import PairSpec
 
 GPUS_PER_WORKER_NODE = 3
 CPUS_PER_WORKER_NODE = 5

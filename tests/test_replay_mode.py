@@ -20,11 +20,11 @@ from orchestrator.cost_model import (
     r_squared,
 )
 from orchestrator.metrics import trial_metrics
-from orchestrator.planner import REPLAY_MODE, plan_sweep, replay_groups
 from orchestrator.replay_stage import trace_from_json, trace_to_json
 from orchestrator.runner import RunOptions, preflight, run_sweep
-from orchestrator.spec import SweepError, load_sweep, parse_sweep
 from orchestrator.store import StoredRound, open_store
+from orchestrator.sweep.planner import REPLAY_MODE, plan_sweep, replay_groups
+from orchestrator.sweep.spec import SweepError, load_sweep, parse_sweep
 from policies.replay import DraftPrediction, GreedyTrace
 from workers.records import GenerationResult, RoundRecord
 

@@ -8,11 +8,11 @@ import pytest
 import ray
 import torch
 
-from orchestrator.planner import plan_sweep
 from orchestrator.runner import PreflightError, RunOptions, preflight, run_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
-from orchestrator.target_sets import solo
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.target_sets import solo
 from workers.lm import CachedLM, load_causal_lm
 from workers.target import LocalTarget
 from workers.trial import run_trial

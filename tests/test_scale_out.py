@@ -32,11 +32,11 @@ from ray.cluster_utils import Cluster
 
 from orchestrator import replica as replica_module
 from orchestrator.placement import actor_options_for_rank, create_worker_group
-from orchestrator.planner import plan_sweep
 from orchestrator.replica import rendezvous_port
 from orchestrator.runner import RunOptions, run_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import Store, open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from workers.actors import DraftWorker
 
 NODES = 3

@@ -44,13 +44,13 @@ import orchestrator.replica as replica_module
 import workers.lm as lm_module
 from orchestrator import cli
 from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Plan, plan_sweep
 from orchestrator.preflight import preflight_inputs
-from orchestrator.spec import SweepSpec, parse_sweep
 from orchestrator.store import QueryRefused, Store, StoreError, open_store
 from orchestrator.store.db import normalise_url
 from orchestrator.store.query import reader_role_sql
-from orchestrator.target_sets import solo
+from orchestrator.sweep.planner import Plan, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, parse_sweep
+from orchestrator.sweep.target_sets import solo
 from workers.lm import load_causal_lm
 from workers.records import GenerationResult, RoundRecord
 

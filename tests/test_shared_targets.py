@@ -20,10 +20,10 @@ import yaml
 from ray import cloudpickle
 
 from orchestrator import replica as replica_module
-from orchestrator.planner import plan_sweep, replay_groups
 from orchestrator.runner import RunOptions, run_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep, replay_groups
+from orchestrator.sweep.spec import parse_sweep
 from workers.actors import DraftWorker, TargetWorker
 
 BIRTHS = "specsweep-test-births"

@@ -31,10 +31,10 @@ from test_faults import (
 )
 
 from orchestrator import replica as replica_module
-from orchestrator.planner import Trial
 from orchestrator.runner import RunOptions, SweepSummary, run_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import Store
+from orchestrator.sweep.planner import Trial
+from orchestrator.sweep.spec import parse_sweep
 
 #: Seconds the whole sweep may take (the unfixed channel and driver hung for ever).
 SWEEP_DEADLINE_S = 400.0

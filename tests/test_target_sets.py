@@ -12,8 +12,8 @@ from orchestrator.placement import (
     unplaceable_message,
     worker_group_bundles,
 )
-from orchestrator.spec import PairSpec
-from orchestrator.target_sets import shared_targets, solo, split_to_fit
+from orchestrator.sweep.spec import PairSpec
+from orchestrator.sweep.target_sets import shared_targets, solo, split_to_fit
 
 
 def pair(name: str, target: str = "org/target", draft: str = "org/draft", **target_fields: Any):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.planner import plan_sweep
 from orchestrator.runner import RunOptions, preflight, run_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from orchestrator.training_stage import WORKER_PID_FILE, run_training_jobs
 from training.jobs.base import CHECKPOINT_DIR, RESULT_FILE, finished_result
 

@@ -14,7 +14,6 @@ import pytest
 
 from orchestrator.metrics import trial_metrics
 from orchestrator.pairing import SampleSpeed, paired_ratio
-from orchestrator.planner import Trial
 from orchestrator.provenance import (
     Provenance,
     collect_provenance,
@@ -23,6 +22,7 @@ from orchestrator.provenance import (
 )
 from orchestrator.stats import paired_speed_ratio
 from orchestrator.store import Store
+from orchestrator.sweep.planner import Trial
 from tests import test_store
 from workers.records import GenerationResult, RoundRecord
 

@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from orchestrator.placement import groups_held
 from orchestrator.scheduler import Scheduler
-from orchestrator.spec import PairSpec
-from orchestrator.work_units import WorkUnit, missing_units, trial_units
+from orchestrator.sweep.spec import PairSpec
+from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ _INTERRUPTED_RUN = textwrap.dedent(
     import sys, time
     from tqdm import tqdm
     from orchestrator.scheduler import Scheduler
-    from orchestrator.work_units import WorkUnit
+    from orchestrator.sweep.work_units import WorkUnit
 
     class SlowWorker:
         group = "g"

@@ -93,9 +93,9 @@ from workers.records import GenerationResult, result_from_json, result_to_json
 
 if TYPE_CHECKING:
     from orchestrator.metrics import TrialMetrics
-    from orchestrator.planner import Plan, TrainingJob, Trial
     from orchestrator.provenance import Provenance
-    from orchestrator.spec import SweepSpec
+    from orchestrator.sweep.planner import Plan, TrainingJob, Trial
+    from orchestrator.sweep.spec import SweepSpec
 
 R = TypeVar("R")
 _MIGRATION_LOCK = threading.Lock()
