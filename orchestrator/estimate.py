@@ -29,8 +29,8 @@ from pathlib import Path
 import yaml
 
 from orchestrator.cost_model import HardwareProfile
-from orchestrator.placement import whole_groups
 from orchestrator.schedule_sim import Replica, SimResult, one_after_another, simulate
+from orchestrator.sweep.bundles import whole_groups
 from orchestrator.sweep.planner import Plan, Trial, replay_groups
 from orchestrator.sweep.spec import ExecutionSpec, PairSpec
 from orchestrator.sweep.target_sets import shared_targets
@@ -198,7 +198,7 @@ def replica_counts(
     each set's number of work ``units``; 0 where no node holds the set.
 
     ``options.replicas`` (``execution.replicas``) when set, else the whole groups the nodes
-    hold (``placement.whole_groups``: a group's GPUs count whole, so two replicas never
+    hold (``bundles.whole_groups``: a group's GPUs count whole, so two replicas never
     time-share a GPU) divided among the ``max_concurrent_pairs`` sets run at once; at least
     one, at most one per unit. A set that needs no GPU (a CPU sweep) gets one per node.
     """

@@ -170,9 +170,9 @@ def worker_torch_threads() -> int:
     """Return the torch threads each worker actor decodes with (not this driver's).
 
     Ray starts an actor's process with ``OMP_NUM_THREADS`` set to its CPU count, and every
-    target rank and draft actor reserves ``placement.CPUS_PER_ACTOR`` CPUs; torch sizes its
+    target rank and draft actor reserves ``bundles.CPUS_PER_ACTOR`` CPUs; torch sizes its
     intra-op pool from it (checked against a real actor in tests/test_cli_stats.py).
     """
-    from orchestrator.placement import CPUS_PER_ACTOR
+    from orchestrator.sweep.bundles import CPUS_PER_ACTOR
 
     return max(1, int(CPUS_PER_ACTOR))

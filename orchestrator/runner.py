@@ -38,13 +38,14 @@ from orchestrator.driver_lease import Heartbeat, LeaseTiming, lease_timing, this
 from orchestrator.errors import describe_failure
 from orchestrator.group_fits import store_live_fits
 from orchestrator.metrics import trial_metrics
-from orchestrator.placement import alive_node_resources, groups_held
+from orchestrator.placement import alive_node_resources
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.provenance import collect_provenance, stored_provenance_notes
 from orchestrator.replica import GroupReplica
 from orchestrator.scheduler import Deferred, Scheduler
 from orchestrator.step_choices import SingleStepChoices
 from orchestrator.store import LeaseHolder, ShardClaim, Store
+from orchestrator.sweep.bundles import groups_held
 from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.target_sets import SharedTarget, shared_targets, split_to_fit

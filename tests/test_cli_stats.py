@@ -186,8 +186,8 @@ def test_refresh_fills_intervals_of_trials_stored_without_them(stats_store, caps
 def test_recorded_torch_threads_are_what_a_worker_actor_runs_with(ray_local) -> None:
     import ray
 
-    from orchestrator.placement import CPUS_PER_ACTOR
     from orchestrator.provenance import worker_torch_threads
+    from orchestrator.sweep.bundles import CPUS_PER_ACTOR
 
     @ray.remote(num_cpus=CPUS_PER_ACTOR)
     class Probe:

@@ -20,7 +20,7 @@ import ray.autoscaler
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from orchestrator.placement import bundle_totals, fits_on_node, worker_group_bundles
+from orchestrator.sweep.bundles import bundle_totals, fits_on_node, worker_group_bundles
 from orchestrator.sweep.spec import PairSpec
 
 REPO = Path(__file__).resolve().parents[1]

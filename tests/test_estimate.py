@@ -107,7 +107,7 @@ def test_replica_counts_follow_the_runner() -> None:
 
 def test_replicas_count_a_fractional_sets_gpus_whole_unless_capped() -> None:
     # gpu_smoke's groups (target 0.4 + draft 0.1 of a GPU) on one GPU: by default one replica,
-    # as the runner starts (placement.groups_held); an explicit replicas: 2 shares the GPU.
+    # as the runner starts (bundles.groups_held); an explicit replicas: 2 shares the GPU.
     sets = [estimate.TargetSet("a", ("p",), 0.5)]
     one_gpu = estimate.Cluster(node_gpus=(1.0,), source="test")
     assert _counts(one_gpu, sets, [4]) == [1]

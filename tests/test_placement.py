@@ -19,14 +19,16 @@ from orchestrator.placement import (
     GROUP_STRATEGY,
     PlacementError,
     actor_options_for_rank,
-    bundle_totals,
     create_worker_group,
     draft_actor_options,
+    remove_worker_group,
+    unplaceable_message,
+)
+from orchestrator.sweep.bundles import (
+    bundle_totals,
     draft_bundle,
     fits_on_node,
-    remove_worker_group,
     target_bundles,
-    unplaceable_message,
     worker_group_bundles,
 )
 from orchestrator.sweep.planner import Plan

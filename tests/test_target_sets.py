@@ -6,12 +6,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.placement import (
-    bundle_totals,
-    groups_held,
-    unplaceable_message,
-    worker_group_bundles,
-)
+from orchestrator.placement import unplaceable_message
+from orchestrator.sweep.bundles import bundle_totals, groups_held, worker_group_bundles
 from orchestrator.sweep.spec import PairSpec
 from orchestrator.sweep.target_sets import shared_targets, solo, split_to_fit
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from orchestrator.placement import groups_held
 from orchestrator.scheduler import Scheduler
+from orchestrator.sweep.bundles import groups_held
 from orchestrator.sweep.spec import PairSpec
 from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
 
