@@ -1,9 +1,9 @@
 """The command line: ``python -m orchestrator COMMAND``, one handler per command.
 
 Each command is one small handler that reads its arguments, calls the library (spec, planner,
-runner, store, zoo) and prints tables built by :mod:`orchestrator.report`. Problems the user can
-fix (an invalid sweep file, a failed preflight, a missing store, an unknown sweep, a refused
-query) print a message to stderr and exit with code 2, without a traceback; unexpected
+runner, store, zoo) and prints tables built by :mod:`orchestrator.analysis.report`. Problems the
+user can fix (an invalid sweep file, a failed preflight, a missing store, an unknown sweep, a
+refused query) print a message to stderr and exit with code 2, without a traceback; unexpected
 exceptions still show theirs. ``submit`` exits with 1 when some trials failed.
 """
 
@@ -21,8 +21,9 @@ from rich.console import Console
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
-from orchestrator import estimate, report
-from orchestrator.estimate import SweepEstimate
+from orchestrator.analysis import report
+from orchestrator.analysis.costs import estimate
+from orchestrator.analysis.costs.estimate import SweepEstimate
 from orchestrator.store import (
     NotAStatement,
     PrivilegedRoleRefused,
@@ -41,7 +42,7 @@ from orchestrator.sweep.planner import Plan, plan_sweep
 from orchestrator.sweep.spec import SweepError, SweepSpec, load_sweep
 
 if TYPE_CHECKING:
-    from orchestrator.cost_model import HardwareProfile
+    from orchestrator.analysis.costs.model import HardwareProfile
     from orchestrator.runner import SweepSummary
 
 EXIT_OK = 0
@@ -239,7 +240,7 @@ def _add_submit(commands: Any, db: list[Any]) -> None:
 
 def _add_estimate_options(command: argparse.ArgumentParser) -> None:
     """Add the options the estimate reads: ``--profile``, ``--gpus`` and ``--cluster``."""
-    from orchestrator.cost_model import HARDWARE_PROFILES
+    from orchestrator.analysis.costs.model import HARDWARE_PROFILES
 
     command.add_argument(
         "--profile",
@@ -388,7 +389,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
 
 def _add_fits(commands: Any, db: list[Any]) -> None:
     """Add ``fits``."""
-    from orchestrator.cost_model import HARDWARE_PROFILES
+    from orchestrator.analysis.costs.model import HARDWARE_PROFILES
 
     command = _add_command(
         commands,
@@ -621,7 +622,7 @@ def _estimate(
 ) -> SweepEstimate:
     """Return the plan's estimate on ``--profile`` (or stored fits) over the cluster's GPUs."""
     from orchestrator import estimate_sources
-    from orchestrator.cost_model import hardware_profile
+    from orchestrator.analysis.costs.model import hardware_profile
 
     try:
         options = estimate_sources.options_from_spec(spec, _stored_fits(args.db, plan))
@@ -942,7 +943,7 @@ def _query(args: argparse.Namespace, console: Console) -> int:
 
 def _fits(args: argparse.Namespace, console: Console) -> int:
     """``fits``: the sweep's stored cost fits and its trials' projections on hardware profiles."""
-    from orchestrator.cost_model import HARDWARE_PROFILES
+    from orchestrator.analysis.costs.model import HARDWARE_PROFILES
 
     with _opened_store(args.db, read_only=True) as store:
         _require_sweep(store, args.sweep)
@@ -974,7 +975,7 @@ def _fits(args: argparse.Namespace, console: Console) -> int:
 
 def _compare(args: argparse.Namespace, console: Console) -> int:
     """``compare``: A's tokens/s over B's on their shared prompts, with interval and verdict."""
-    from orchestrator.pairing import paired_ratio
+    from orchestrator.analysis.pairing import paired_ratio
 
     with _opened_store(args.db, read_only=True) as store:
         rows = {row.trial_id: row for row in store.trial_rows([args.trial_a, args.trial_b])}

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.cost_model import CostModelError
-from orchestrator.replay_stage import GroupFit, fit_group
-from orchestrator.run_fit import TrialCounts, compare_fits
+from orchestrator.analysis.costs.model import CostModelError
+from orchestrator.analysis.costs.replay import GroupFit, fit_group
+from orchestrator.analysis.costs.run_fit import TrialCounts, compare_fits
 from orchestrator.store import Store
 from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key
 from orchestrator.sweep.spec import SweepSpec

@@ -28,25 +28,8 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.cost_model import CostModelError
-from orchestrator.errors import describe_failure
-from orchestrator.group_fits import (
-    fit_from_store,
-    fit_note,
-    fit_values,
-    group_label,
-    run_fit_columns,
-)
-from orchestrator.metrics import trial_metrics
-from orchestrator.placement import (
-    actor_options_for_rank,
-    create_worker_group,
-    draft_actor_options,
-    group_node,
-    remove_worker_group,
-)
-from orchestrator.preflight import PreparedInputs
-from orchestrator.replay_stage import (
+from orchestrator.analysis.costs.model import CostModelError
+from orchestrator.analysis.costs.replay import (
     CrossCheck,
     GroupFit,
     cross_check,
@@ -55,6 +38,23 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.errors import describe_failure
+from orchestrator.group_fits import (
+    fit_from_store,
+    fit_note,
+    fit_values,
+    group_label,
+    run_fit_columns,
+)
+from orchestrator.placement import (
+    actor_options_for_rank,
+    create_worker_group,
+    draft_actor_options,
+    group_node,
+    remove_worker_group,
+)
+from orchestrator.preflight import PreparedInputs
 from orchestrator.stall_watch import WorkerStalled, wait_with_progress
 from orchestrator.step_choices import SingleStepChoices, StepKey
 from orchestrator.store import ShardOutput, Store

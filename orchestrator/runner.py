@@ -34,10 +34,10 @@ from threading import Lock
 import ray
 from tqdm import tqdm
 
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.driver_lease import Heartbeat, LeaseTiming, lease_timing, this_driver
 from orchestrator.errors import describe_failure
 from orchestrator.group_fits import store_live_fits
-from orchestrator.metrics import trial_metrics
 from orchestrator.placement import alive_node_resources
 from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
 from orchestrator.provenance import collect_provenance, stored_provenance_notes

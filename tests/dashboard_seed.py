@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from orchestrator.metrics import trial_metrics
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.store import open_store
 from orchestrator.sweep.planner import Trial, plan_sweep
 from orchestrator.sweep.spec import parse_sweep

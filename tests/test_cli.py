@@ -24,7 +24,7 @@ import pytest
 
 import orchestrator
 from orchestrator import cli
-from orchestrator.metrics import trial_metrics
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.store import Store, open_store
 from orchestrator.sweep.planner import Plan, Trial, plan_sweep
 from orchestrator.sweep.spec import SweepSpec, load_sweep

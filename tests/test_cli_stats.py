@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli
-from orchestrator.metrics import trial_metrics
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.provenance import collect_provenance
 from orchestrator.store import open_store
 from orchestrator.store.records import StoredTrial
@@ -115,7 +115,7 @@ def test_summary_table_shows_the_best_trial_interval() -> None:
         _summary_row(1.5, speedup_low=1.2, speedup_high=1.7),
         _summary_row(2.0, speedup_low=1.9, speedup_high=2.1),
     ]
-    from orchestrator import report
+    from orchestrator.analysis import report
 
     (summary,) = report.summary_rows(rows)
     assert summary["best_speedup"] == 2.0 and summary["best_speedup_ci"] == "[1.9, 2.1]"

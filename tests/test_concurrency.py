@@ -104,7 +104,7 @@ def _counts(store: Store) -> dict[str, int]:
 WRITER = """
 import json, sys, time
 from pathlib import Path
-from orchestrator.metrics import trial_metrics
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import load_sweep
 from orchestrator.store import open_store

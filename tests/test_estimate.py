@@ -1,4 +1,5 @@
-"""The sweep estimate (orchestrator.estimate) checked against hand-computed figures."""
+"""The sweep estimate (orchestrator.analysis.costs.estimate) checked against hand-computed
+figures."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import estimate
-from orchestrator.cost_model import HardwareProfile
+from orchestrator.analysis.costs import estimate
+from orchestrator.analysis.costs.model import HardwareProfile
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import parse_sweep
 

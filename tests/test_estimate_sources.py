@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, estimate, estimate_sources
-from orchestrator.cost_model import HardwareProfile
+from orchestrator import cli, estimate_sources
+from orchestrator.analysis.costs import estimate
+from orchestrator.analysis.costs.model import HardwareProfile
 from orchestrator.store import open_store
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import parse_sweep

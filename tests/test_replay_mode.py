@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from orchestrator import cli
-from orchestrator.cost_model import (
+from orchestrator.analysis.costs.model import (
     HARDWARE_PROFILES,
     CostModelError,
     fit_round_costs,
@@ -19,8 +19,8 @@ from orchestrator.cost_model import (
     project_onto_profile,
     r_squared,
 )
-from orchestrator.metrics import trial_metrics
-from orchestrator.replay_stage import trace_from_json, trace_to_json
+from orchestrator.analysis.costs.replay import trace_from_json, trace_to_json
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.runner import RunOptions, preflight, run_sweep
 from orchestrator.store import StoredRound, open_store
 from orchestrator.sweep.planner import REPLAY_MODE, plan_sweep, replay_groups

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from orchestrator import report
+from orchestrator.analysis import report
 from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import load_sweep, parse_sweep

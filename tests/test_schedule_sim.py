@@ -1,10 +1,11 @@
-"""The scheduler simulation (orchestrator.schedule_sim) against hand-computed makespans."""
+"""The scheduler simulation (orchestrator.analysis.costs.schedule_sim) against hand-computed
+makespans."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.schedule_sim import Replica, SimulationError, simulate
+from orchestrator.analysis.costs.schedule_sim import Replica, SimulationError, simulate
 from orchestrator.sweep.work_units import WorkUnit, trial_units
 
 

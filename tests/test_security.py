@@ -43,7 +43,7 @@ import orchestrator.preflight as preflight_module
 import orchestrator.replica as replica_module
 import workers.lm as lm_module
 from orchestrator import cli
-from orchestrator.metrics import trial_metrics
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.preflight import preflight_inputs
 from orchestrator.store import QueryRefused, Store, StoreError, open_store
 from orchestrator.store.db import normalise_url

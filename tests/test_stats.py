@@ -1,11 +1,12 @@
-"""Bootstrap intervals and paired comparisons (orchestrator/stats.py) against known cases."""
+"""Bootstrap intervals and paired comparisons (orchestrator/analysis/stats.py) against known
+cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from orchestrator.stats import (
+from orchestrator.analysis.stats import (
     Interval,
     paired_speed_ratio,
     ratio_interval,

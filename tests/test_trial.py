@@ -1,6 +1,6 @@
 """A trial's prompts through one policy: ``persist_across_requests`` carries state from each
 prompt to the next, live (``workers.trial.run_trial``) and replayed
-(``orchestrator.replay_stage.replay_rounds``), reproducibly for a seed."""
+(``orchestrator.analysis.costs.replay.replay_rounds``), reproducibly for a seed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_models import build_tiny_pair, prompts
 
-from orchestrator.replay_stage import replay_rounds
+from orchestrator.analysis.costs.replay import replay_rounds
 from orchestrator.replica import group_warmup_seconds
 from orchestrator.sweep.planner import Trial
 from orchestrator.sweep.spec import PairSpec

@@ -12,15 +12,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.metrics import trial_metrics
-from orchestrator.pairing import SampleSpeed, paired_ratio
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.analysis.pairing import SampleSpeed, paired_ratio
+from orchestrator.analysis.stats import paired_speed_ratio
 from orchestrator.provenance import (
     Provenance,
     collect_provenance,
     provenance_note,
     worker_torch_threads,
 )
-from orchestrator.stats import paired_speed_ratio
 from orchestrator.store import Store
 from orchestrator.sweep.planner import Trial
 from tests import test_store

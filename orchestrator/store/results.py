@@ -35,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
-from orchestrator.metrics import (
+from orchestrator.analysis.metrics import (
     PositionAcceptance,
     SampleCounts,
     ratio,
@@ -44,7 +44,7 @@ from orchestrator.metrics import (
     speedup,
     trial_intervals,
 )
-from orchestrator.pairing import SampleSpeed, paired_ratio, sample_speedups
+from orchestrator.analysis.pairing import SampleSpeed, paired_ratio, sample_speedups
 from orchestrator.store.db import (
     StoreError,
     check_readable,
@@ -92,7 +92,7 @@ from orchestrator.store.records import (
 from workers.records import GenerationResult, result_from_json, result_to_json
 
 if TYPE_CHECKING:
-    from orchestrator.metrics import TrialMetrics
+    from orchestrator.analysis.metrics import TrialMetrics
     from orchestrator.provenance import Provenance
     from orchestrator.sweep.planner import Plan, TrainingJob, Trial
     from orchestrator.sweep.spec import SweepSpec

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.metrics import ratio
-from orchestrator.stats import Interval, Verdict, paired_speed_ratio, verdict
+from orchestrator.analysis.metrics import ratio
+from orchestrator.analysis.stats import Interval, Verdict, paired_speed_ratio, verdict
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ Assumptions, stated once:
 - A trial is cut into prompt shards (``execution.shard_prompts``) with
   ``orchestrator.sweep.work_units``, as the runner cuts it; a shard costs its share of
   the trial's seconds. The wall time is the makespan of those units over the replicas, from
-  the discrete-event simulation (``orchestrator.schedule_sim``) of the live dispatch rule.
+  the discrete-event simulation (``orchestrator.analysis.costs.schedule_sim``) of the live dispatch
+  rule.
 - Warm-up samples and training jobs are not counted.
 """
 
@@ -28,8 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.cost_model import HardwareProfile
-from orchestrator.schedule_sim import Replica, SimResult, one_after_another, simulate
+from orchestrator.analysis.costs.model import HardwareProfile
+from orchestrator.analysis.costs.schedule_sim import Replica, SimResult, one_after_another, simulate
 from orchestrator.sweep.bundles import whole_groups
 from orchestrator.sweep.planner import Plan, Trial, replay_groups
 from orchestrator.sweep.spec import ExecutionSpec, PairSpec
