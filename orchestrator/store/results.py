@@ -93,7 +93,7 @@ from workers.records import GenerationResult, result_from_json, result_to_json
 
 if TYPE_CHECKING:
     from orchestrator.analysis.metrics import TrialMetrics
-    from orchestrator.provenance import Provenance
+    from orchestrator.store.provenance_record import Provenance
     from orchestrator.sweep.planner import Plan, TrainingJob, Trial
     from orchestrator.sweep.spec import SweepSpec
 
