@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator import cli
 from orchestrator.analysis.metrics import trial_metrics
-from orchestrator.provenance import collect_provenance
+from orchestrator.run.provenance import collect_provenance
 from orchestrator.store import open_store
 from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.planner import plan_sweep
@@ -186,7 +186,7 @@ def test_refresh_fills_intervals_of_trials_stored_without_them(stats_store, caps
 def test_recorded_torch_threads_are_what_a_worker_actor_runs_with(ray_local) -> None:
     import ray
 
-    from orchestrator.provenance import worker_torch_threads
+    from orchestrator.run.provenance import worker_torch_threads
     from orchestrator.sweep.bundles import CPUS_PER_ACTOR
 
     @ray.remote(num_cpus=CPUS_PER_ACTOR)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, estimate_sources
+from orchestrator import cli
 from orchestrator.analysis.costs import estimate
 from orchestrator.analysis.costs.model import HardwareProfile
+from orchestrator.run import estimate_sources
 from orchestrator.store import open_store
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import parse_sweep

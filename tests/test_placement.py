@@ -15,7 +15,7 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util import placement_group_table
 
-from orchestrator.placement import (
+from orchestrator.run.placement import (
     GROUP_STRATEGY,
     PlacementError,
     actor_options_for_rank,

@@ -21,7 +21,7 @@ from orchestrator.analysis.costs.model import (
 )
 from orchestrator.analysis.costs.replay import trace_from_json, trace_to_json
 from orchestrator.analysis.metrics import trial_metrics
-from orchestrator.runner import RunOptions, preflight, run_sweep
+from orchestrator.run.runner import RunOptions, execute_plan, preflight
 from orchestrator.store import StoredRound, open_store
 from orchestrator.sweep.planner import REPLAY_MODE, plan_sweep, replay_groups
 from orchestrator.sweep.spec import SweepError, load_sweep, parse_sweep
@@ -382,7 +382,7 @@ def _run(text: str, url: str):
     plan = plan_sweep(spec)
     with open_store(url) as store:
         store.register_sweep(spec, plan)
-        summary = run_sweep(spec, plan, store, RunOptions(progress=False), preflight(spec, plan))
+        summary = execute_plan(spec, plan, store, RunOptions(progress=False), preflight(spec, plan))
     return plan, summary
 
 

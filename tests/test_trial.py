@@ -11,7 +11,7 @@ import torch
 from tiny_models import build_tiny_pair, prompts
 
 from orchestrator.analysis.costs.replay import replay_rounds
-from orchestrator.replica import group_warmup_seconds
+from orchestrator.run.replica import group_warmup_seconds
 from orchestrator.sweep.planner import Trial
 from orchestrator.sweep.spec import PairSpec
 from orchestrator.sweep.target_sets import solo

@@ -15,7 +15,7 @@ import pytest
 from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.analysis.pairing import SampleSpeed, paired_ratio
 from orchestrator.analysis.stats import paired_speed_ratio
-from orchestrator.provenance import collect_provenance, worker_torch_threads
+from orchestrator.run.provenance import collect_provenance, worker_torch_threads
 from orchestrator.store import Store
 from orchestrator.store.provenance_record import Provenance, provenance_note
 from orchestrator.sweep.planner import Trial

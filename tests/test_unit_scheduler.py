@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from orchestrator.scheduler import Scheduler
+from orchestrator.run.scheduler import Scheduler
 from orchestrator.sweep.bundles import groups_held
 from orchestrator.sweep.spec import PairSpec
 from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
@@ -140,7 +140,7 @@ _INTERRUPTED_RUN = textwrap.dedent(
     """
     import sys, time
     from tqdm import tqdm
-    from orchestrator.scheduler import Scheduler
+    from orchestrator.run.scheduler import Scheduler
     from orchestrator.sweep.work_units import WorkUnit
 
     class SlowWorker:

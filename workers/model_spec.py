@@ -18,7 +18,7 @@ SingleStep = Literal["auto", "plain", "padded"]
 class ModelSpec:
     """Where a model is and how to load it; ``single_step`` is passed to ``CachedLM`` ("auto":
     time one-token steps against two-token blocks at load; "plain" or "padded": a choice an
-    earlier replica on the node made, ``orchestrator.step_choices``)."""
+    earlier replica on the node made, ``orchestrator.run.step_choices``)."""
 
     path: str
     dtype: str = "float32"

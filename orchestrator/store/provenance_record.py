@@ -1,6 +1,6 @@
 """A run's provenance as a record: what a run ran on, and how two provenances differ (pure).
 
-The ``runs`` table stores a :class:`Provenance`; ``orchestrator.provenance`` collects one from
+The ``runs`` table stores a :class:`Provenance`; ``orchestrator.run.provenance`` collects one from
 the driver's process (git, installed libraries, device). The resubmission note ("measured under
 a different provenance") compares stored runs with a new provenance here, without a store.
 """

@@ -482,7 +482,7 @@ class ExecutionSpec(_Frozen):
     prompts of each trial are then decoded untimed on a replica's first shard of that trial.
 
     A shard whose worker answers no target call for ``stall_timeout_seconds`` (a hung worker)
-    has its worker group replaced and is retried (``orchestrator.stall_watch``); it must exceed
+    has its worker group replaced and is retried (``orchestrator.run.stall_watch``); it must exceed
     the longest single target call, an AR baseline request's whole decode.
     """
 

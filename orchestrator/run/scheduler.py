@@ -23,7 +23,7 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from orchestrator.errors import describe_failure
+from orchestrator.run.errors import describe_failure
 from orchestrator.sweep.work_units import WorkUnit, pick_next
 
 #: Seconds between the main thread's checks on its workers (keeps Ctrl-C responsive).

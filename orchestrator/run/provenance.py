@@ -14,13 +14,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.git_state import git_state
+from orchestrator.run.git_state import git_state
 from orchestrator.store.provenance_record import Provenance, provenance_note
 
 if TYPE_CHECKING:
     from orchestrator.store import Store
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 #: Distributions whose versions are recorded (None when not installed).
 _LIBRARIES = ("specsweep", "torch", "transformers", "ray", "deepspeed")
 
