@@ -58,8 +58,8 @@ from common import (
 from placements import PLACEMENTS, start_placements
 from tqdm import tqdm
 
-from orchestrator.metrics import TrialMetrics, trial_metrics
-from orchestrator.stats import paired_speed_ratio
+from orchestrator.analysis.metrics import TrialMetrics, trial_metrics
+from orchestrator.analysis.stats import paired_speed_ratio
 from workers.actors import ModelSpec
 from workers.json_files import write_json
 from workers.process_usage import MachineUsage, ProcessUsage, machine_usage

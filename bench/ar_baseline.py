@@ -5,8 +5,8 @@ layout its calibration found fastest (``workers.step_plan``). ``bench/engine.py`
 prompts target-only on that model and on every other path it measures (packed weights only,
 unpacked weights only, the transformers modules), the paths taking turns prompt by prompt and
 pass by pass, and ``check_baseline`` compares the baseline's tokens/s with each path's through
-the paired interval of ``orchestrator.stats`` (a jackknife t on the log ratio): the baseline
-fails when some path is faster beyond that interval and beyond ``BASELINE_TOLERANCE``.
+the paired interval of ``orchestrator.analysis.stats`` (a jackknife t on the log ratio): the
+baseline fails when some path is faster beyond that interval and beyond ``BASELINE_TOLERANCE``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from orchestrator.stats import Interval, paired_speed_ratio
+from orchestrator.analysis.stats import Interval, paired_speed_ratio
 from workers.engine import RequestSettings, autoregressive_generate
 from workers.lm import CachedLM
 from workers.records import GenerationResult

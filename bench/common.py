@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from orchestrator.preflight import resolve_model_path
+from orchestrator.run.preflight import resolve_model_path
 from workers.json_files import write_json
 from workers.lm import DTYPES, load_causal_lm
 from workers.prompt_format import encode_dataset

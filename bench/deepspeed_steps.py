@@ -32,7 +32,7 @@ import torch.distributed as dist
 from common import add_device_arguments, add_out_argument, add_threads_argument
 from tqdm import tqdm
 
-from orchestrator.preflight import resolve_model_path
+from orchestrator.run.preflight import resolve_model_path
 from workers.json_files import write_json
 from workers.lm import CachedLM, synchronize
 from workers.model_spec import ModelSpec, RankSpec, free_port

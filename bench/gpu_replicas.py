@@ -23,7 +23,7 @@ from pathlib import Path
 from common import add_out_argument, bench_parser, write_report
 
 from orchestrator.api import run_sweep
-from orchestrator.spec import load_sweep
+from orchestrator.sweep.spec import load_sweep
 
 SAMPLE_QUERY = """
     SELECT t.temperature, t.policy, t.started_at, t.finished_at, s.sample_index,

@@ -45,7 +45,7 @@ from common import (
     write_report,
 )
 
-from orchestrator.stats import ratio_interval
+from orchestrator.analysis.stats import ratio_interval
 from workers.lm import CachedLM, load_causal_lm
 
 WAYS = ("back_to_back", "idle_between", "two_processes")

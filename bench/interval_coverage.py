@@ -1,8 +1,8 @@
 """How often candidate 95% intervals of a paired speed ratio hold the true ratio, by n prompts.
 
-Simulates paired per-prompt data (``orchestrator.coverage``: log-normal prompt costs with the
-demo's spreads, log speedup sd 0.11 and AR seconds per token 12%, and the same with one prompt
-in ten an outlier of four times the spread) and measures, per n, the coverage of:
+Simulates paired per-prompt data (``orchestrator.analysis.coverage``: log-normal prompt costs
+with the demo's spreads, log speedup sd 0.11 and AR seconds per token 12%, and the same with one
+prompt in ten an outlier of four times the spread) and measures, per n, the coverage of:
 
 - ``percentile``: the percentile bootstrap of the ratio of sums (the method used until #43);
 - ``bca``: the bias-corrected and accelerated bootstrap (jackknife acceleration);
@@ -11,8 +11,9 @@ in ten an outlier of four times the spread) and measures, per n, the coverage of
 - ``t_jackknife``: the same with the jackknife standard error;
 - ``t_mean_log``: a t interval on the mean of per-prompt log speed ratios (a geometric mean,
   another estimand: shown to say why it is not used);
-- ``chosen``: ``orchestrator.stats.paired_speed_ratio`` as it is now (None below its minimum n);
-- ``chosen_single``: ``orchestrator.stats.ratio_interval`` of B's tokens/s alone (a single
+- ``chosen``: ``orchestrator.analysis.stats.paired_speed_ratio`` as it is now (None below its
+  minimum n);
+- ``chosen_single``: ``orchestrator.analysis.stats.ratio_interval`` of B's tokens/s alone (a single
   trial's interval, the same method without pairing).
 
 A third model, ``failures`` (the draft fails on one prompt in ten, halving its speedup there),
@@ -33,7 +34,7 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from orchestrator.coverage import (
+from orchestrator.analysis.coverage import (
     DEMO,
     FAILURES,
     OUTLIERS,
@@ -44,7 +45,7 @@ from orchestrator.coverage import (
     true_rate,
     true_ratio,
 )
-from orchestrator.stats import MIN_PROMPTS, Interval, paired_speed_ratio, ratio_interval
+from orchestrator.analysis.stats import MIN_PROMPTS, Interval, paired_speed_ratio, ratio_interval
 from workers.json_files import write_json
 
 NS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 30, 40)

@@ -7,7 +7,7 @@
 - ``actors``: the same classes as Ray actors (:class:`OnActors`), as a sweep runs them.
 
 Each placement starts the target first and the draft once the target is ready, as a sweep's
-worker group does (``orchestrator.replica.GroupReplica``): each model's one-token step
+worker group does (``orchestrator.run.replica.GroupReplica``): each model's one-token step
 calibration (``CachedLM.calibrate_steps``) then runs while the other process is idle.
 Started together, the draft's calibration ran while the target loaded, measured 7.3 ms for one
 token against 6.0 for two (3.7 against 4.1 in process) and padded the draft's steps.

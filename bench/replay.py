@@ -8,8 +8,8 @@ the traces (``policies.replay.replay``), and runs a few of the configs live thro
 ``workers.engine.speculative_generate`` (greedy, no EOS, so every config generates the same
 tokens). Replay's cost per config includes the recording,
 amortised over the grid. Projected seconds of a config are Σ over its replayed rounds of
-t_draft·N_draft + t_target (``orchestrator.cost_model`` fit on the live runs' rounds) plus each
-prompt's non-round time (prefill, bookkeeping: its median over the live runs); the held-out
+t_draft·N_draft + t_target (``orchestrator.analysis.costs.model`` fit on the live runs' rounds) plus
+each prompt's non-round time (prefill, bookkeeping: its median over the live runs); the held-out
 error repeats the comparison with the fit leaving the config's own live run out, and the
 block-aware error adds a per-drafted-token target cost to the fit (the target's forward grows
 with the block it verifies, which the two-cost model leaves out).
@@ -43,7 +43,7 @@ from common import (
 )
 from tqdm import tqdm
 
-from orchestrator.cost_model import fit_cost_model, fit_round_costs
+from orchestrator.analysis.costs.model import fit_cost_model, fit_round_costs
 from policies import make_policy
 from policies.adaedl import entropy_acceptance_bound
 from policies.replay import GreedyTrace, ReplayedRound, replay
@@ -135,8 +135,8 @@ def fit_projection(live: list[list[GenerationResult]], block_aware: bool = False
     """Return the projection fit on these live runs (one list of per-prompt results each).
 
     Each round is an observation (its features, T = its draft + verify seconds), fit by
-    ``orchestrator.cost_model.fit_cost_model``; block-aware, by
-    ``orchestrator.cost_model.fit_round_costs`` (draft seconds on draft forwards, verify
+    ``orchestrator.analysis.costs.model.fit_cost_model``; block-aware, by
+    ``orchestrator.analysis.costs.model.fit_round_costs`` (draft seconds on draft forwards, verify
     seconds on (1, drafted), fit separately). A prompt's non-round time (prefill,
     bookkeeping) is its median over the runs.
     """

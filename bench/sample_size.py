@@ -4,7 +4,7 @@ Pools the per-prompt (tokens, seconds) of every done speculative trial and its A
 results store, each trial's seconds scaled so that its own speedup is 1 (what is left is the
 spread of prompts around their trial). For each n it draws n pooled prompts (seeded, with
 replacement), takes the paired 95% interval of the speedup
-(``orchestrator.stats.paired_speed_ratio``, the interval every stored speedup carries) and
+(``orchestrator.analysis.stats.paired_speed_ratio``, the interval every stored speedup carries) and
 reports the mean relative half-width over the draws.
 
     python bench/sample_size.py --db sqlite:///docs/toy-demo-results.db --n 10 30 100 300
@@ -17,8 +17,8 @@ import json
 
 import numpy as np
 
-from orchestrator.pairing import SampleSpeed
-from orchestrator.stats import paired_speed_ratio
+from orchestrator.analysis.pairing import SampleSpeed
+from orchestrator.analysis.stats import paired_speed_ratio
 from orchestrator.store import open_store
 
 Quad = tuple[float, float, float, float]

@@ -1,12 +1,13 @@
 """Scheduler simulation: a sweep's planned work over 1 / 2 / 4 / 8 replicas against the ideal.
 
 Plans the sweep, cuts its live trials and trace recordings into prompt shards and gives each
-unit its seconds at the estimate's upper bound (``orchestrator.estimate.plan_workload``, the
-cost model ``plan --estimate`` uses), then runs the discrete-event simulation
-(``orchestrator.schedule_sim``, which dispatches with the live rule ``work_units.pick_next``)
-over N replicas that each serve every pair (shared targets), with no loading time. For each N
-it reports the makespan, total work / N, their ratio and the replicas' utilisation. This is a
-simulation of the dispatch rule, not a measurement of a cluster.
+unit its seconds at the estimate's upper bound
+(``orchestrator.analysis.costs.estimate.plan_workload``, the cost model ``plan --estimate`` uses),
+then runs the discrete-event simulation (``orchestrator.analysis.costs.schedule_sim``, which
+dispatches with the live rule
+``work_units.pick_next``) over N replicas that each serve every pair (shared targets), with no
+loading time. For each N it reports the makespan, total work / N, their ratio and the replicas'
+utilisation. This is a simulation of the dispatch rule, not a measurement of a cluster.
 
     python bench/scheduler.py                       # sweeps/table1.yaml, 1 2 4 8 replicas
     python bench/scheduler.py sweeps/demo.yaml --replicas 1 3 --shard-prompts 1
@@ -20,16 +21,16 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.cost_model import HARDWARE_PROFILES
-from orchestrator.estimate import (
+from orchestrator.analysis.costs.estimate import (
     EstimateOptions,
     format_hours,
     pair_profiles,
     plan_workload,
 )
-from orchestrator.planner import plan_sweep
-from orchestrator.schedule_sim import Replica, simulate
-from orchestrator.spec import load_sweep
+from orchestrator.analysis.costs.model import HARDWARE_PROFILES
+from orchestrator.analysis.costs.schedule_sim import Replica, simulate
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILE = "specdecpp-70b-7b-2xa100"

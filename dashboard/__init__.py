@@ -1,1 +1,1 @@
-"""SpecSweep dashboard package."""
+"""The read-only Streamlit dashboard: short pages over tested functions that read the store."""

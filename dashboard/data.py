@@ -21,14 +21,20 @@ import pandas as pd
 from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard.pareto import pareto_mask
-from orchestrator.store import Store, StoreError, default_url, display_url, open_store
+from orchestrator.store import (
+    BASELINE_POLICY,
+    Store,
+    StoreError,
+    default_url,
+    display_url,
+    open_store,
+)
 from orchestrator.store.models import (
     HEADLINE_METRICS,
     INTERVAL_COLUMNS,
     INTERVAL_FIGURES,
     TRIAL_METRIC_COLUMNS,
 )
-from workers.records import BASELINE_POLICY
 
 __all__ = [
     "BASELINE_POLICY",

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from dashboard.data import reader
-from orchestrator.report import FIT_GROUP, fit_seconds
+from orchestrator.analysis.report import FIT_GROUP, fit_seconds
 
 FIT_COLUMNS = (
     "sweep",

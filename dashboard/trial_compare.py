@@ -1,6 +1,6 @@
 """Paired comparison of two trials on their shared prompts, and the runs' provenance.
 
-Both read the store read-only; the statistics are ``orchestrator.pairing`` (the same as the
+Both read the store read-only; the statistics are ``orchestrator.analysis.pairing`` (the same as the
 ``compare`` command), so the page and the CLI give the same ratio, interval and verdict.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Iterable
 import pandas as pd
 
 from dashboard.data import reader
-from orchestrator.pairing import Comparison, paired_ratio
-from orchestrator.report import PROVENANCE_FIELDS
+from orchestrator.analysis.pairing import Comparison, paired_ratio
+from orchestrator.analysis.report import PROVENANCE_FIELDS
 
 
 def compare_trials(url: str, trial_a: str, trial_b: str) -> Comparison:

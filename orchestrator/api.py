@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from orchestrator.planner import Plan, plan_sweep
-from orchestrator.spec import SweepSpec, load_sweep
 from orchestrator.store import Store, open_store
+from orchestrator.sweep.planner import Plan, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, load_sweep
 
 if TYPE_CHECKING:
-    from orchestrator.preflight import PreparedInputs
-    from orchestrator.runner import SweepSummary
+    from orchestrator.run.preflight import PreparedInputs
+    from orchestrator.run.runner import SweepSummary
 
 __all__ = ["PreparedSweep", "SweepResult", "load_results", "prepare", "run_sweep"]
 
@@ -65,10 +65,10 @@ def prepare(
 ) -> PreparedSweep:
     """Load (when given a path), plan and preflight a sweep; nothing is run or stored.
 
-    Raises :class:`orchestrator.spec.SweepError` for an invalid sweep file and
-    :class:`orchestrator.preflight.PreflightError` listing every model or dataset problem.
+    Raises :class:`orchestrator.sweep.spec.SweepError` for an invalid sweep file and
+    :class:`orchestrator.run.preflight.PreflightError` listing every model or dataset problem.
     """
-    from orchestrator import runner
+    from orchestrator.run import runner
 
     if isinstance(sweep, SweepSpec):
         spec = sweep
@@ -94,7 +94,7 @@ def run_sweep(
     ``address`` is the Ray cluster (default ``$RAY_ADDRESS``, else a local Ray), ``retries``
     overrides the sweep's ``execution.retries``, ``progress`` shows the progress bar.
     """
-    from orchestrator import runner
+    from orchestrator.run import runner
 
     prepared = sweep if isinstance(sweep, PreparedSweep) else prepare(sweep)
     options = runner.RunOptions(address=address, retries=retries, progress=progress)
@@ -119,7 +119,7 @@ def load_results(db: str | None, sweep: str) -> pd.DataFrame:
 
 def _run_prepared(prepared: PreparedSweep, store: Store, options: object) -> SweepResult:
     """Register the sweep in ``store``, run what it lacks, return the summary and trials."""
-    from orchestrator import runner
+    from orchestrator.run import runner
 
     spec, plan = prepared.spec, prepared.plan
     store.register_sweep(spec, plan, spec_yaml=prepared.spec_yaml)
@@ -127,7 +127,7 @@ def _run_prepared(prepared: PreparedSweep, store: Store, options: object) -> Swe
     if len(done) == len(plan.trials):
         summary = _all_done_summary(store, plan, done)
     else:
-        summary = runner.run_sweep(spec, plan, store, options, inputs=prepared.inputs)
+        summary = runner.execute_plan(spec, plan, store, options, inputs=prepared.inputs)
     return SweepResult(summary, store.trials_dataframe(spec.name))
 
 
@@ -136,8 +136,8 @@ def _all_done_summary(store: Store, plan: Plan, done: set[str]) -> SweepSummary:
 
     Notes the done trials measured under another provenance than this machine's.
     """
-    from orchestrator import runner
-    from orchestrator.provenance import collect_provenance, stored_provenance_notes
+    from orchestrator.run import runner
+    from orchestrator.run.provenance import collect_provenance, stored_provenance_notes
 
     planned = len(plan.trials)
     summary = runner.SweepSummary(

@@ -30,7 +30,7 @@ What replay promises and what it cannot:
   from recorded distributions, which is a different (statistical) promise.
 
 Timing is not replayed: it follows from the cost model T = t_draft·N_draft + t_target·N_target
-(``orchestrator.cost_model``) applied to the replayed rounds.
+(``orchestrator.analysis.costs.model``) applied to the replayed rounds.
 """
 
 from __future__ import annotations

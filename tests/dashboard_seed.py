@@ -1,6 +1,6 @@
 """Results stores for the dashboard tests: a real micro-zoo sweep, or synthetic trials.
 
-``seed_real_sweep`` runs a small sweep on the micro zoo through ``run_sweep`` (real Ray actors,
+``seed_real_sweep`` runs a small sweep on the micro zoo through ``execute_plan`` (real Ray actors,
 real models, real timings); an older second sweep over a subset of the same trials gives the
 comparison page two sweeps. ``seed_synthetic_sweeps`` records hand-made engine results
 through the same store API in a second or so: the rounds follow an exact cost model
@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Trial, plan_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import Trial, plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from workers.records import GenerationResult, RoundRecord
 
 if TYPE_CHECKING:
-    from orchestrator.planner import Plan
-    from orchestrator.runner import SweepSummary
-    from orchestrator.spec import SweepSpec
+    from orchestrator.run.runner import SweepSummary
     from orchestrator.store import Store
+    from orchestrator.sweep.planner import Plan
+    from orchestrator.sweep.spec import SweepSpec
 
 REAL_SWEEP = """
 name: dashboard-real
@@ -127,10 +127,10 @@ def seed_real_sweep(url: str, zoo_root: Path) -> int:
 
 
 def _run_on_ray(spec: SweepSpec, plan: Plan, store: Store, zoo_root: Path) -> SweepSummary:
-    """Run ``plan`` with ``run_sweep`` on a local 2-CPU Ray, zoo refs resolved under zoo_root."""
+    """Run ``plan`` with ``execute_plan`` on a local 2-CPU Ray, zoo refs resolved under zoo_root."""
     import ray
 
-    from orchestrator.runner import RunOptions, run_sweep
+    from orchestrator.run.runner import RunOptions, execute_plan
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECSWEEP_CACHE", str(zoo_root.parent.parent))
@@ -140,7 +140,7 @@ def _run_on_ray(spec: SweepSpec, plan: Plan, store: Store, zoo_root: Path) -> Sw
                 num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False
             )
         try:
-            return run_sweep(spec, plan, store, RunOptions(progress=False))
+            return execute_plan(spec, plan, store, RunOptions(progress=False))
         finally:
             if started:
                 ray.shutdown()
@@ -153,8 +153,8 @@ def seed_synthetic_sweeps(url: str) -> dict[str, list[Trial]]:
     :data:`SYNTHETIC_B_SCALE`; in sweep A the trials of :data:`SYNTHETIC_FAILED` are failed.
     Each sweep records a run (provenance) and the runner's cost fits of its groups.
     """
-    from orchestrator.group_fits import store_live_fits
-    from orchestrator.provenance import collect_provenance
+    from orchestrator.run.group_fits import store_live_fits
+    from orchestrator.run.provenance import collect_provenance
 
     planned = {}
     with open_store(url) as store:

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from orchestrator import api, cli
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import load_sweep, parse_sweep
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep, parse_sweep
 
 SWEEP = """
 name: api-test

@@ -31,10 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import cli
-from orchestrator.planner import plan_sweep
-from orchestrator.preflight import PreflightError, preflight_inputs
-from orchestrator.spec import MAX_GRID_TRIALS, SweepError, load_sweep, parse_sweep
+from orchestrator.cli.common import EXIT_USER_ERROR
+from orchestrator.run.preflight import PreflightError, preflight_inputs
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import MAX_GRID_TRIALS, SweepError, load_sweep, parse_sweep
 
 #: A valid sweep; validation is pure, so its zoo references are never resolved here.
 VALID: dict[str, Any] = {
@@ -358,7 +359,7 @@ def test_malformed_sweeps_give_one_located_error_exit_2_and_leave_the_db_alone(
 
         for db_dir in (absent, existing):
             args = ["--db", f"sqlite:///{db_dir / 'results.db'}", "submit", str(sweep_file)]
-            assert cli.main(args) == cli.EXIT_USER_ERROR
+            assert cli.main(args) == EXIT_USER_ERROR
             err = capsys.readouterr().err
             assert all(p in err for p in problems) and "Traceback" not in err, err
         assert list(absent.iterdir()) == []
@@ -404,7 +405,7 @@ def test_alias_bomb_and_recursive_alias_exit_2_at_their_line(
         timeout=120,
         check=False,
     )
-    assert result.returncode == cli.EXIT_USER_ERROR, result.stderr[-2000:]
+    assert result.returncode == EXIT_USER_ERROR, result.stderr[-2000:]
     match = re.search(rf"{re.escape(str(sweep_file))}:(\d+): \(yaml\)(.*)", result.stderr)
     assert match is not None and expected in match[2], result.stderr[-2000:]
     assert first_line <= int(match[1]) < first_line + text.count("\n")

@@ -9,9 +9,9 @@ import pytest
 from gguf_files import write_tiny_llama_gguf
 from transformers import AutoTokenizer
 
-from orchestrator.planner import plan_sweep, replay_groups
-from orchestrator.preflight import PreparedInputs, _check_chat_templates
-from orchestrator.spec import parse_sweep
+from orchestrator.run.preflight import PreparedInputs, _check_chat_templates
+from orchestrator.sweep.planner import plan_sweep, replay_groups
+from orchestrator.sweep.spec import parse_sweep
 from training.gguf_import import convert_gguf
 from workers.datasets import DatasetSpec, Prompt, load_prompts
 from workers.prompt_format import (

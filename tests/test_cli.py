@@ -1,7 +1,7 @@
 """The command line, run in-process (``cli.main([...])``) on stores filled with hand-made results.
 
 The real ``submit`` run (Ray, models) is tested with the runner; here ``submit`` runs against a
-stand-in ``orchestrator.runner`` module, so what is checked is the CLI's own logic: validation,
+stand-in ``orchestrator.run.runner`` module, so what is checked is the CLI's own logic: validation,
 dry run, preflight, the "nothing to run" case, failed trials and exit codes.
 """
 
@@ -22,12 +22,14 @@ from typing import Any
 
 import pytest
 
-import orchestrator
+import orchestrator.run
 from orchestrator import cli
-from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Plan, Trial, plan_sweep
-from orchestrator.spec import SweepSpec, load_sweep
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.cli.common import DEFAULT_CLUSTER_FILE
+from orchestrator.cli.zoo import ZOO_PROFILES
 from orchestrator.store import Store, open_store
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, load_sweep
 from workers.records import GenerationResult, RoundRecord
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,7 +185,7 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture) -> No
 def test_zoo_profile_choices_are_the_zoo_profiles() -> None:
     from training.zoo.recipes import PROFILES
 
-    assert tuple(sorted(PROFILES)) == cli.ZOO_PROFILES
+    assert tuple(sorted(PROFILES)) == ZOO_PROFILES
 
 
 def test_bad_retries_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
@@ -503,12 +505,12 @@ class FakeRunner:
     options: list[Any] = field(default_factory=list)
 
     def module(self) -> types.ModuleType:
-        module = types.ModuleType("orchestrator.runner")
+        module = types.ModuleType("orchestrator.run.runner")
         module.RunOptions = FakeRunOptions  # type: ignore[attr-defined]
         module.SweepSummary = FakeSweepSummary  # type: ignore[attr-defined]
         module.PreflightError = FakePreflightError  # type: ignore[attr-defined]
         module.preflight = self.preflight  # type: ignore[attr-defined]
-        module.run_sweep = self.run_sweep  # type: ignore[attr-defined]
+        module.execute_plan = self.execute_plan  # type: ignore[attr-defined]
         return module
 
     def preflight(self, spec: SweepSpec, plan: Plan) -> str:
@@ -517,7 +519,7 @@ class FakeRunner:
             raise FakePreflightError(self.preflight_problems)
         return "prepared inputs"
 
-    def run_sweep(
+    def execute_plan(
         self,
         spec: SweepSpec,
         plan: Plan,
@@ -525,10 +527,10 @@ class FakeRunner:
         options: FakeRunOptions,
         inputs: str | None = None,
     ) -> FakeSweepSummary:
-        self.calls.append("run_sweep")
+        self.calls.append("execute_plan")
         self.options.append(options)
-        assert inputs == "prepared inputs", "run_sweep should reuse what preflight loaded"
-        assert self.run is not None, "run_sweep should not have been called"
+        assert inputs == "prepared inputs", "execute_plan should reuse what preflight loaded"
+        assert self.run is not None, "execute_plan should not have been called"
         return self.run(spec, plan, store)
 
 
@@ -536,8 +538,8 @@ class FakeRunner:
 def fake_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunner]:
     runner = FakeRunner()
     module = runner.module()
-    monkeypatch.setitem(sys.modules, "orchestrator.runner", module)
-    monkeypatch.setattr(orchestrator, "runner", module, raising=False)
+    monkeypatch.setitem(sys.modules, "orchestrator.run.runner", module)
+    monkeypatch.setattr(orchestrator.run, "runner", module, raising=False)
     yield runner
 
 
@@ -668,7 +670,7 @@ def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
     sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
     db = tmp_path / "results.db"
     argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
-    argv += ["--cluster", str(cli.DEFAULT_CLUSTER_FILE)]  # estimate the cluster, not this host
+    argv += ["--cluster", str(DEFAULT_CLUSTER_FILE)]  # estimate the cluster, not this host
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert "--yes" in captured.err and "estimate on profile" in captured.out
@@ -680,7 +682,7 @@ def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
 
     fake_runner.run = interrupted  # the run starts: that is all this test needs
     assert cli.main([*argv, "--yes"]) == 130
-    assert fake_runner.calls == ["preflight", "preflight", "run_sweep"]
+    assert fake_runner.calls == ["preflight", "preflight", "execute_plan"]
 
 
 def test_submit_on_a_local_ray_without_gpus_runs_without_an_estimate(
@@ -702,7 +704,7 @@ def test_submit_on_a_local_ray_without_gpus_runs_without_an_estimate(
     assert cli.main([*argv, "--confirm-above", "0"]) == 130
     out = capsys.readouterr().out
     assert "no estimate (this machine has no GPU" in out and "estimate on profile" not in out
-    assert fake_runner.calls == ["preflight", "run_sweep"]
+    assert fake_runner.calls == ["preflight", "execute_plan"]
 
 
 def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
@@ -717,7 +719,7 @@ def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "n")
     argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
-    argv += ["--cluster", str(cli.DEFAULT_CLUSTER_FILE)]  # estimate the cluster, not this host
+    argv += ["--cluster", str(DEFAULT_CLUSTER_FILE)]  # estimate the cluster, not this host
     assert cli.main(argv) == 0
     assert asked and "run it?" in asked[0]
     assert "not run" in capsys.readouterr().out

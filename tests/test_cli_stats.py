@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator import cli
-from orchestrator.metrics import trial_metrics
-from orchestrator.planner import plan_sweep
-from orchestrator.provenance import collect_provenance
-from orchestrator.spec import load_sweep
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.run.provenance import collect_provenance
 from orchestrator.store import open_store
 from orchestrator.store.records import StoredTrial
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep
 from tests import test_cli
 from tests.store_records import stored_trial
 from workers.records import GenerationResult, RoundRecord
@@ -112,7 +112,7 @@ def test_compare_of_several_pairs_is_holm_adjusted(stats_store, capsys) -> None:
 
 def test_compare_says_how_many_prompts_an_interval_needs(tmp_path, capsys) -> None:
     from orchestrator import report
-    from orchestrator.pairing import Comparison
+    from orchestrator.analysis.pairing import Comparison
 
     a, b = _summary_row(1.5), _summary_row(1.0)
     refusal = "\n".join(report.comparison_refusal(a, b, 1))
@@ -140,7 +140,7 @@ def test_summary_table_shows_the_best_trial_interval() -> None:
         _summary_row(1.5, speedup_low=1.2, speedup_high=1.7),
         _summary_row(2.0, speedup_low=1.9, speedup_high=2.1),
     ]
-    from orchestrator import report
+    from orchestrator.analysis import report
 
     (summary,) = report.summary_rows(rows)
     assert summary["best_speedup"] == 2.0 and summary["best_speedup_ci"] == "[1.9, 2.1]"
@@ -211,8 +211,8 @@ def test_refresh_fills_intervals_of_trials_stored_without_them(stats_store, caps
 def test_recorded_torch_threads_are_what_a_worker_actor_runs_with(ray_local) -> None:
     import ray
 
-    from orchestrator.placement import CPUS_PER_ACTOR
-    from orchestrator.provenance import worker_torch_threads
+    from orchestrator.run.provenance import worker_torch_threads
+    from orchestrator.sweep.bundles import CPUS_PER_ACTOR
 
     @ray.remote(num_cpus=CPUS_PER_ACTOR)
     class Probe:

@@ -20,8 +20,8 @@ import ray.autoscaler
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from orchestrator.placement import bundle_totals, fits_on_node, worker_group_bundles
-from orchestrator.spec import PairSpec
+from orchestrator.sweep.bundles import bundle_totals, fits_on_node, worker_group_bundles
+from orchestrator.sweep.spec import PairSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = REPO / "cluster.yaml"

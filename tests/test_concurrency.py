@@ -37,11 +37,11 @@ from test_faults import (
     wait_until_gone,
 )
 
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import parse_sweep
 from orchestrator.store import Store, open_store
 from orchestrator.store.db import normalise_url
 from orchestrator.store.models import RoundRow, SampleResultRow, SweepTrialRow, TrialRow
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 
 PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
 BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
@@ -104,9 +104,9 @@ def _counts(store: Store) -> dict[str, int]:
 WRITER = """
 import json, sys, time
 from pathlib import Path
-from orchestrator.metrics import trial_metrics
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import load_sweep
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep
 from orchestrator.store import open_store
 from workers.records import GenerationResult, RoundRecord
 

@@ -23,7 +23,7 @@ from dashboard_seed import (
 )
 
 from dashboard import acceptance, data, fits, tables, trial_compare
-from orchestrator.cost_model import CostModelError, fit_cost_model, r_squared
+from orchestrator.analysis.costs.model import CostModelError, fit_cost_model, r_squared
 
 NAN = math.nan
 #: (trial_id, pair, dataset, temperature, policy, threshold, K, tokens/s, speedup,

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel
 
 from orchestrator.cli import build_parser
-from orchestrator.spec import SweepSpec, parse_sweep
+from orchestrator.sweep.spec import SweepSpec, parse_sweep
 from policies import POLICIES, policy_parameters
 from training.__main__ import load_job_config
 

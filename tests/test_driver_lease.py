@@ -43,8 +43,8 @@ from test_faults import (
 )
 from tqdm import tqdm
 
-from orchestrator.cli import _report_run
-from orchestrator.driver_lease import (
+from orchestrator.cli.submit import report_run
+from orchestrator.run.driver_lease import (
     HEARTBEAT_ENV,
     HEARTBEAT_SECONDS,
     LEASE_ENV,
@@ -54,10 +54,8 @@ from orchestrator.driver_lease import (
     LeaseTiming,
     lease_timing,
 )
-from orchestrator.planner import Plan, Trial, plan_sweep
-from orchestrator.runner import ShardTally, SweepSummary
-from orchestrator.scheduler import Deferred, Scheduler
-from orchestrator.spec import parse_sweep
+from orchestrator.run.runner import ShardTally, SweepSummary
+from orchestrator.run.scheduler import Deferred, Scheduler
 from orchestrator.store import (
     LeaseHolder,
     ShardClaim,
@@ -67,7 +65,9 @@ from orchestrator.store import (
     open_store,
 )
 from orchestrator.store.db import alembic_config
-from orchestrator.work_units import WorkUnit, trial_units
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.work_units import WorkUnit, trial_units
 from workers.records import GenerationResult, RoundRecord
 
 #: Prompts per trial; with ``shard_prompts: 1`` each is one shard.
@@ -178,8 +178,8 @@ def test_released_leases_are_free_at_once_and_a_stored_shard_names_its_driver(
 CLAIMER = """
 import json, sys, time
 from pathlib import Path
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from orchestrator.store import LeaseHolder, open_store
 
 url, sweep, name, shards, go = sys.argv[1:6]
@@ -410,7 +410,7 @@ def test_the_summary_says_what_this_run_and_the_other_drivers_ran() -> None:
     summary = SweepSummary("s", planned=3, already_done=0, ran=1, finished_by_others=2)
     summary.shards = shards
     console = Console(record=True, width=400)
-    assert _report_run(console, summary, [], "s.yaml", "sqlite:///r.db") == 0
+    assert report_run(console, summary, [], "s.yaml", "sqlite:///r.db") == 0
     text = console.export_text()
     assert "3 trials planned, 0 already done, 1 ran, 2 finished by another driver, 0 failed" in text
     assert (
@@ -419,7 +419,7 @@ def test_the_summary_says_what_this_run_and_the_other_drivers_ran() -> None:
         "lapsed or was released)"
     ) in text
     alone = SweepSummary("s", planned=3, already_done=0, ran=3, shards=ShardTally(left=1, ran=1))
-    _report_run(console, alone, [], "s.yaml", "sqlite:///r.db")
+    report_run(console, alone, [], "s.yaml", "sqlite:///r.db")
     assert console.export_text().splitlines()[-1] == "ran 1 of the 1 shard left to run"
 
 

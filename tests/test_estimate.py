@@ -1,4 +1,5 @@
-"""The sweep estimate (orchestrator.estimate) checked against hand-computed figures."""
+"""The sweep estimate (orchestrator.analysis.costs.estimate) checked against hand-computed
+figures."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import estimate
-from orchestrator.cost_model import HardwareProfile
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.analysis.costs import estimate
+from orchestrator.analysis.costs.model import HardwareProfile
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,7 +108,7 @@ def test_replica_counts_follow_the_runner() -> None:
 
 def test_replicas_count_a_fractional_sets_gpus_whole_unless_capped() -> None:
     # gpu_smoke's groups (target 0.4 + draft 0.1 of a GPU) on one GPU: by default one replica,
-    # as the runner starts (placement.groups_held); an explicit replicas: 2 shares the GPU.
+    # as the runner starts (bundles.groups_held); an explicit replicas: 2 shares the GPU.
     sets = [estimate.TargetSet("a", ("p",), 0.5)]
     one_gpu = estimate.Cluster(node_gpus=(1.0,), source="test")
     assert _counts(one_gpu, sets, [4]) == [1]

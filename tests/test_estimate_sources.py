@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, estimate, estimate_sources
-from orchestrator.cost_model import HardwareProfile
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator import cli
+from orchestrator.analysis.costs import estimate
+from orchestrator.analysis.costs.model import HardwareProfile
+from orchestrator.run import estimate_sources
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = HardwareProfile("test", "hand-made", t_draft=0.01, t_target=0.1, ar_tokens_per_s=10.0)

@@ -34,12 +34,12 @@ import ray
 import yaml
 from sqlalchemy import func, select
 
-from orchestrator import replica as replica_module
-from orchestrator.planner import Plan, Trial, plan_sweep
-from orchestrator.runner import RunOptions, run_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.run import replica as replica_module
+from orchestrator.run.runner import RunOptions, execute_plan
 from orchestrator.store import Store, StoredTrial, open_store
 from orchestrator.store.models import RoundRow, SampleResultRow
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 
 SAMPLES = 2
 #: Ray's exception type names for an actor that died (``ray.kill`` or a killed process).
@@ -225,7 +225,7 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
     injector = FaultInjector(hit)
     injector.install(monkeypatch)
 
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False))
 
     assert [(i.trial_id, (i.role, i.how)) for i in injector.injected] == list(hit.items())
     assert len({i.pid for i in injector.injected}) == len(FAULTS)  # a fresh process each time
@@ -296,7 +296,7 @@ def test_a_model_error_fails_only_its_trials_with_the_reason_and_the_sweep_goes_
     injector = FaultInjector({})
     injector.install(monkeypatch)
 
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False))
 
     empty_prompt = "ValueError: the model was given no tokens to run (an empty prompt?)"
     expected = {

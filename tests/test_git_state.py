@@ -1,4 +1,4 @@
-"""orchestrator/git_state.py against git itself: commit and dirtiness of real repositories."""
+"""orchestrator/run/git_state.py against git itself: commit and dirtiness of real repositories."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.git_state import git_state
+from orchestrator.run.git_state import git_state
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,7 @@
-"""The import graph of our packages, read from the source with ``ast``: training/ has no import
-cycle and its modules import only their own layer and the layers below it.
+"""The import graph of our packages, read from the source with ``ast``: no package has an import
+cycle; training/ and orchestrator/ modules import only their own layer and the layers below it;
+the dashboard reads the store (and analyses what it reads) and nothing that runs sweeps; workers/
+and policies/ import no higher package.
 
 Every import counts: at module level, inside functions and under ``if TYPE_CHECKING:``. Imports
 made by ``importlib.import_module`` (``training.jobs.JOB_KINDS``) are not read.
@@ -170,3 +172,102 @@ def test_training_modules_import_only_their_layer_and_below() -> None:
         if _rank(target) > _rank(module)
     ]
     assert not upward, "training/ imports up from a lower layer:\n" + "\n".join(upward)
+
+
+#: orchestrator's layers, lowest first: a module imports its own layer and the layers below only.
+#: The typed rows a store hands out (``store.records``, ``store.provenance_record``) sit below
+#: the analysis that reads them; the rest of the store writes what analysis computes.
+ORCHESTRATOR_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("orchestrator.sweep",),
+    ("orchestrator.store.records", "orchestrator.store.provenance_record"),
+    ("orchestrator.analysis",),
+    ("orchestrator.store",),
+    ("orchestrator.run",),
+    ("orchestrator.api",),
+    ("orchestrator.cli", "orchestrator.__main__"),
+)
+
+#: What the dashboard may import of orchestrator: it reads the store and analyses what it reads.
+DASHBOARD_MAY_IMPORT = (
+    "dashboard",
+    "orchestrator.sweep",
+    "orchestrator.store",
+    "orchestrator.analysis",
+)
+
+
+def _inside(module: str, prefixes: Iterable[str]) -> bool:
+    """Return whether ``module`` is one of ``prefixes`` or lies under one."""
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def top_level_imports(root: Path, package: str) -> dict[str, set[str]]:
+    """Return module -> the top-level names (``ray``, ``workers``, ...) it imports anywhere."""
+    found: dict[str, set[str]] = {}
+    for path in (root / package).rglob("*.py"):
+        module = module_name(path, root)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+        found[module] = names
+    return found
+
+
+def test_no_import_cycle_in_any_package() -> None:
+    cycle = find_cycle(import_graph(ROOT, PACKAGES))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _orchestrator_rank(module: str) -> int:
+    """Return ``module``'s layer in ``ORCHESTRATOR_LAYERS`` (-1: the empty package itself)."""
+    layer = layer_of(module, ORCHESTRATOR_LAYERS)
+    return -1 if layer is None else layer
+
+
+def test_orchestrator_modules_import_only_their_layer_and_below() -> None:
+    orchestrator = within(import_graph(ROOT, PACKAGES), "orchestrator")
+    unplaced = sorted(
+        m for m in orchestrator if m != "orchestrator" and layer_of(m, ORCHESTRATOR_LAYERS) is None
+    )
+    assert not unplaced, f"place these modules in ORCHESTRATOR_LAYERS: {unplaced}"
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in sorted(orchestrator.items())
+        for target in sorted(targets)
+        if _orchestrator_rank(target) > _orchestrator_rank(module)
+    ]
+    assert not upward, "orchestrator/ imports up from a lower layer:\n" + "\n".join(upward)
+
+
+def test_the_dashboard_reads_the_store_and_its_analysis_only() -> None:
+    graph = import_graph(ROOT, PACKAGES)
+    ours = [
+        f"{module} -> {target}"
+        for module, targets in sorted(within_package(graph, "dashboard").items())
+        for target in sorted(targets)
+        if not _inside(target, DASHBOARD_MAY_IMPORT)
+    ]
+    ray = sorted(m for m, names in top_level_imports(ROOT, "dashboard").items() if "ray" in names)
+    assert not ours, "the dashboard imports beyond the store and analysis:\n" + "\n".join(ours)
+    assert not ray, f"the dashboard imports ray: {ray}"
+
+
+def within_package(graph: Mapping[str, set[str]], prefix: str) -> Graph:
+    """Return the part of ``graph`` whose importing modules lie in ``prefix`` (targets kept)."""
+    return {m: ts for m, ts in graph.items() if _inside(m, [prefix])}
+
+
+def test_workers_and_policies_import_no_higher_package() -> None:
+    graph = import_graph(ROOT, PACKAGES)
+    upward = [
+        f"{module} -> {target}"
+        for package in ("workers", "policies")
+        for module, targets in sorted(within_package(graph, package).items())
+        for target in sorted(targets)
+        if _inside(target, ("orchestrator", "training", "dashboard"))
+    ]
+    assert not upward, "workers/ or policies/ import a higher package:\n" + "\n".join(upward)

@@ -1,7 +1,8 @@
-"""The paired speed-ratio interval holds its coverage (orchestrator/coverage.py simulations).
+"""The paired speed-ratio interval holds its coverage (simulations of
+orchestrator/analysis/coverage.py).
 
 Issue #43: the percentile bootstrap covered the true ratio 78% of the time at 4 prompts and
-87–91% up to 40. The interval ``orchestrator.stats.paired_speed_ratio`` shows must cover at
+87–91% up to 40. The interval ``orchestrator.analysis.stats.paired_speed_ratio`` shows must cover at
 least 93% at every n of the bench's grid for which it shows one, on the demo's per-prompt
 spreads and on a mixture with one prompt in ten an outlier; below ``MIN_PROMPTS`` it shows
 none. Every run is seeded, so the measured rates are fixed; the tolerance is three binomial
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.coverage import (
+from orchestrator.analysis.coverage import (
     DEMO,
     OUTLIERS,
     PromptModel,
@@ -25,7 +26,7 @@ from orchestrator.coverage import (
     true_rate,
     true_ratio,
 )
-from orchestrator.stats import MIN_PROMPTS, paired_speed_ratio, ratio_interval
+from orchestrator.analysis.stats import MIN_PROMPTS, paired_speed_ratio, ratio_interval
 
 REQUIRED = 0.93
 NS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 30, 40)

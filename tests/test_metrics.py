@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchestrator.metrics import (
+from orchestrator.analysis.metrics import (
     accepted_length_histogram,
     draft_length_histogram,
     eesd_harmonic_mean,

@@ -15,22 +15,24 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util import placement_group_table
 
-from orchestrator.placement import (
+from orchestrator.run.placement import (
     GROUP_STRATEGY,
     PlacementError,
     actor_options_for_rank,
-    bundle_totals,
     create_worker_group,
     draft_actor_options,
+    remove_worker_group,
+    unplaceable_message,
+)
+from orchestrator.sweep.bundles import (
+    bundle_totals,
     draft_bundle,
     fits_on_node,
-    remove_worker_group,
     target_bundles,
-    unplaceable_message,
     worker_group_bundles,
 )
-from orchestrator.planner import Plan
-from orchestrator.spec import PairSpec
+from orchestrator.sweep.planner import Plan
+from orchestrator.sweep.spec import PairSpec
 
 GPUS_PER_WORKER_NODE = 3
 CPUS_PER_WORKER_NODE = 5

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.planner import CODE_VERSION, Plan, canonical_json, config_id, plan_sweep
-from orchestrator.spec import SweepError, SweepSpec, load_sweep, parse_sweep
+from orchestrator.sweep.planner import CODE_VERSION, Plan, canonical_json, config_id, plan_sweep
+from orchestrator.sweep.spec import SweepError, SweepSpec, load_sweep, parse_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.run.training_stage import QUEUED, WORKER_PID_FILE, job_config, run_training_jobs
 from orchestrator.store import Store, open_store
-from orchestrator.training_stage import QUEUED, WORKER_PID_FILE, job_config, run_training_jobs
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from training.distributed import ParallelSettings, shard_rows, split_parallel
 from training.jobs import JobConfig, JobConfigError, check_job_config, run_job
 from training.jobs.base import CHECKPOINT_DIR

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from orchestrator import cli
-from orchestrator.cost_model import (
+from orchestrator.analysis.costs.model import (
     HARDWARE_PROFILES,
     CostModelError,
     fit_round_costs,
@@ -19,12 +19,12 @@ from orchestrator.cost_model import (
     project_onto_profile,
     r_squared,
 )
-from orchestrator.metrics import trial_metrics
-from orchestrator.planner import REPLAY_MODE, plan_sweep, replay_groups
-from orchestrator.replay_stage import trace_from_json, trace_to_json
-from orchestrator.runner import RunOptions, preflight, run_sweep
-from orchestrator.spec import SweepError, load_sweep, parse_sweep
+from orchestrator.analysis.costs.replay import trace_from_json, trace_to_json
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.run.runner import RunOptions, execute_plan, preflight
 from orchestrator.store import StoredRound, open_store
+from orchestrator.sweep.planner import REPLAY_MODE, plan_sweep, replay_groups
+from orchestrator.sweep.spec import SweepError, load_sweep, parse_sweep
 from policies.replay import DraftPrediction, GreedyTrace
 from workers.records import GenerationResult, RoundRecord
 
@@ -382,7 +382,7 @@ def _run(text: str, url: str):
     plan = plan_sweep(spec)
     with open_store(url) as store:
         store.register_sweep(spec, plan)
-        summary = run_sweep(spec, plan, store, RunOptions(progress=False), preflight(spec, plan))
+        summary = execute_plan(spec, plan, store, RunOptions(progress=False), preflight(spec, plan))
     return plan, summary
 
 

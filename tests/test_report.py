@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from orchestrator import report
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import load_sweep, parse_sweep
+from orchestrator.analysis import report
 from orchestrator.store.records import StoredTrial
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep, parse_sweep
 from tests.store_records import stored_trial
 
 DEMO = Path(__file__).resolve().parents[1] / "sweeps" / "demo.yaml"

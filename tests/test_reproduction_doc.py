@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import load_sweep
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "reproduction.md"

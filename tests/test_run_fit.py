@@ -1,4 +1,5 @@
-"""The run-level (SpecDec++) fit beside the round-level one (orchestrator/run_fit.py)."""
+"""The run-level (SpecDec++) fit beside the round-level one
+(orchestrator/analysis/costs/run_fit.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from orchestrator.cost_model import CostModelError, RoundCostFit
-from orchestrator.run_fit import TrialCounts, compare_fits, mean_relative_error
+from orchestrator.analysis.costs.model import CostModelError, RoundCostFit
+from orchestrator.analysis.costs.run_fit import TrialCounts, compare_fits, mean_relative_error
 
 ROUND_FIT = RoundCostFit(
     t_draft=0.002,

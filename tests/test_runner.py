@@ -8,11 +8,11 @@ import pytest
 import ray
 import torch
 
-from orchestrator.planner import plan_sweep
-from orchestrator.runner import PreflightError, RunOptions, preflight, run_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.run.runner import PreflightError, RunOptions, execute_plan, preflight
 from orchestrator.store import open_store
-from orchestrator.target_sets import solo
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.target_sets import solo
 from workers.lm import CachedLM, load_causal_lm
 from workers.step_plan import StepPlan
 from workers.target import LocalTarget
@@ -59,7 +59,7 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
     store.register_sweep(spec, plan)
     inputs = preflight(spec, plan)
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False), inputs)
     assert (summary.ran, summary.failed, summary.already_done) == (len(plan.trials), 0, 0)
     rows = {row.trial_id: row for row in store.trials("runner-test")}
     assert len(rows) == len(plan.trials)
@@ -87,7 +87,7 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     assert len(summary.fit_notes) == len(fits)
     assert all("run-level fit R²" in note for note in summary.fit_notes)
 
-    from orchestrator.replica import GroupReplica
+    from orchestrator.run.replica import GroupReplica
 
     paths = inputs.model_paths["micro"]
     draft = CachedLM(load_causal_lm(paths.draft))
@@ -100,12 +100,12 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
         assert [r.output_ids for r in in_process] == [s.output_ids for s in stored]
         assert [r.n_accepted for r in in_process] == [s.accepted for s in stored]
 
-    again = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    again = execute_plan(spec, plan, store, RunOptions(progress=False), inputs)
     assert (again.ran, again.already_done) == (0, len(plan.trials))
     assert again.provenance_notes == []
     with store.engine.begin() as connection:
         connection.exec_driver_sql("UPDATE runs SET torch_threads = torch_threads + 7")
-    moved = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    moved = execute_plan(spec, plan, store, RunOptions(progress=False), inputs)
     assert len(moved.provenance_notes) == 1
     assert f"{len(plan.trials)} done trial(s)" in moved.provenance_notes[0]
     assert "torch_threads" in moved.provenance_notes[0]
@@ -120,8 +120,8 @@ def _pads_single_step(replica) -> tuple[bool, bool]:
 
 
 def test_replicas_on_a_node_load_with_the_step_choice_made_there(zoo_env, ray_local, tmp_path):
-    from orchestrator.replica import GroupReplica
-    from orchestrator.step_choices import SingleStepChoices, StepKey
+    from orchestrator.run.replica import GroupReplica
+    from orchestrator.run.step_choices import SingleStepChoices, StepKey
 
     spec = parse_sweep(SWEEP, "runner-test.yaml")
     inputs = preflight(spec, plan_sweep(spec))
@@ -199,10 +199,10 @@ def test_deepspeed_target_group_on_actors_gives_the_unsharded_greedy_output(
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
     store.register_sweep(spec, plan)
     inputs = preflight(spec, plan)
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False), inputs)
     assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
 
-    from orchestrator.replica import GroupReplica
+    from orchestrator.run.replica import GroupReplica
 
     paths = inputs.model_paths["micro"]
     target = LocalTarget(CachedLM(load_causal_lm(paths.target)))
@@ -240,7 +240,7 @@ def test_pairs_sharing_a_target_wider_than_the_node_run_in_groups_that_fit(
     plan = plan_sweep(spec)
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
     store.register_sweep(spec, plan)
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False))
     assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
     rows = store.trials("too-wide")
     assert {row.pair for row in rows} == {"xs", "s", "m"}

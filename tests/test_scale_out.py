@@ -30,13 +30,13 @@ import yaml
 from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
-from orchestrator import replica as replica_module
-from orchestrator.placement import actor_options_for_rank, create_worker_group
-from orchestrator.planner import plan_sweep
-from orchestrator.replica import rendezvous_port
-from orchestrator.runner import RunOptions, run_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.run import replica as replica_module
+from orchestrator.run.placement import actor_options_for_rank, create_worker_group
+from orchestrator.run.replica import rendezvous_port
+from orchestrator.run.runner import RunOptions, execute_plan
 from orchestrator.store import Store, open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from workers.actors import DraftWorker
 
 NODES = 3
@@ -131,7 +131,7 @@ def test_replicas_on_three_nodes_share_a_trials_prompts_and_match_one_replica(
     cluster: Cluster, zoo_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     spec, plan, store = _run(sweep_text("spread"), f"sqlite:///{tmp_path / 'spread.db'}")
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False))
     assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
     _assert_each_sample_once(store, plan)
     # The baseline's three shards are the first three units: one to each replica, one per node.
@@ -141,7 +141,7 @@ def test_replicas_on_three_nodes_share_a_trials_prompts_and_match_one_replica(
     one_spec, one_plan, single = _run(
         sweep_text("single", replicas=1), f"sqlite:///{tmp_path / 'single.db'}"
     )
-    run_sweep(one_spec, one_plan, single, RunOptions(progress=False))
+    execute_plan(one_spec, one_plan, single, RunOptions(progress=False))
     shards = single.trial_shards(t.trial_id for t in one_plan.trials)
     assert len({s.node_id for s in shards}) == 1
     assert _outputs(single, one_plan) == _outputs(store, plan)
@@ -239,7 +239,7 @@ def test_a_node_removed_inside_a_round_of_a_shard_loses_and_duplicates_nothing(
     outcome: dict[str, Any] = {}
     thread = threading.Thread(
         target=lambda: outcome.update(
-            summary=run_sweep(spec, plan, store, RunOptions(progress=False))
+            summary=execute_plan(spec, plan, store, RunOptions(progress=False))
         )
     )
     thread.start()

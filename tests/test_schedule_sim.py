@@ -1,11 +1,12 @@
-"""The scheduler simulation (orchestrator.schedule_sim) against hand-computed makespans."""
+"""The scheduler simulation (orchestrator.analysis.costs.schedule_sim) against hand-computed
+makespans."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.schedule_sim import Replica, SimulationError, simulate
-from orchestrator.work_units import WorkUnit, trial_units
+from orchestrator.analysis.costs.schedule_sim import Replica, SimulationError, simulate
+from orchestrator.sweep.work_units import WorkUnit, trial_units
 
 
 def _replicas(n: int, serves: tuple[str, ...] = ("p",), ready_at: float = 0.0) -> list[Replica]:

@@ -39,18 +39,19 @@ from test_concurrency import BACKENDS
 from test_faults import sweep_yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import orchestrator.preflight as preflight_module
-import orchestrator.replica as replica_module
+import orchestrator.run.preflight as preflight_module
+import orchestrator.run.replica as replica_module
 import workers.lm as lm_module
 from orchestrator import cli
-from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Plan, plan_sweep
-from orchestrator.preflight import preflight_inputs
-from orchestrator.spec import SweepSpec, parse_sweep
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.cli.common import EXIT_USER_ERROR
+from orchestrator.run.preflight import preflight_inputs
 from orchestrator.store import QueryRefused, Store, StoreError, open_store
 from orchestrator.store.db import normalise_url
 from orchestrator.store.query import reader_role_sql
-from orchestrator.target_sets import solo
+from orchestrator.sweep.planner import Plan, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, parse_sweep
+from orchestrator.sweep.target_sets import solo
 from workers.lm import load_causal_lm
 from workers.records import GenerationResult, RoundRecord
 
@@ -182,7 +183,7 @@ def test_query_refuses_every_write_and_every_way_around_read_only(
     before = _snapshot(filled_url)
     assert before["counts"]["sample_results"] == 2 and before["counts"]["sweep_trials"] == 5
     for sql in WRITES:
-        assert cli.main(["--db", filled_url, "query", sql]) == cli.EXIT_USER_ERROR, sql
+        assert cli.main(["--db", filled_url, "query", sql]) == EXIT_USER_ERROR, sql
         err = capsys.readouterr().err
         assert err.startswith(("error: query refused", "error: query failed")), (sql, err)
         assert "Traceback" not in err
@@ -305,7 +306,7 @@ def test_query_on_postgresql_refuses_every_escape_and_leaves_the_store_alone(
             admin = normalise_url(PG_URL or "").username
             for template in PG_ESCAPES:
                 sql = template.format(dir=directory, pid=pid, admin=admin)
-                assert cli.main(["--db", url, "query", sql, *flags]) == cli.EXIT_USER_ERROR, sql
+                assert cli.main(["--db", url, "query", sql, *flags]) == EXIT_USER_ERROR, sql
                 err = capsys.readouterr().err
                 assert err.startswith("error: query refused"), (sql, err)
                 assert "Traceback" not in err

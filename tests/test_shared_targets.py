@@ -19,11 +19,11 @@ import ray
 import yaml
 from ray import cloudpickle
 
-from orchestrator import replica as replica_module
-from orchestrator.planner import plan_sweep, replay_groups
-from orchestrator.runner import RunOptions, run_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.run import replica as replica_module
+from orchestrator.run.runner import RunOptions, execute_plan
 from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep, replay_groups
+from orchestrator.sweep.spec import parse_sweep
 from workers.actors import DraftWorker, TargetWorker
 
 BIRTHS = "specsweep-test-births"
@@ -118,7 +118,7 @@ def _run(mode: str, tmp_path: Path) -> tuple[Any, Any, Any]:
     plan = plan_sweep(spec)
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
     store.register_sweep(spec, plan)
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False))
     return plan, store, summary
 
 

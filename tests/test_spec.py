@@ -8,8 +8,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from orchestrator.planner import plan_sweep
-from orchestrator.spec import (
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import (
     SweepError,
     SweepSpec,
     check_local_paths,
@@ -17,7 +17,7 @@ from orchestrator.spec import (
     load_sweep,
     parse_sweep,
 )
-from orchestrator.yaml_lines import load_yaml_with_lines
+from orchestrator.sweep.yaml_lines import load_yaml_with_lines
 
 REPO = Path(__file__).resolve().parent.parent
 

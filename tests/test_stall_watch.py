@@ -1,5 +1,5 @@
 """The driver's stall deadline: pushed back by each report of progress, tripped by silence
-(``orchestrator.stall_watch``), on the pure clock and on real Ray actors."""
+(``orchestrator.run.stall_watch``), on the pure clock and on real Ray actors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from orchestrator.stall_watch import STALL_FIELD, StallClock, WorkerStalled, wait_with_progress
+from orchestrator.run.stall_watch import STALL_FIELD, StallClock, WorkerStalled, wait_with_progress
 
 
 def test_the_clock_trips_only_after_the_deadline_passes_without_a_change() -> None:

@@ -30,11 +30,11 @@ from test_faults import (
     sweep_yaml,
 )
 
-from orchestrator import replica as replica_module
-from orchestrator.planner import Trial
-from orchestrator.runner import RunOptions, SweepSummary, run_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.run import replica as replica_module
+from orchestrator.run.runner import RunOptions, SweepSummary, execute_plan
 from orchestrator.store import Store
+from orchestrator.sweep.planner import Trial
+from orchestrator.sweep.spec import parse_sweep
 
 #: Seconds the whole sweep may take (the unfixed channel and driver hung for ever).
 SWEEP_DEADLINE_S = 400.0
@@ -67,7 +67,7 @@ def _sweep_within_deadline(text: str, name: str, tmp_path: Any) -> tuple[SweepSu
 
     def sweep() -> None:
         try:
-            summaries.append(run_sweep(spec, plan, store, RunOptions(progress=False)))
+            summaries.append(execute_plan(spec, plan, store, RunOptions(progress=False)))
         except BaseException as exc:  # reported below, on the test's thread
             errors.append(exc)
 

@@ -1,11 +1,12 @@
-"""Jackknife t intervals, paired comparisons and Holm (orchestrator/stats.py) on known cases."""
+"""Jackknife t intervals, paired comparisons and Holm (orchestrator/analysis/stats.py), known
+cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from orchestrator.stats import (
+from orchestrator.analysis.stats import (
     Interval,
     family_confidence,
     holm_adjusted,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from orchestrator.step_choices import SingleStepChoices, StepKey
+from orchestrator.run.step_choices import SingleStepChoices, StepKey
 from workers.step_plan import StepPlan
 
 KEY = StepKey("node-a", "/models/target", "float32")

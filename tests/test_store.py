@@ -23,9 +23,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import DBAPIError
 
-from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Plan, Trial, plan_sweep
-from orchestrator.spec import SweepSpec, parse_sweep
+from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.store import Store, StoreError, default_url, open_store, prompt_id, records
 from orchestrator.store.db import alembic_config, current_revision, head_revision, make_engine
 from orchestrator.store.models import (
@@ -41,6 +39,8 @@ from orchestrator.store.models import (
     TrialRow,
 )
 from orchestrator.store.records import StoredTrial
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, parse_sweep
 from workers.records import GenerationResult, RoundRecord
 
 PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
@@ -507,7 +507,7 @@ def test_a_writer_opens_a_fresh_sqlite_database_while_another_holds_its_write_lo
 def test_the_shared_column_lists_name_trials_columns_and_metrics_fields() -> None:
     from dataclasses import fields
 
-    from orchestrator.metrics import TrialMetrics
+    from orchestrator.analysis.metrics import TrialMetrics
     from orchestrator.store.models import (
         HEADLINE_METRICS,
         INTERVAL_COLUMNS,

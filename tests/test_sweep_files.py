@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.planner import Plan, Trial, plan_sweep
-from orchestrator.spec import SweepSpec, check_local_paths, load_sweep
+from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.spec import SweepSpec, check_local_paths, load_sweep
 from policies import POLICIES
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,14 +6,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.placement import (
-    bundle_totals,
-    groups_held,
-    unplaceable_message,
-    worker_group_bundles,
-)
-from orchestrator.spec import PairSpec
-from orchestrator.target_sets import shared_targets, solo, split_to_fit
+from orchestrator.run.placement import unplaceable_message
+from orchestrator.sweep.bundles import bundle_totals, groups_held, worker_group_bundles
+from orchestrator.sweep.spec import PairSpec
+from orchestrator.sweep.target_sets import shared_targets, solo, split_to_fit
 
 
 def pair(name: str, target: str = "org/target", draft: str = "org/draft", **target_fields: Any):
@@ -100,7 +96,7 @@ def test_solo_is_the_pair_alone_named_after_it() -> None:
 
 @pytest.mark.parametrize("index", [-1, 2])
 def test_draft_index_outside_the_groups_pairs_is_rejected(index: int) -> None:
-    from orchestrator.placement import draft_actor_options
+    from orchestrator.run.placement import draft_actor_options
 
     with pytest.raises(ValueError, match=r"draft index must be in 0\.\.1"):
         draft_actor_options(None, index, 2)  # type: ignore[arg-type]

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.planner import plan_sweep
-from orchestrator.runner import RunOptions, preflight, run_sweep
-from orchestrator.spec import parse_sweep
+from orchestrator.run.runner import RunOptions, execute_plan, preflight
+from orchestrator.run.training_stage import WORKER_PID_FILE, run_training_jobs
 from orchestrator.store import open_store
-from orchestrator.training_stage import WORKER_PID_FILE, run_training_jobs
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
 from training.jobs.base import CHECKPOINT_DIR, RESULT_FILE, finished_result
 
 SWEEP = """
@@ -66,7 +66,7 @@ def test_jobs_run_before_trials_are_recorded_and_reused(job_env, ray_local, tmp_
     store.register_sweep(spec, plan)
     inputs = preflight(spec, plan)
     assert inputs.model_paths["distilled"].draft is None  # known only once the job has run
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False), inputs)
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False), inputs)
     assert (summary.jobs_trained, summary.jobs_reused, summary.failed) == (2, 0, 0), summary
     assert summary.ran == len(plan.trials)
     by_name = {job.name: job for job in plan.jobs}
@@ -119,7 +119,7 @@ def test_job_killed_mid_epoch_resumes_from_its_checkpoint(job_env, ray_local, tm
         target=_kill_after_first_checkpoint, args=(job_env / kd.job_id, killed)
     )
     killer.start()
-    summary = run_sweep(spec, plan, store, RunOptions(progress=False))
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False))
     killer.join()
     assert len(killed) == 1, "the job finished before a checkpoint could be caught"
     result = finished_result(job_env / kd.job_id)

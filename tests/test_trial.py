@@ -1,6 +1,6 @@
 """A trial's prompts through one policy: ``persist_across_requests`` carries state from each
 prompt to the next, live (``workers.trial.run_trial``) and replayed
-(``orchestrator.replay_stage.replay_rounds``), reproducibly for a seed."""
+(``orchestrator.analysis.costs.replay.replay_rounds``), reproducibly for a seed."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from tiny_models import build_tiny_pair, prompts
 
-from orchestrator.planner import Trial
-from orchestrator.replay_stage import replay_rounds
-from orchestrator.replica import group_warmup_seconds
-from orchestrator.spec import PairSpec
-from orchestrator.target_sets import solo
+from orchestrator.analysis.costs.replay import replay_rounds
+from orchestrator.run.replica import group_warmup_seconds
+from orchestrator.sweep.planner import Trial
+from orchestrator.sweep.spec import PairSpec
+from orchestrator.sweep.target_sets import solo
 from policies import make_policy
 from policies.replay import replay
 from workers.engine import RequestSettings, speculative_generate

@@ -12,17 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.metrics import trial_metrics
-from orchestrator.pairing import SampleSpeed, paired_ratio
-from orchestrator.planner import Trial
-from orchestrator.provenance import (
-    Provenance,
-    collect_provenance,
-    provenance_note,
-    worker_torch_threads,
-)
-from orchestrator.stats import paired_speed_ratio
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.analysis.pairing import SampleSpeed, paired_ratio
+from orchestrator.analysis.stats import paired_speed_ratio
+from orchestrator.run.provenance import collect_provenance, worker_torch_threads
 from orchestrator.store import Store
+from orchestrator.store.provenance_record import Provenance, provenance_note
+from orchestrator.sweep.planner import Trial
 from tests import test_store
 from workers.records import GenerationResult, RoundRecord
 

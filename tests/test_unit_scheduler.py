@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from orchestrator.placement import groups_held
-from orchestrator.scheduler import Scheduler
-from orchestrator.spec import PairSpec
-from orchestrator.work_units import WorkUnit, missing_units, trial_units
+from orchestrator.run.scheduler import Scheduler
+from orchestrator.sweep.bundles import groups_held
+from orchestrator.sweep.spec import PairSpec
+from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,8 +140,8 @@ _INTERRUPTED_RUN = textwrap.dedent(
     """
     import sys, time
     from tqdm import tqdm
-    from orchestrator.scheduler import Scheduler
-    from orchestrator.work_units import WorkUnit
+    from orchestrator.run.scheduler import Scheduler
+    from orchestrator.sweep.work_units import WorkUnit
 
     class SlowWorker:
         group = "g"

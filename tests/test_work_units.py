@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator.work_units import (
+from orchestrator.sweep.work_units import (
     WorkUnit,
     job_key,
     pick_next,

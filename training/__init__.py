@@ -1,1 +1,1 @@
-"""SpecSweep training package."""
+"""Training drafts, heads and predictors (Ray Train jobs) and building the model zoo."""

@@ -211,7 +211,7 @@ class CachedLM:
     default layout with one-token steps as themselves or as two-token blocks (a tensor-parallel
     rank must not decide alone: its ranks run the same kernels in lockstep); a
     ``workers.step_plan.StepPlan`` is taken as given (a choice made on the node before,
-    ``orchestrator.step_choices``). A model on CUDA takes cuDNN out of attention for the whole
+    ``orchestrator.run.step_choices``). A model on CUDA takes cuDNN out of attention for the whole
     process (``avoid_cudnn_attention``).
     """
 

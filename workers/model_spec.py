@@ -22,7 +22,7 @@ SingleStep = Literal["auto", "plain", "padded"] | StepPlan
 class ModelSpec:
     """Where a model is and how to load it; ``single_step`` is passed to ``CachedLM`` ("auto":
     time its weight layouts and block sizes at load; a ``StepPlan``: the choice an earlier
-    replica on the node made, ``orchestrator.step_choices``)."""
+    replica on the node made, ``orchestrator.run.step_choices``)."""
 
     path: str
     dtype: str = "float32"

@@ -21,7 +21,7 @@ differently by a one-token step and by a verified block. Speculation stays lossl
 distribution either way (every target row is a correct evaluation of the target), but the
 packed layout is left only for a clear gain (``LAYOUT_MIN_GAIN``), and one plan holds for every
 forward of a model in a process and, in a sweep, for every replica of that model on a node
-(``orchestrator.step_choices``), so AR and every policy of a sweep decode with the same kernels
+(``orchestrator.run.step_choices``), so AR and every policy of a sweep decode with the same kernels
 at each block size.
 """
 

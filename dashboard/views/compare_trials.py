@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, trial_compare
-from orchestrator.stats import too_few_prompts
+from orchestrator.analysis.stats import too_few_prompts
 
 context: data.DashboardContext = st.session_state[data.CONTEXT_KEY]
 labels = trial_compare.trial_choices(context.trials)

@@ -8,6 +8,7 @@ from orchestrator.store.query import (
     reader_role_sql,
 )
 from orchestrator.store.records import (
+    BASELINE_POLICY,
     LeaseHolder,
     QueryResult,
     ShardClaim,
@@ -26,6 +27,7 @@ from orchestrator.store.results import ShardOutput, Store, open_store, prompt_id
 from orchestrator.store.sql_guard import NotAStatement, QueryRefused
 
 __all__ = [
+    "BASELINE_POLICY",
     "LeaseHolder",
     "NotAStatement",
     "PrivilegedRoleRefused",

@@ -145,8 +145,9 @@ class TrialRow(Base):
     draft_seconds: Mapped[float | None] = mapped_column(Float)
     verify_seconds: Mapped[float | None] = mapped_column(Float)
     metrics: Mapped[dict[str, Any] | None]
-    #: 95% intervals over prompts (``orchestrator.stats``, over ``n_samples``); the speedup's
-    #: is paired with the AR baseline's same prompts. None below ``stats.MIN_PROMPTS`` samples.
+    #: 95% intervals over prompts (``orchestrator.analysis.stats``, over ``n_samples``); the
+    #: speedup's is paired with the AR baseline's same prompts. None below
+    #: ``stats.MIN_PROMPTS`` samples.
     tokens_per_s_low: Mapped[float | None] = mapped_column(Float)
     tokens_per_s_high: Mapped[float | None] = mapped_column(Float)
     speedup_low: Mapped[float | None] = mapped_column(Float)
@@ -390,7 +391,7 @@ class CostFitRow(Base):
     """The block-aware cost model fit over one trial group's live rounds, per sweep.
 
     A group is (pair, dataset slice, sampling, max_new_tokens); the fit is
-    ``orchestrator.cost_model.fit_round_costs`` over the rounds of the group's live trials
+    ``orchestrator.analysis.costs.model.fit_round_costs`` over the rounds of the group's live trials
     (the AR baseline included). ``overhead_seconds`` is the mean time per sample outside the
     rounds (prefill, bookkeeping) of its live speculative trials. The ``check_*`` columns hold
     a replay sweep's cross-check: its live speculative trial replayed over the traces, the

@@ -15,6 +15,9 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+#: The ``policy`` stored for an AR-baseline trial: the store's readers pick baselines by it.
+from workers.records import BASELINE_POLICY as BASELINE_POLICY
+
 R = TypeVar("R")
 
 

@@ -35,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
-from orchestrator.metrics import (
+from orchestrator.analysis.metrics import (
     PositionAcceptance,
     SampleCounts,
     ratio,
@@ -44,7 +44,7 @@ from orchestrator.metrics import (
     speedup,
     trial_intervals,
 )
-from orchestrator.pairing import SampleSpeed, paired_ratio, sample_speedups
+from orchestrator.analysis.pairing import SampleSpeed, paired_ratio, sample_speedups
 from orchestrator.store.db import (
     StoreError,
     check_readable,
@@ -92,10 +92,10 @@ from orchestrator.store.records import (
 from workers.records import GenerationResult, result_from_json, result_to_json
 
 if TYPE_CHECKING:
-    from orchestrator.metrics import TrialMetrics
-    from orchestrator.planner import Plan, TrainingJob, Trial
-    from orchestrator.provenance import Provenance
-    from orchestrator.spec import SweepSpec
+    from orchestrator.analysis.metrics import TrialMetrics
+    from orchestrator.store.provenance_record import Provenance
+    from orchestrator.sweep.planner import Plan, TrainingJob, Trial
+    from orchestrator.sweep.spec import SweepSpec
 
 R = TypeVar("R")
 _MIGRATION_LOCK = threading.Lock()

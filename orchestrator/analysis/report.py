@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cost_model import (
+from orchestrator.analysis.costs.model import (
     CostModelError,
     HardwareProfile,
     RoundCostFit,
     project_onto_profile,
 )
-from orchestrator.planner import Plan
-from orchestrator.run_fit import TrialCounts, round_fit_seconds
-from orchestrator.stats import MIN_PROMPTS, too_few_prompts
+from orchestrator.analysis.costs.run_fit import TrialCounts, round_fit_seconds
+from orchestrator.analysis.stats import MIN_PROMPTS, too_few_prompts
+from orchestrator.sweep.planner import Plan
 
 if TYPE_CHECKING:
-    from orchestrator.pairing import Comparison
+    from orchestrator.analysis.pairing import Comparison
     from orchestrator.store.records import StoredCostFit, StoredJob, StoredRun, StoredTrial
 
 #: A table row as printed or exported: column name → value.

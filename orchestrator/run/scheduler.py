@@ -23,8 +23,8 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from orchestrator.errors import describe_failure
-from orchestrator.work_units import WorkUnit, pick_next
+from orchestrator.run.errors import describe_failure
+from orchestrator.sweep.work_units import WorkUnit, pick_next
 
 #: Seconds between the main thread's checks on its workers (keeps Ctrl-C responsive).
 JOIN_SECONDS = 0.2

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from orchestrator.stats import Interval, ratio_interval
+from orchestrator.analysis.stats import Interval, ratio_interval
 from workers.records import GenerationResult
 
 

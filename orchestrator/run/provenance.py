@@ -1,94 +1,28 @@
 """What a sweep run ran on: code commit, library versions, device, threads.
 
 :func:`collect_provenance` reads the git files, the installed distributions, ``/proc/cpuinfo``
-and torch (the side effects); :class:`Provenance` and :func:`provenance_differences` are plain
-data and pure functions, so the resubmission note ("measured under a different provenance") is
-testable.
+and torch (the side effects); the record it returns, :class:`Provenance`, and the pure
+comparison behind the resubmission note live in ``orchestrator.store.provenance_record``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import platform
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from orchestrator.git_state import git_state
+from orchestrator.run.git_state import git_state
+from orchestrator.store.provenance_record import Provenance, provenance_note
 
 if TYPE_CHECKING:
     from orchestrator.store import Store
-    from orchestrator.store.records import StoredRun
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 #: Distributions whose versions are recorded (None when not installed).
 _LIBRARIES = ("specsweep", "torch", "transformers", "ray", "deepspeed")
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """One run's provenance; the field names are the ``runs`` table's columns."""
-
-    commit: str | None
-    dirty: bool | None
-    specsweep_version: str | None
-    torch_version: str | None
-    transformers_version: str | None
-    ray_version: str | None
-    deepspeed_version: str | None
-    python_version: str
-    cpu: str
-    gpu_name: str | None
-    gpu_driver: str | None
-    gpu_count: int
-    torch_threads: int
-
-    def columns(self) -> dict[str, Any]:
-        """Return the fields as a dict of ``runs`` column values."""
-        return asdict(self)
-
-    def fingerprint(self) -> str:
-        """Return a short hash of every field (equal provenances, equal fingerprints)."""
-        data = json.dumps(self.columns(), sort_keys=True)
-        return hashlib.sha256(data.encode()).hexdigest()[:16]
-
-
-def provenance_differences(old: StoredRun, new: Provenance) -> list[str]:
-    """Return "field old → new" for every provenance field where a stored run differs."""
-    changes = []
-    for key, value in new.columns().items():
-        stored = getattr(old, key)
-        if stored != value:
-            changes.append(f"{key} {stored} → {value}")
-    return changes
-
-
-def provenance_note(
-    stored_runs: Mapping[int, StoredRun],
-    counts: Mapping[int | None, int],
-    new: Provenance,
-) -> list[str]:
-    """Return a line per stored run whose provenance differs from ``new``.
-
-    ``counts`` maps a run id (None: measured before runs were recorded) to how many of the
-    sweep's done trials it measured; the lines say that those results were kept although they
-    were measured under another provenance.
-    """
-    lines = []
-    if counts.get(None):
-        lines.append(f"{counts[None]} done trial(s) kept from a run with no recorded provenance")
-    for run_id, run in stored_runs.items():
-        changes = provenance_differences(run, new)
-        if changes:
-            lines.append(
-                f"{counts.get(run_id, 0)} done trial(s) kept from run {run_id} measured under a "
-                f"different provenance: {'; '.join(changes)}"
-            )
-    return lines
 
 
 def stored_provenance_notes(
@@ -170,9 +104,9 @@ def worker_torch_threads() -> int:
     """Return the torch threads each worker actor decodes with (not this driver's).
 
     Ray starts an actor's process with ``OMP_NUM_THREADS`` set to its CPU count, and every
-    target rank and draft actor reserves ``placement.CPUS_PER_ACTOR`` CPUs; torch sizes its
+    target rank and draft actor reserves ``bundles.CPUS_PER_ACTOR`` CPUs; torch sizes its
     intra-op pool from it (checked against a real actor in tests/test_cli_stats.py).
     """
-    from orchestrator.placement import CPUS_PER_ACTOR
+    from orchestrator.sweep.bundles import CPUS_PER_ACTOR
 
     return max(1, int(CPUS_PER_ACTOR))

@@ -14,7 +14,7 @@ draft does far better or worse than usual, or one that runs far longer per token
 also shifted by ``outlier_shift`` (``FAILURES``: the draft fails on one prompt in ten, halving
 its speedup there, a one-sided outlier no interval over a few prompts can anticipate).
 
-The estimand is what ``orchestrator.stats.paired_speed_ratio`` estimates, the ratio of
+The estimand is what ``orchestrator.analysis.stats.paired_speed_ratio`` estimates, the ratio of
 expected tokens/s,
 (E[T] / E[T c / s]) / (E[T] / E[T c]) = 1 / E[1 / s] (T, c and s independent): see
 :func:`true_ratio`.
@@ -28,7 +28,7 @@ from math import exp, log, sqrt
 
 import numpy as np
 
-from orchestrator.stats import Interval
+from orchestrator.analysis.stats import Interval
 
 PairedInterval = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], Interval | None]
 

@@ -1,14 +1,14 @@
 """The Ray driver: preflight, training jobs, prompt shards over group replicas, results stored.
 
-``run_sweep`` skips trials the store already has and splits each remaining live trial into
+``execute_plan`` skips trials the store already has and splits each remaining live trial into
 shards of its prompts (``execution.shard_prompts``; a trial whose policy keeps state across
 requests stays one shard), leaving out the shards a previous run stored. One scheduler
-(``orchestrator.scheduler``) runs the shards over ``execution.replicas`` replicas of each
-worker group (``orchestrator.replica``), ``execution.max_concurrent_pairs`` groups at a time,
+(``orchestrator.run.scheduler``) runs the shards over ``execution.replicas`` replicas of each
+worker group (``orchestrator.run.replica``), ``execution.max_concurrent_pairs`` groups at a time,
 retrying a failed shard on live actors. Pairs whose targets are identical share one worker
-group (``orchestrator.target_sets``): their units carry the set's name as their group, and a
+group (``orchestrator.sweep.target_sets``): their units carry the set's name as their group, and a
 replica of it runs any of them, each on its pair's draft actor, with the target loaded once.
-Replicas on one node share each model's one-token step choice (``orchestrator.step_choices``).
+Replicas on one node share each model's one-token step choice (``orchestrator.run.step_choices``).
 Each shard's samples are stored in one transaction as it ends; when a trial's last shard is
 stored, its metrics and intervals are computed from all its samples and the trial is marked
 done, so a crash loses only the shards in flight. After the live shards, each trial group's
@@ -16,7 +16,7 @@ block-aware cost model is fit over its stored live rounds and stored (``cost_fit
 ``mode: replay`` each pair's replayed trials follow once its live shards are settled, group by
 group (``GroupReplica.replay_group``), on a replica of the pair's worker group.
 
-Each shard is leased to this driver in the store before it runs (``orchestrator.driver_lease``),
+Each shard is leased to this driver in the store before it runs (``orchestrator.run.driver_lease``),
 so two drivers of one sweep never run one shard: a shard another live driver holds is put
 back and looked at again each heartbeat until that driver stores it (counted in the summary as
 run by that driver) or its lease lapses (the driver died: this one takes the shard over).
@@ -34,30 +34,31 @@ from threading import Lock
 import ray
 from tqdm import tqdm
 
-from orchestrator.driver_lease import Heartbeat, LeaseTiming, lease_timing, this_driver
-from orchestrator.errors import describe_failure
-from orchestrator.group_fits import store_live_fits
-from orchestrator.metrics import trial_metrics
-from orchestrator.placement import alive_node_resources, groups_held
-from orchestrator.planner import LIVE_MODE, Plan, Trial, replay_groups
-from orchestrator.preflight import PreflightError, PreparedInputs, preflight_inputs
-from orchestrator.provenance import collect_provenance, stored_provenance_notes
-from orchestrator.replica import GroupReplica
-from orchestrator.scheduler import Deferred, Scheduler
-from orchestrator.spec import SweepSpec
-from orchestrator.step_choices import SingleStepChoices
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.run.driver_lease import Heartbeat, LeaseTiming, lease_timing, this_driver
+from orchestrator.run.errors import describe_failure
+from orchestrator.run.group_fits import store_live_fits
+from orchestrator.run.placement import alive_node_resources
+from orchestrator.run.preflight import PreflightError, PreparedInputs, preflight_inputs
+from orchestrator.run.provenance import collect_provenance, stored_provenance_notes
+from orchestrator.run.replica import GroupReplica
+from orchestrator.run.scheduler import Deferred, Scheduler
+from orchestrator.run.step_choices import SingleStepChoices
+from orchestrator.run.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
 from orchestrator.store import LeaseHolder, ShardClaim, Store
-from orchestrator.target_sets import SharedTarget, shared_targets, split_to_fit
-from orchestrator.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
-from orchestrator.work_units import WorkUnit, missing_units, trial_units
+from orchestrator.sweep.bundles import groups_held
+from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, replay_groups
+from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.target_sets import SharedTarget, shared_targets, split_to_fit
+from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
 
 __all__ = [
     "PreflightError",
     "RunOptions",
     "ShardTally",
     "SweepSummary",
+    "execute_plan",
     "preflight",
-    "run_sweep",
 ]
 
 
@@ -128,7 +129,7 @@ def preflight(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     return preflight_inputs(spec, plan)
 
 
-def run_sweep(
+def execute_plan(
     spec: SweepSpec,
     plan: Plan,
     store: Store,

@@ -20,13 +20,13 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
-from orchestrator.errors import describe_failure
-from orchestrator.planner import TrainingJob
-from orchestrator.preflight import ModelPaths, PreparedInputs
-from orchestrator.scheduler import Scheduler
-from orchestrator.spec import SweepSpec, job_base_reference
+from orchestrator.run.errors import describe_failure
+from orchestrator.run.preflight import ModelPaths, PreparedInputs
+from orchestrator.run.scheduler import Scheduler
 from orchestrator.store import Store
-from orchestrator.work_units import JOB_GROUP, WorkUnit, job_key
+from orchestrator.sweep.planner import TrainingJob
+from orchestrator.sweep.spec import SweepSpec, job_base_reference
+from orchestrator.sweep.work_units import JOB_GROUP, WorkUnit, job_key
 from training.jobs import JobConfig, JobResult, jobs_root
 from training.ray_job import WORKER_PID_FILE, clear_started, started, train_with_ray
 
@@ -96,7 +96,7 @@ def run_training_jobs(
     A job whose base is another job's draft (``job:NAME``) starts once NAME has its artifact,
     and fails without running if NAME failed. A job is recorded ``queued`` when submitted and
     ``running`` once its ranks have started (its rank 0 marks the start in its directory).
-    Dispatch, retries and the progress bar are the scheduler's (``orchestrator.scheduler``).
+    Dispatch, retries and the progress bar are the scheduler's (``orchestrator.run.scheduler``).
     """
     done = store.completed_job_ids(job.job_id for job in jobs)
     stage = _TrainingStage(store, root or jobs_root(), {job.name: job for job in jobs})

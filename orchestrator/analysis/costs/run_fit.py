@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from orchestrator.cost_model import RoundCostFit, fit_cost_model, r_squared
+from orchestrator.analysis.costs.model import RoundCostFit, fit_cost_model, r_squared
 
 if TYPE_CHECKING:
     from orchestrator.store.records import StoredTrial

@@ -1,7 +1,7 @@
 """Discrete-event simulation of the scheduler: work units over replicas (pure: no Ray, no I/O).
 
-Every idle replica takes its next unit with :func:`orchestrator.work_units.pick_next`, the rule
-the live scheduler dispatches with, so the simulated makespan measures that rule. A replica is
+Every idle replica takes its next unit with :func:`orchestrator.sweep.work_units.pick_next`, the
+rule the live scheduler dispatches with, so the simulated makespan measures that rule. A replica is
 free from its ``ready_at`` (its models loaded) and busy for each unit's modelled seconds; a unit
 whose ``after`` keys are not yet done waits until they are.
 """
@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.work_units import WorkUnit, pick_next
+from orchestrator.sweep.work_units import WorkUnit, pick_next
 
 
 class SimulationError(ValueError):

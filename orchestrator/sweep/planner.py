@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from orchestrator.spec import (
+from orchestrator.sweep.spec import (
     DatasetEntry,
     PairSpec,
     PolicySpec,

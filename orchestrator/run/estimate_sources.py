@@ -1,7 +1,7 @@
 """Where the estimate's inputs come from: a live Ray cluster's GPUs, the results store's cost fits
 for the same models, and the sweep's execution settings.
 
-The pure part turns stored fits into a :class:`~orchestrator.cost_model.HardwareProfile`
+The pure part turns stored fits into a :class:`~orchestrator.analysis.costs.model.HardwareProfile`
 (:func:`fitted_profile`); :func:`ray_cluster` and :func:`stored_profiles` are the edges.
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.cost_model import HardwareProfile
-from orchestrator.estimate import (
+from orchestrator.analysis.costs.estimate import (
     Cluster,
     EstimateError,
     EstimateOptions,
 )
-from orchestrator.planner import Plan, Trial
-from orchestrator.spec import SweepSpec
+from orchestrator.analysis.costs.model import HardwareProfile
 from orchestrator.store import Store, StoredTrial
+from orchestrator.sweep.planner import Plan, Trial
+from orchestrator.sweep.spec import SweepSpec
 
 #: (target, backend, tp_size, dtype, draft): the models a cost fit belongs to.
 ModelsKey = tuple[str, str, int, str, str]

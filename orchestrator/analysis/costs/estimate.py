@@ -8,15 +8,16 @@ Assumptions, stated once:
   static run per prompt (bounded above at AR speed). What replay saves is the live cost of
   the replayed trials minus those recordings.
 - Pairs whose targets are the same (model, backend, tp_size, dtype, trust_remote_code) share
-  one target group per replica (``orchestrator.target_sets``, as the runner groups them),
+  one target group per replica (``orchestrator.sweep.target_sets``, as the runner groups them),
   which holds the target once and every such pair's draft (tp_size × target GPUs + the
   drafts' GPUs, on one node); as many replicas as the nodes hold (``execution.replicas`` caps
   them when the sweep sets it). A replica starts after loading its models once (the runner
   loads a pair's draft with the replica's first unit of that pair; counted here up front).
 - A trial is cut into prompt shards (``execution.shard_prompts``) with
-  ``orchestrator.work_units``, as the runner cuts it; a shard costs its share of
+  ``orchestrator.sweep.work_units``, as the runner cuts it; a shard costs its share of
   the trial's seconds. The wall time is the makespan of those units over the replicas, from
-  the discrete-event simulation (``orchestrator.schedule_sim``) of the live dispatch rule.
+  the discrete-event simulation (``orchestrator.analysis.costs.schedule_sim``) of the live dispatch
+  rule.
 - Warm-up samples and training jobs are not counted.
 """
 
@@ -28,13 +29,13 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.cost_model import HardwareProfile
-from orchestrator.placement import whole_groups
-from orchestrator.planner import Plan, Trial, replay_groups
-from orchestrator.schedule_sim import Replica, SimResult, one_after_another, simulate
-from orchestrator.spec import ExecutionSpec, PairSpec
-from orchestrator.target_sets import shared_targets
-from orchestrator.work_units import WorkUnit, trial_units
+from orchestrator.analysis.costs.model import HardwareProfile
+from orchestrator.analysis.costs.schedule_sim import Replica, SimResult, one_after_another, simulate
+from orchestrator.sweep.bundles import whole_groups
+from orchestrator.sweep.planner import Plan, Trial, replay_groups
+from orchestrator.sweep.spec import ExecutionSpec, PairSpec
+from orchestrator.sweep.target_sets import shared_targets
+from orchestrator.sweep.work_units import WorkUnit, trial_units
 
 SECONDS_PER_HOUR = 3600.0
 #: Prompts per work unit when the sweep does not set ``execution.shard_prompts``.
@@ -79,7 +80,7 @@ class EstimateOptions:
 
 @dataclass(frozen=True)
 class TargetSet:
-    """Pairs whose targets are the same (``orchestrator.target_sets``): one group a replica."""
+    """Pairs whose targets are the same (``orchestrator.sweep.target_sets``): a group a replica."""
 
     target: str
     pairs: tuple[str, ...]
@@ -198,7 +199,7 @@ def replica_counts(
     each set's number of work ``units``; 0 where no node holds the set.
 
     ``options.replicas`` (``execution.replicas``) when set, else the whole groups the nodes
-    hold (``placement.whole_groups``: a group's GPUs count whole, so two replicas never
+    hold (``bundles.whole_groups``: a group's GPUs count whole, so two replicas never
     time-share a GPU) divided among the ``max_concurrent_pairs`` sets run at once; at least
     one, at most one per unit. A set that needs no GPU (a CPU sweep) gets one per node.
     """

@@ -7,7 +7,7 @@ model over the group's live rounds, and replays every replay-mode trial with
 ``policies.replay.replay``. A replayed trial is stored like a live one: per-sample results whose
 rounds are the replayed ones with projected seconds (t_draft·forwards and t_target +
 t_per_verified·drafted), and sample seconds that add the group's mean non-round time per
-sample, so ``orchestrator.metrics.trial_metrics`` gives its tokens/s and speedup.
+sample, so ``orchestrator.analysis.metrics.trial_metrics`` gives its tokens/s and speedup.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cost_model import CostModelError, RoundCostFit, fit_round_costs
-from orchestrator.planner import Trial
+from orchestrator.analysis.costs.model import CostModelError, RoundCostFit, fit_round_costs
+from orchestrator.sweep.planner import Trial
 from policies import make_policy
 from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
 from workers.records import GenerationResult, RoundRecord

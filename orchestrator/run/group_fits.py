@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.cost_model import CostModelError
-from orchestrator.planner import LIVE_MODE, Plan, Trial, fit_group_key
-from orchestrator.replay_stage import GroupFit, fit_group
-from orchestrator.run_fit import TrialCounts, compare_fits
-from orchestrator.spec import SweepSpec
+from orchestrator.analysis.costs.model import CostModelError
+from orchestrator.analysis.costs.replay import GroupFit, fit_group
+from orchestrator.analysis.costs.run_fit import TrialCounts, compare_fits
 from orchestrator.store import Store
+from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key
+from orchestrator.sweep.spec import SweepSpec
 
 
 def store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:

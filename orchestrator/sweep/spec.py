@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.yaml_lines import LocatedYaml, YamlSyntaxError, load_yaml_with_lines
+from orchestrator.sweep.yaml_lines import LocatedYaml, YamlSyntaxError, load_yaml_with_lines
 from policies import POLICIES, make_policy, policy_parameters
 from policies.replay import UNREPLAYABLE_FEATURES
 from workers.datasets import validate_dataset_name
@@ -475,14 +475,14 @@ class ExecutionSpec(_Frozen):
     group (default: as many as the cluster holds, counting a group's GPUs whole so that no two
     replicas time-share a GPU, shared among the ``max_concurrent_pairs`` groups run at once, at
     most one per pending shard). Pairs with identical targets share one
-    worker group (``orchestrator.target_sets``), which counts once here.
+    worker group (``orchestrator.sweep.target_sets``), which counts once here.
 
     Each new draft actor decodes untimed for ``warmup_seconds`` (default: 20 s when its worker
     group uses a GPU, else one short pass) before its first timed shard; ``warmup_samples``
     prompts of each trial are then decoded untimed on a replica's first shard of that trial.
 
     A shard whose worker answers no target call for ``stall_timeout_seconds`` (a hung worker)
-    has its worker group replaced and is retried (``orchestrator.stall_watch``); it must exceed
+    has its worker group replaced and is retried (``orchestrator.run.stall_watch``); it must exceed
     the longest single target call, an AR baseline request's whole decode.
     """
 
@@ -499,7 +499,7 @@ class ExecutionSpec(_Frozen):
 
 
 class SweepSpec(_Frozen):
-    """A whole sweep: the grid to expand (see ``orchestrator.planner``) and how to run it."""
+    """A whole sweep: the grid to expand (see ``orchestrator.sweep.planner``) and how to run it."""
 
     name: Name
     description: str = ""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.metrics import ratio
-from orchestrator.stats import (
+from orchestrator.analysis.metrics import ratio
+from orchestrator.analysis.stats import (
     CONFIDENCE,
     Interval,
     Verdict,

@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
-from orchestrator.planner import Plan, Trial
-from orchestrator.spec import (
+from orchestrator.sweep.planner import Plan, Trial
+from orchestrator.sweep.spec import (
     MAX_DRAFT_LEN_LIMIT,
     DatasetEntry,
     PairSpec,

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.placement import bundle_totals, fits_on_node, worker_group_bundles
-from orchestrator.spec import PairSpec, TargetSpec
+from orchestrator.sweep.bundles import bundle_totals, fits_on_node, worker_group_bundles
+from orchestrator.sweep.spec import PairSpec, TargetSpec
 
 #: Joins the pair names of a shared set into its name (pair names never contain it).
 NAME_SEPARATOR = "+"

@@ -1,6 +1,6 @@
 """One replica of a worker group: the target ranks, loaded once, and a draft actor per pair.
 
-The group serves the pairs that share one target (``orchestrator.target_sets``), all in one
+The group serves the pairs that share one target (``orchestrator.sweep.target_sets``), all in one
 placement group. A replica runs one unit at a time, so the target serves one request at a
 time: shards of any of its pairs' trials' prompts (``run_shard``, on that pair's draft actor)
 and, in replay mode, a pair's replay groups (``replay_group``: traces recorded once per group
@@ -10,7 +10,7 @@ with the replica's first unit, a pair's draft actor with the first unit of that 
 a pair with nothing left to run loads no draft). When any actor dies, all are closed and
 restarted by the next unit. The driver's wait on a shard (and on a new draft actor's warm-up)
 ends once the draft actor has reported no progress for ``stall_seconds``
-(``orchestrator.stall_watch``): the stuck actors are closed like dead ones and the shard is
+(``orchestrator.run.stall_watch``): the stuck actors are closed like dead ones and the shard is
 retried. Each new draft actor warms up on a few tokens before its first timed shard, and a
 trial's ``warmup_samples`` run on a replica's first shard of that trial. A deepspeed target's
 rendezvous port is picked on the node of rank 0 (:func:`rendezvous_port`).
@@ -28,26 +28,8 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.cost_model import CostModelError
-from orchestrator.errors import describe_failure
-from orchestrator.group_fits import (
-    fit_from_store,
-    fit_note,
-    fit_values,
-    group_label,
-    run_fit_columns,
-)
-from orchestrator.metrics import trial_metrics
-from orchestrator.placement import (
-    actor_options_for_rank,
-    create_worker_group,
-    draft_actor_options,
-    group_node,
-    remove_worker_group,
-)
-from orchestrator.planner import ReplayGroup, Trial
-from orchestrator.preflight import PreparedInputs
-from orchestrator.replay_stage import (
+from orchestrator.analysis.costs.model import CostModelError
+from orchestrator.analysis.costs.replay import (
     CrossCheck,
     GroupFit,
     cross_check,
@@ -56,12 +38,30 @@ from orchestrator.replay_stage import (
     trace_from_json,
     trace_to_json,
 )
-from orchestrator.spec import ExecutionSpec
-from orchestrator.stall_watch import WorkerStalled, wait_with_progress
-from orchestrator.step_choices import SingleStepChoices, StepKey
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.run.errors import describe_failure
+from orchestrator.run.group_fits import (
+    fit_from_store,
+    fit_note,
+    fit_values,
+    group_label,
+    run_fit_columns,
+)
+from orchestrator.run.placement import (
+    actor_options_for_rank,
+    create_worker_group,
+    draft_actor_options,
+    group_node,
+    remove_worker_group,
+)
+from orchestrator.run.preflight import PreparedInputs
+from orchestrator.run.stall_watch import WorkerStalled, wait_with_progress
+from orchestrator.run.step_choices import SingleStepChoices, StepKey
 from orchestrator.store import ShardOutput, Store
-from orchestrator.target_sets import SharedTarget
-from orchestrator.work_units import WorkUnit
+from orchestrator.sweep.planner import ReplayGroup, Trial
+from orchestrator.sweep.spec import ExecutionSpec
+from orchestrator.sweep.target_sets import SharedTarget
+from orchestrator.sweep.work_units import WorkUnit
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
 from workers.model_spec import ModelSpec, RankSpec, SingleStep, free_port
@@ -288,7 +288,7 @@ class GroupReplica:
         """Reserve the placement group and create the target ranks unless they are running.
 
         The ranks load with the one-token step choice made for this target on this node, or
-        make it (``orchestrator.step_choices``).
+        make it (``orchestrator.run.step_choices``).
         """
         if self.ranks:
             return

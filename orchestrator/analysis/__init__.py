@@ -1,0 +1,1 @@
+"""Analysing a sweep: statistics, metrics, paired comparisons, reports and the cost model."""

@@ -1,0 +1,77 @@
+"""``compare``: done trials' tokens/s ratios on their shared prompts, intervals and verdicts."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from orchestrator.analysis import report
+from orchestrator.analysis.stats import MIN_PROMPTS
+from orchestrator.cli.common import (
+    EXIT_OK,
+    PROG,
+    UserError,
+    add_command,
+    opened_store,
+)
+
+
+def add_parser(commands: Any, db: list[Any]) -> None:
+    """Add ``compare``."""
+    command = add_command(
+        commands,
+        "compare",
+        handle,
+        "compare done trials on their shared prompts: tokens/s ratio, interval, verdict",
+        "The ratio is A's tokens/s over B's on the shared prompts; its 95% interval is a t\n"
+        "interval on the log ratio with the jackknife standard error over those prompts,\n"
+        "leaving a prompt out of both trials at once (paired). Verdict: faster (interval above\n"
+        "1), slower (below 1), or not distinguishable. Fewer than "
+        f"{MIN_PROMPTS} shared prompts: no\n"
+        "interval. Several pairs (A B A2 B2 ...) are one family: Holm-adjusted verdicts and\n"
+        "intervals at 1 - 0.05/m, which hold together.\n\n"
+        "examples:\n"
+        f"  {PROG} compare 3f2a9c01d4e5b6a7 9e8d7c6b5a4f3e2d\n"
+        f"  {PROG} compare A1 B A2 B A3 B  # three trials against B, Holm-adjusted\n"
+        f'  {PROG} query "SELECT trial_id, policy, speedup FROM trials"  # find trial ids',
+        db,
+    )
+    command.add_argument(
+        "trials",
+        nargs="+",
+        metavar="TRIAL_A TRIAL_B",
+        help="trial ids in pairs: each A (the numerator) then its B (the denominator)",
+    )
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``compare``: A's tokens/s over B's on their shared prompts, with interval and verdict;
+    several pairs are one Holm-adjusted family."""
+    from orchestrator.analysis.pairing import compare_family, paired_ratio
+
+    if len(args.trials) % 2:
+        raise UserError(
+            f"error: compare takes trial ids in pairs (A B [A2 B2 ...]); got {len(args.trials)}"
+        )
+    with opened_store(args.db, read_only=True) as store:
+        rows = {row.trial_id: row for row in store.trial_rows(args.trials)}
+        for trial_id in args.trials:
+            if trial_id not in rows:
+                raise UserError(f"error: no trial {trial_id!r} in the store")
+            if rows[trial_id].status != "done":
+                raise UserError(f"error: trial {trial_id} is {rows[trial_id].status}, not done")
+        samples = {trial_id: store.sample_speeds(trial_id) for trial_id in set(args.trials)}
+    pairs = list(zip(args.trials[::2], args.trials[1::2], strict=True))
+    sampled = [(samples[a], samples[b]) for a, b in pairs]
+    family = compare_family(sampled) if len(pairs) > 1 else [paired_ratio(*sampled[0])]
+    if len(pairs) == 1 and family[0].ratio is None:
+        a, b = pairs[0]
+        raise UserError(report.comparison_refusal(rows[a], rows[b], family[0].n_prompts))
+    lines = report.family_header(family) if len(pairs) > 1 else []
+    for (a, b), compared, (got_a, got_b) in zip(pairs, family, sampled, strict=True):
+        lines += report.comparison_lines(rows[a], rows[b], compared, len(got_a), len(got_b))
+    for line in lines:
+        console.print(line, markup=False)
+    return EXIT_OK

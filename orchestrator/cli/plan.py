@@ -1,0 +1,95 @@
+"""``plan``: print what a sweep expands to (and, with ``--estimate``, what it costs)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from orchestrator.analysis import report
+from orchestrator.cli.common import (
+    EXIT_OK,
+    PROG,
+    add_command,
+    load_sweep_file,
+    print_table,
+)
+from orchestrator.cli.estimates import (
+    add_estimate_options,
+    print_estimate,
+    sweep_estimate,
+)
+from orchestrator.sweep.planner import Plan, plan_sweep
+
+
+def add_parser(commands: Any, db: list[Any]) -> None:
+    """Add ``plan``."""
+    command = add_command(
+        commands,
+        "plan",
+        handle,
+        "show the trials, training jobs, skipped groups and resources a sweep expands to",
+        "Runs nothing and writes no database; with --estimate it reads the cost fits of the\n"
+        "store (--db), when it exists, for pairs with the same models.\n\n"
+        "examples:\n"
+        f"  {PROG} plan sweeps/demo.yaml\n"
+        f"  {PROG} plan sweeps/demo.yaml --all",
+        db,
+    )
+    command.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file")
+    command.add_argument(
+        "--all", action="store_true", help="list every trial (default: counts per group)"
+    )
+    command.add_argument(
+        "--estimate",
+        action="store_true",
+        help="also print the projected wall time and GPU-hours per pair and in total",
+    )
+    command.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster whose GPUs the estimate counts (default: --gpus, else --cluster)",
+    )
+    add_estimate_options(command)
+
+
+def print_plan(console: Console, plan: Plan, all_trials: bool) -> None:
+    """Print a plan: counts, trials (grouped or all), jobs, skipped groups and resources."""
+    counts = plan.counts()
+    console.print(
+        f"sweep {plan.sweep}: {counts['trials']} trials ({counts['baselines']} AR baselines + "
+        f"{counts['policy_trials']} policy trials), {counts['jobs']} training jobs, "
+        f"{counts['skipped']} trials skipped",
+        markup=False,
+    )
+    replayed = sum(trial.mode == "replay" for trial in plan.trials)
+    if replayed:
+        console.print(
+            f"mode replay: {replayed} trials replayed from greedy traces, "
+            f"{len(plan.trials) - replayed} run live (AR baselines and live checks)",
+            markup=False,
+        )
+    if all_trials:
+        print_table(console, report.plan_trial_rows(plan), report.PLAN_TRIAL_COLUMNS, "trials")
+    else:
+        rows = report.plan_group_rows(plan)
+        print_table(console, rows, report.PLAN_GROUP_COLUMNS, "trials per group (--all: each)")
+    if plan.jobs:
+        print_table(console, report.job_rows(plan), report.JOB_COLUMNS, "training jobs")
+    else:
+        console.print("training jobs: none")
+    if plan.skipped:
+        rows = report.skipped_rows(plan)
+        print_table(console, rows, report.SKIPPED_COLUMNS, "skipped (not planned)")
+    print_table(console, report.resource_rows(plan), report.RESOURCE_COLUMNS, "resources per pair")
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``plan``: print what a sweep expands to (and, with ``--estimate``, what it costs)."""
+    spec = load_sweep_file(args.sweep)
+    plan = plan_sweep(spec)
+    print_plan(console, plan, args.all)
+    if args.estimate:
+        print_estimate(console, sweep_estimate(args, spec, plan))
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""Defining a sweep: the YAML file checked into a typed spec, expanded into trials and units."""
