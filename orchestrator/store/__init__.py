@@ -1,4 +1,4 @@
-"""The results store: SQLAlchemy models, Alembic migrations and the :class:`Store` API."""
+"""The results store: SQLAlchemy models, Alembic migrations, the Store (writer, reader, refresh)."""
 
 from orchestrator.store.db import StoreError, default_url, display_url
 from orchestrator.store.query import (

@@ -1,0 +1,136 @@
+"""Pure conversions of planned trials, jobs and generated samples into the store's row values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.analysis.metrics import sample_tokens_per_s
+from workers.records import GenerationResult
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.metrics import TrialMetrics
+    from orchestrator.sweep.planner import TrainingJob, Trial
+
+
+def prompt_id(prompt_ids: Sequence[int]) -> str:
+    """Return a short hash of a prompt's token ids (the same prompt gets the same id anywhere)."""
+    data = json.dumps([int(token) for token in prompt_ids], separators=(",", ":"))
+    return hashlib.sha256(data.encode("ascii")).hexdigest()[:16]
+
+
+def trial_values(trial: Trial) -> dict[str, Any]:
+    """Return the trials-table values of a new (pending) trial."""
+    config = trial.to_dict()
+    config.pop("sweep", None)
+    return {
+        "trial_id": trial.trial_id,
+        "pair": trial.pair,
+        "target": trial.target,
+        "draft": trial.draft,
+        "draft_job": trial.draft_job,
+        "backend": trial.backend,
+        "tp_size": trial.tp_size,
+        "dtype": trial.dtype,
+        "dataset": trial.dataset,
+        "split": trial.split,
+        "samples": trial.samples,
+        "max_new_tokens": trial.max_new_tokens,
+        "temperature": trial.temperature,
+        "top_k": trial.top_k,
+        "top_p": trial.top_p,
+        "policy": trial.policy,
+        "threshold": trial.threshold,
+        "max_draft_len": trial.max_draft_len,
+        "seed": trial.seed,
+        "is_baseline": trial.is_baseline,
+        "mode": trial.mode,
+        "baseline_id": trial.baseline_id,
+        "code_version": trial.code_version,
+        "params": trial.params_dict,
+        "config": config,
+        "status": "pending",
+        "attempts": 0,
+    }
+
+
+def job_values(job: TrainingJob) -> dict[str, Any]:
+    """Return the training_jobs values of a new (pending) job."""
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "kind": job.kind,
+        "config": {
+            "base": job.base,
+            "teacher": job.teacher,
+            "dataset": job.dataset,
+            "split": job.split,
+            "samples": job.samples,
+            "local_path": job.local_path,
+            "epochs": job.epochs,
+            "config": job.config,
+        },
+        "status": "pending",
+        "attempts": 0,
+    }
+
+
+def extra_metrics(metrics: TrialMetrics) -> dict[str, Any]:
+    """Return the metrics kept in JSON: EESD's HM and the length histograms."""
+    return {
+        "eesd_hm": metrics.eesd_hm,
+        "draft_length_histogram": {str(k): v for k, v in metrics.draft_length_histogram.items()},
+        "accepted_length_histogram": {
+            str(k): v for k, v in metrics.accepted_length_histogram.items()
+        },
+    }
+
+
+def sample_values(
+    trial_id: str,
+    index: int,
+    result: GenerationResult,
+    dataset_prompt_id: str | None,
+    output_text: str | None,
+) -> dict[str, Any]:
+    """Return the sample_results values of one generated sample."""
+    return {
+        "trial_id": trial_id,
+        "sample_index": index,
+        "prompt_id": dataset_prompt_id or prompt_id(result.prompt_ids),
+        "output_text": output_text,
+        "prompt_len": len(result.prompt_ids),
+        "generated_tokens": result.n_generated,
+        "seconds": result.seconds,
+        "output_ids": [int(token) for token in result.output_ids],
+        "drafted": result.n_drafted,
+        "accepted": result.n_accepted,
+        "n_rounds": len(result.rounds),
+        "stopped_on_eos": result.stopped_on_eos,
+        "tokens_per_s": sample_tokens_per_s(result),
+    }
+
+
+def round_values(
+    trial_id: str, indices: Sequence[int], results: Sequence[GenerationResult]
+) -> list[dict[str, Any]]:
+    """Return the rounds-table values of every round of every sample (sample ``indices[i]``)."""
+    return [
+        {
+            "trial_id": trial_id,
+            "sample_index": sample_index,
+            "round_index": round_index,
+            "drafted": record.drafted,
+            "accepted": record.accepted,
+            "bonus": record.bonus,
+            "draft_forwards": record.draft_forwards,
+            "draft_seconds": record.draft_seconds,
+            "verify_seconds": record.verify_seconds,
+            "mean_entropy": record.mean_entropy,
+            "min_max_prob": record.min_max_prob,
+        }
+        for sample_index, result in zip(indices, results, strict=True)
+        for round_index, record in enumerate(result.rounds)
+    ]
