@@ -111,7 +111,7 @@ def test_compare_of_several_pairs_is_holm_adjusted(stats_store, capsys) -> None:
 
 
 def test_compare_says_how_many_prompts_an_interval_needs(tmp_path, capsys) -> None:
-    from orchestrator import report
+    from orchestrator.analysis import report
     from orchestrator.analysis.pairing import Comparison
 
     a, b = _summary_row(1.5), _summary_row(1.0)
