@@ -29,6 +29,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.paths import TEST_DATA
 
 from orchestrator import cli
 from orchestrator.planner import plan_sweep
@@ -460,7 +461,7 @@ def _short_context_draft(zoo: Any, directory: Path, positions: int) -> Path:
     return directory
 
 
-GSM8K_ROWS = Path(__file__).parent / "data" / "hub" / "gsm8k.jsonl"
+GSM8K_ROWS = TEST_DATA / "hub" / "gsm8k.jsonl"
 PREFLIGHT_CASES = (
     "missing model",
     "tokenizer mismatch",

@@ -10,11 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_scripts import micro_pair_args
+from support.bench_scripts import micro_pair_args
+from support.paths import REPO
 
 from training.zoo.cache import ZooManifest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "actors.py"
+pytestmark = pytest.mark.ray
+
+BENCH = REPO / "bench" / "actors.py"
 #: The placements the bench compares, in order.
 PLACES = ("in_process", "processes", "actors")
 

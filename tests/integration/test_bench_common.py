@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench_scripts import load_bench_script
+from support.bench_scripts import load_bench_script
 
 from training.zoo.cache import ZooManifest
 from workers.trial import GPU_WARMUP_SECONDS

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bench_scripts import load_bench_script
+from support.bench_scripts import load_bench_script
 
 from training.zoo.cache import ZooManifest
 

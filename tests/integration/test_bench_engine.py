@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench_scripts import load_bench_script, micro_pair_args
-from tiny_models import build_tiny_pair
-from tiny_models import prompts as tiny_prompts
+from support.bench_scripts import load_bench_script, micro_pair_args
+from support.tiny_models import build_tiny_pair
+from support.tiny_models import prompts as tiny_prompts
 
 from training.zoo.cache import ZooManifest
 from workers.lm import CachedLM

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench_scripts import load_bench_script, micro_pair_args
+from support.bench_scripts import load_bench_script, micro_pair_args
+from support.paths import REPO
 
 from training.zoo.cache import ZooManifest
 from workers.lm import CachedLM, load_causal_lm
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "handoff.py"
+BENCH = REPO / "bench" / "handoff.py"
 HANDOFF = load_bench_script("handoff")
 SETTLE_ROUNDS, WAYS = HANDOFF.SETTLE_ROUNDS, HANDOFF.WAYS
 

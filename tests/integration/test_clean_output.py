@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.zoo
+
 #: Lines a third-party library prints that the user should not see.
 #: Python as a user runs it, with the default warning filters shown.
 PYTHON_DEFAULT_WARNINGS = (sys.executable, "-W", "default")

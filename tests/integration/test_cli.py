@@ -13,24 +13,29 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
-import types
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import runner_stub
+from support.cli_sweeps import (
+    BASELINE_RESULTS,
+    DONE_SWEEP,
+    STATIC_RESULTS,
+    SWEEP,
+    trial_of,
+    write_sweep,
+)
+from support.paths import REPO
+from support.runner_stub import FakeRunner, FakeRunOptions, FakeSweepSummary
 
-import orchestrator
 from orchestrator import cli
 from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Plan, Trial, plan_sweep
+from orchestrator.planner import Plan, plan_sweep
 from orchestrator.spec import SweepSpec, load_sweep
 from orchestrator.store import Store, open_store
-from workers.records import GenerationResult, RoundRecord
 
-REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "sweeps" / "demo.yaml"
 COMMANDS = (
     (),
@@ -45,66 +50,7 @@ COMMANDS = (
     ("zoo", "build"),
 )
 
-#: One pair, one dataset, greedy: the AR baseline, static K=4 and SVIP at two thresholds.
-SWEEP = """\
-name: cli
-pairs:
-  - name: demo
-    target: zoo:micro/target
-    draft: zoo:micro/draft-s
-datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
-temperatures: [0]
-policies:
-  - name: static
-  - name: svip
-    grid: {threshold: [0.3, 0.5]}
-max_draft_lens: [4]
-"""
-#: The same pair and data with only static K=4: two trials, both of which the store fills.
-DONE_SWEEP = """\
-name: done
-pairs:
-  - name: demo
-    target: zoo:micro/target
-    draft: zoo:micro/draft-s
-datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
-temperatures: [0]
-policies:
-  - name: static
-max_draft_lens: [4]
-"""
 OOM_TRACEBACK = 'Traceback (most recent call last):\n  File "x.py"\nRuntimeError: CUDA OOM\n'
-
-
-def _results(n_rounds: int, drafted: int, accepted: int, seconds: float) -> list[GenerationResult]:
-    """Two samples of ``n_rounds`` rounds each; a round emits ``accepted + 1`` tokens."""
-    tokens = n_rounds * (accepted + 1)
-    rounds = [RoundRecord(drafted, accepted, False, drafted, 0.0, 0.0) for _ in range(n_rounds)]
-    return [
-        GenerationResult(
-            prompt_ids=[1, 2, sample],
-            output_ids=list(range(tokens)),
-            rounds=rounds,
-            seconds=seconds,
-        )
-        for sample in range(2)
-    ]
-
-
-#: AR baseline: 2 samples x 8 tokens in 0.5 s each -> 16 tokens / 1.0 s = 16 tokens/s.
-BASELINE_RESULTS = _results(n_rounds=8, drafted=0, accepted=0, seconds=0.5)
-#: static: 2 samples x 4 rounds x (1 accepted + 1) = 16 tokens in 0.5 s -> 32 tokens/s,
-#: speedup 32 / 16 = 2, acceptance 8 accepted / 16 drafted = 0.5.
-STATIC_RESULTS = _results(n_rounds=4, drafted=2, accepted=1, seconds=0.25)
-
-
-def _write(path: Path, text: str) -> Path:
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
-
-
-def _trial(plan: Plan, policy: str, threshold: float | None = None) -> Trial:
-    return next(t for t in plan.trials if t.policy == policy and t.threshold == threshold)
 
 
 @dataclass
@@ -120,17 +66,17 @@ class FilledStore:
 
 @pytest.fixture
 def filled(tmp_path: Path) -> FilledStore:
-    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    sweep_file = write_sweep(tmp_path / "cli.yaml", SWEEP)
     spec = load_sweep(sweep_file)
     plan = plan_sweep(spec)
     path = tmp_path / "results.db"
     url = f"sqlite:///{path}"
     with open_store(url) as store:
         store.register_sweep(spec, plan)
-        baseline, static = _trial(plan, "ar"), _trial(plan, "static")
+        baseline, static = trial_of(plan, "ar"), trial_of(plan, "static")
         store.record_trial(baseline, BASELINE_RESULTS, trial_metrics(BASELINE_RESULTS))
         store.record_trial(static, STATIC_RESULTS, trial_metrics(STATIC_RESULTS))
-        store.record_failure(_trial(plan, "svip", 0.3), OOM_TRACEBACK, attempts=3)
+        store.record_failure(trial_of(plan, "svip", 0.3), OOM_TRACEBACK, attempts=3)
     return FilledStore(url, path, sweep_file, spec, plan)
 
 
@@ -223,7 +169,7 @@ def test_plan_all_lists_every_trial(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if any(t.trial_id in line for t in plan.trials)]
     assert len(listed) == len(plan.trials) == 124
-    svip = _table_row(out, _trial(plan, "svip", 0.3).trial_id)
+    svip = _table_row(out, trial_of(plan, "svip", 0.3).trial_id)
     assert svip[4] == "svip" and "threshold=0.3" in svip[5].split(", ")
 
 
@@ -249,7 +195,7 @@ def test_malformed_sweep_exits_2_naming_line_and_field(
     case: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     text, expected = MALFORMED[case]
-    sweep_file = _write(tmp_path / "bad.yaml", text)
+    sweep_file = write_sweep(tmp_path / "bad.yaml", text)
     db = tmp_path / "results.db"
     assert cli.main(["--db", f"sqlite:///{db}", command, str(sweep_file)]) == 2
     captured = capsys.readouterr()
@@ -368,13 +314,13 @@ def test_status_counts_and_errors(filled: FilledStore, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     # sweep, planned, done, failed, pending, running
     assert _table_row(out, "cli") == ["cli", "4", "2", "1", "1", "0"]
-    failed = _table_row(out, _trial(filled.plan, "svip", 0.3).trial_id)
+    failed = _table_row(out, trial_of(filled.plan, "svip", 0.3).trial_id)
     assert failed[-2:] == ["3", "RuntimeError: CUDA OOM"]
     assert "most recent call last" not in out
 
 
 def test_status_lists_training_jobs_with_their_state(tmp_path: Path, capsys) -> None:
-    sweep_file = _write(
+    sweep_file = write_sweep(
         tmp_path / "jobs.yaml",
         DONE_SWEEP.replace("name: done", "name: jobs")
         + "training_jobs:\n"
@@ -416,7 +362,7 @@ def _check_exported(rows: list[dict[str, Any]], filled: FilledStore) -> None:
     assert float(static["tokens_per_s"]) == pytest.approx(32.0)
     assert float(static["speedup"]) == pytest.approx(2.0)
     assert float(static["acceptance_rate"]) == pytest.approx(0.5)
-    assert json.loads(static["params"]) == _trial(filled.plan, "static").params_dict
+    assert json.loads(static["params"]) == trial_of(filled.plan, "static").params_dict
     failed = by_policy[("svip", 0.3)]
     assert failed["status"] == "failed" and failed["error"] == OOM_TRACEBACK
     assert by_policy[("svip", 0.5)]["status"] == "pending"
@@ -465,80 +411,7 @@ def test_export_errors_exit_2(
 # submit against a stand-in runner
 # ---------------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class FakeRunOptions:
-    address: str | None = None
-    retries: int | None = None
-    progress: bool = True
-
-
-@dataclass
-class FakeSweepSummary:
-    sweep: str
-    planned: int
-    already_done: int
-    ran: int
-    failed: int
-    seconds: float
-    jobs_trained: int = 0
-    jobs_reused: int = 0
-    failures: list[str] = field(default_factory=list)
-    job_failures: list[str] = field(default_factory=list)
-
-
-class FakePreflightError(Exception):
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
-
-
-@dataclass
-class FakeRunner:
-    """Records calls; ``preflight_problems`` makes preflight fail; ``run`` simulates a run."""
-
-    preflight_problems: list[str] = field(default_factory=list)
-    run: Any = None
-    calls: list[str] = field(default_factory=list)
-    options: list[Any] = field(default_factory=list)
-
-    def module(self) -> types.ModuleType:
-        module = types.ModuleType("orchestrator.runner")
-        module.RunOptions = FakeRunOptions  # type: ignore[attr-defined]
-        module.SweepSummary = FakeSweepSummary  # type: ignore[attr-defined]
-        module.PreflightError = FakePreflightError  # type: ignore[attr-defined]
-        module.preflight = self.preflight  # type: ignore[attr-defined]
-        module.run_sweep = self.run_sweep  # type: ignore[attr-defined]
-        return module
-
-    def preflight(self, spec: SweepSpec, plan: Plan) -> str:
-        self.calls.append("preflight")
-        if self.preflight_problems:
-            raise FakePreflightError(self.preflight_problems)
-        return "prepared inputs"
-
-    def run_sweep(
-        self,
-        spec: SweepSpec,
-        plan: Plan,
-        store: Store,
-        options: FakeRunOptions,
-        inputs: str | None = None,
-    ) -> FakeSweepSummary:
-        self.calls.append("run_sweep")
-        self.options.append(options)
-        assert inputs == "prepared inputs", "run_sweep should reuse what preflight loaded"
-        assert self.run is not None, "run_sweep should not have been called"
-        return self.run(spec, plan, store)
-
-
-@pytest.fixture
-def fake_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunner]:
-    runner = FakeRunner()
-    module = runner.module()
-    monkeypatch.setitem(sys.modules, "orchestrator.runner", module)
-    monkeypatch.setattr(orchestrator, "runner", module, raising=False)
-    yield runner
+fake_runner = runner_stub.fake_runner
 
 
 def test_submit_dry_run_runs_nothing(
@@ -558,7 +431,7 @@ def test_submit_preflight_failure_touches_no_store(
     problem = "pairs[0].target.model: zoo:micro/target and zoo:micro/draft-s tokenizers differ"
     fake_runner.preflight_problems = [problem]
     db = tmp_path / "results.db"
-    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    sweep_file = write_sweep(tmp_path / "cli.yaml", SWEEP)
     assert cli.main(["--db", f"sqlite:///{db}", "submit", str(sweep_file)]) == 2
     err = capsys.readouterr().err
     assert "preflight failed" in err and problem in err and "Traceback" not in err
@@ -569,13 +442,13 @@ def test_submit_preflight_failure_touches_no_store(
 def test_submit_when_everything_is_done_says_so(
     fake_runner: FakeRunner, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    sweep_file = _write(tmp_path / "done.yaml", DONE_SWEEP)
+    sweep_file = write_sweep(tmp_path / "done.yaml", DONE_SWEEP)
     spec = load_sweep(sweep_file)
     plan = plan_sweep(spec)
     url = f"sqlite:///{tmp_path / 'results.db'}"
     with open_store(url) as store:
-        store.record_trial(_trial(plan, "ar"), BASELINE_RESULTS, trial_metrics(BASELINE_RESULTS))
-        store.record_trial(_trial(plan, "static"), STATIC_RESULTS, trial_metrics(STATIC_RESULTS))
+        store.record_trial(trial_of(plan, "ar"), BASELINE_RESULTS, trial_metrics(BASELINE_RESULTS))
+        store.record_trial(trial_of(plan, "static"), STATIC_RESULTS, trial_metrics(STATIC_RESULTS))
     assert cli.main(["--db", url, "submit", str(sweep_file)]) == 0
     out = capsys.readouterr().out
     assert "nothing to run: all 2 trials of sweep done are already in DB" in out
@@ -605,15 +478,17 @@ def test_submit_when_everything_is_done_says_so(
 def test_submit_with_failed_trials_exits_1_and_says_how_to_retry(
     fake_runner: FakeRunner, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    sweep_file = write_sweep(tmp_path / "cli.yaml", SWEEP)
     failing = None
 
     def run(spec: SweepSpec, plan: Plan, store: Store) -> FakeSweepSummary:
         nonlocal failing
-        store.record_trial(_trial(plan, "ar"), BASELINE_RESULTS, trial_metrics(BASELINE_RESULTS))
-        store.record_trial(_trial(plan, "static"), STATIC_RESULTS, trial_metrics(STATIC_RESULTS))
-        store.record_trial(_trial(plan, "svip", 0.5), STATIC_RESULTS, trial_metrics(STATIC_RESULTS))
-        failing = _trial(plan, "svip", 0.3)
+        store.record_trial(trial_of(plan, "ar"), BASELINE_RESULTS, trial_metrics(BASELINE_RESULTS))
+        store.record_trial(trial_of(plan, "static"), STATIC_RESULTS, trial_metrics(STATIC_RESULTS))
+        store.record_trial(
+            trial_of(plan, "svip", 0.5), STATIC_RESULTS, trial_metrics(STATIC_RESULTS)
+        )
+        failing = trial_of(plan, "svip", 0.3)
         store.record_failure(failing, "ValueError: bad draft", attempts=1)
         return FakeSweepSummary(spec.name, len(plan.trials), 0, 4, 1, 12.0)
 
@@ -665,7 +540,7 @@ def test_plan_estimate_prints_pairs_and_total(capsys: pytest.CaptureFixture) -> 
 def test_submit_above_the_threshold_without_yes_exits_2_naming_yes(
     fake_runner: FakeRunner, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    sweep_file = write_sweep(tmp_path / "cli.yaml", SWEEP)
     db = tmp_path / "results.db"
     argv = ["--db", f"sqlite:///{db}", "submit", str(sweep_file), "--confirm-above", "0"]
     argv += ["--cluster", str(cli.DEFAULT_CLUSTER_FILE)]  # estimate the cluster, not this host
@@ -692,7 +567,7 @@ def test_submit_on_a_local_ray_without_gpus_runs_without_an_estimate(
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    sweep_file = write_sweep(tmp_path / "cli.yaml", SWEEP)
 
     def interrupted(*_args: Any) -> None:
         raise KeyboardInterrupt
@@ -711,7 +586,7 @@ def test_submit_above_the_threshold_on_a_terminal_asks_and_no_runs_nothing(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    sweep_file = _write(tmp_path / "cli.yaml", SWEEP)
+    sweep_file = write_sweep(tmp_path / "cli.yaml", SWEEP)
     db = tmp_path / "results.db"
     asked: list[str] = []
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)

@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+from support import cli_sweeps, runner_stub
+from support.store_records import stored_trial
 
 from orchestrator import cli
 from orchestrator.metrics import trial_metrics
@@ -16,8 +18,6 @@ from orchestrator.provenance import collect_provenance
 from orchestrator.spec import load_sweep
 from orchestrator.store import open_store
 from orchestrator.store.records import StoredTrial
-from tests import test_cli
-from tests.store_records import stored_trial
 from workers.records import GenerationResult, RoundRecord
 
 
@@ -43,22 +43,22 @@ BASE = [0.5, 0.9, 0.4, 1.2, 0.7, 0.6]
 def stats_store(tmp_path: Path) -> tuple[str, dict[str, str]]:
     """Sweep ``cli`` with 6 prompts: AR, static (about 2x), SVIP 0.3 (about static's speed),
     SVIP 0.5 on other prompts. Returns the URL and the trial ids by name."""
-    sweep_file = test_cli._write(tmp_path / "cli.yaml", test_cli.SWEEP.replace("2,", "6,"))
+    sweep_file = cli_sweeps.write_sweep(tmp_path / "cli.yaml", cli_sweeps.SWEEP.replace("2,", "6,"))
     spec = load_sweep(sweep_file)
     plan = plan_sweep(spec)
     url = f"sqlite:///{tmp_path / 'results.db'}"
     base = BASE
     trials = {
-        "ar": (test_cli._trial(plan, "ar"), _results(base, 0)),
+        "ar": (cli_sweeps.trial_of(plan, "ar"), _results(base, 0)),
         "static": (
-            test_cli._trial(plan, "static"),
+            cli_sweeps.trial_of(plan, "static"),
             _results([s * f for s, f in zip(base, [1, 1.1, 0.9, 1, 1.05, 0.95], strict=True)], 2),
         ),
         "svip": (
-            test_cli._trial(plan, "svip", 0.3),
+            cli_sweeps.trial_of(plan, "svip", 0.3),
             _results([s * f for s, f in zip(base, [1.02, 1.07, 0.93, 1, 1, 0.97], strict=True)], 2),
         ),
-        "other": (test_cli._trial(plan, "svip", 0.5), _results(base, 2, prompt_base=50)),
+        "other": (cli_sweeps.trial_of(plan, "svip", 0.5), _results(base, 2, prompt_base=50)),
     }
     with open_store(url) as store:
         store.register_sweep(spec, plan)
@@ -161,7 +161,7 @@ def _summary_row(speedup: float, **intervals: float) -> StoredTrial:
     )
 
 
-fake_runner = test_cli.fake_runner
+fake_runner = runner_stub.fake_runner
 
 
 def test_resubmit_says_when_done_trials_ran_under_another_provenance(
@@ -169,19 +169,21 @@ def test_resubmit_says_when_done_trials_ran_under_another_provenance(
 ) -> None:
     import dataclasses
 
-    sweep_file = test_cli._write(tmp_path / "done.yaml", test_cli.DONE_SWEEP)
+    sweep_file = cli_sweeps.write_sweep(tmp_path / "done.yaml", cli_sweeps.DONE_SWEEP)
     plan = plan_sweep(load_sweep(sweep_file))
     url = f"sqlite:///{tmp_path / 'results.db'}"
     here = collect_provenance()
     with open_store(url) as store:
         store.record_run("done", dataclasses.replace(here, commit="f" * 40, torch_threads=64))
-        baseline = test_cli._trial(plan, "ar")
+        baseline = cli_sweeps.trial_of(plan, "ar")
         store.record_trial(
-            baseline, test_cli.BASELINE_RESULTS, trial_metrics(test_cli.BASELINE_RESULTS)
+            baseline, cli_sweeps.BASELINE_RESULTS, trial_metrics(cli_sweeps.BASELINE_RESULTS)
         )
         store.run_id = None  # the static trial: stored before provenance was recorded
-        static = test_cli._trial(plan, "static")
-        store.record_trial(static, test_cli.STATIC_RESULTS, trial_metrics(test_cli.STATIC_RESULTS))
+        static = cli_sweeps.trial_of(plan, "static")
+        store.record_trial(
+            static, cli_sweeps.STATIC_RESULTS, trial_metrics(cli_sweeps.STATIC_RESULTS)
+        )
     assert cli.main(["--db", url, "submit", str(sweep_file)]) == 0
     out = capsys.readouterr().out
     assert "1 done trial(s) kept from a run with no recorded provenance" in out

@@ -11,61 +11,35 @@ PostgreSQL runs when ``SPECSWEEP_TEST_PG_URL`` is set; each test gets its own da
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select
-from test_faults import (
-    REPO,
-    SAMPLES,
+from sqlalchemy import func, select
+from support.paths import REPO
+from support.pg import BACKENDS, PG_URL, fresh_pg_database
+from support.processes import (
     Proc,
     describe_processes,
     kill_processes,
     ray_processes_of,
     submit_command,
     submit_env,
-    sweep_yaml,
     wait_until_gone,
 )
+from support.sweeps import SAMPLES, sweep_yaml
 
 from orchestrator.planner import plan_sweep
 from orchestrator.spec import parse_sweep
 from orchestrator.store import Store, open_store
-from orchestrator.store.db import normalise_url
 from orchestrator.store.models import RoundRow, SampleResultRow, SweepTrialRow, TrialRow
 
-PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
-BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
-
-
-@contextlib.contextmanager
-def fresh_pg_database() -> Iterator[str]:
-    """Create an empty database on the test PostgreSQL server; yield its URL, then drop it.
-
-    Its own database (not the shared one wiped by ``tests/test_store.py``), named after that one
-    (``<name>_<random>``), so tests running at the same time against the same server cannot
-    disturb each other.
-    """
-    assert PG_URL is not None
-    admin = create_engine(normalise_url(PG_URL), isolation_level="AUTOCOMMIT")
-    name = f"{normalise_url(PG_URL).database}_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield normalise_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.dispose()
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(params=BACKENDS)

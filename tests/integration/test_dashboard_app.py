@@ -15,18 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dashboard_seed import (
+from streamlit.testing.v1 import AppTest
+from support.dashboard_seed import (
     SYNTHETIC_T_DRAFT,
     SYNTHETIC_T_TARGET,
     seed_real_sweep,
     seed_synthetic_sweeps,
 )
-from streamlit.testing.v1 import AppTest
+from support.paths import REPO
 
 from dashboard.data import FILL_COMMAND
 from orchestrator.store import open_store
 
-REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "dashboard" / "app.py"
 FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS = (
     "views/frontiers.py",
@@ -245,6 +245,7 @@ def test_unusable_url_warns(monkeypatch) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_every_page_renders_on_a_real_sweep(real_url, monkeypatch) -> None:
     app = open_app(real_url, monkeypatch)
     assert app.sidebar.selectbox[0].value == "dashboard-real"  # the newest sweep

@@ -20,13 +20,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dashboard_seed import seed_real_sweep
 from PIL import Image
+from support.dashboard_seed import seed_real_sweep
+from support.paths import REPO
 
 from dashboard.charts import PALETTE, POLICY_ORDER
 from workers.model_spec import free_port
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+pytestmark = pytest.mark.ray
+
+APP = REPO / "dashboard" / "app.py"
 WINDOW = (1400, 1000)
 #: Left edge of the main area (the sidebar is about 300 px wide at this window size).
 MAIN_AREA_LEFT = 320

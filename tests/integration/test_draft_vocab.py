@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from scipy import stats
-from tiny_models import prompts
+from support.tiny_models import prompts
 from transformers import AutoConfig, AutoTokenizer
 
 from policies import make_policy

@@ -29,18 +29,18 @@ import yaml
 from alembic import command
 from rich.console import Console
 from sqlalchemy import inspect
-from test_concurrency import BACKENDS, fresh_pg_database
-from test_faults import (
-    REPO,
+from support.paths import REPO
+from support.pg import BACKENDS, fresh_pg_database
+from support.processes import (
     Proc,
     describe_processes,
     kill_processes,
     ray_processes_of,
     submit_command,
     submit_env,
-    sweep_yaml,
     wait_until_gone,
 )
+from support.sweeps import sweep_yaml
 from tqdm import tqdm
 
 from orchestrator.cli import _report_run
@@ -69,6 +69,8 @@ from orchestrator.store import (
 from orchestrator.store.db import alembic_config
 from orchestrator.work_units import WorkUnit, trial_units
 from workers.records import GenerationResult, RoundRecord
+
+pytestmark = pytest.mark.ray
 
 #: Prompts per trial; with ``shard_prompts: 1`` each is one shard.
 E2E_SAMPLES = 4
@@ -429,7 +431,7 @@ def test_submit_refuses_a_bad_lease_setting_before_running(
     from orchestrator import cli
 
     monkeypatch.setenv("SPECSWEEP_LEASE_SECONDS", "soon")
-    demo = Path(__file__).resolve().parents[1] / "sweeps" / "demo.yaml"
+    demo = REPO / "sweeps" / "demo.yaml"
     assert cli.main(["--db", f"sqlite:///{tmp_path / 'r.db'}", "submit", str(demo)]) == 2
     err = capsys.readouterr().err
     assert "SPECSWEEP_LEASE_SECONDS='soon' is not a positive number of seconds" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 from orchestrator import cli, estimate, estimate_sources
 from orchestrator.cost_model import HardwareProfile
@@ -12,7 +13,6 @@ from orchestrator.planner import plan_sweep
 from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
 
-REPO = Path(__file__).resolve().parents[1]
 PROFILE = HardwareProfile("test", "hand-made", t_draft=0.01, t_target=0.1, ar_tokens_per_s=10.0)
 
 SWEEP = """\
@@ -90,6 +90,7 @@ def test_options_read_the_sweeps_replicas_and_shard_prompts() -> None:
     assert (options.replicas, options.shard_prompts, options.max_concurrent_pairs) == (3, 8, 2)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_plan_estimate_counts_the_gpus_of_a_live_ray_cluster(
     capsys: pytest.CaptureFixture,

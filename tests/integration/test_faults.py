@@ -17,73 +17,45 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
-import yaml
 from sqlalchemy import func, select
+from support.faults import FaultInjector, process_alive, registered_sweep, sample_counts
+from support.paths import REPO
+from support.processes import (
+    Proc,
+    describe_processes,
+    kill_processes,
+    ray_processes_of,
+    submit_command,
+    submit_env,
+    wait_until_gone,
+)
+from support.sweeps import CODE_DATASET, SAMPLES, sweep_yaml
 
-from orchestrator import replica as replica_module
-from orchestrator.planner import Plan, Trial, plan_sweep
+from orchestrator.planner import plan_sweep
 from orchestrator.runner import RunOptions, run_sweep
 from orchestrator.spec import parse_sweep
 from orchestrator.store import Store, StoredTrial, open_store
-from orchestrator.store.models import RoundRow, SampleResultRow
+from orchestrator.store.models import RoundRow
 
-SAMPLES = 2
+pytestmark = pytest.mark.ray
+
 #: Ray's exception type names for an actor that died (``ray.kill`` or a killed process).
 ACTOR_DEATH = ("ActorDiedError", "RayActorError", "ActorUnavailableError")
-#: Seconds a killed actor's process may take to exit.
-EXIT_TIMEOUT_S = 30.0
 
-CODE_DATASET = {"name": "builtin:code", "samples": SAMPLES, "max_new_tokens": 12}
 #: The killed-driver test must catch a trial running after one is done: with 12 new tokens a
 #: micro trial ran for too short a time for its poll to see that on a fast VM (the sweep ended
 #: first), so its trials decode longer.
 DRIVER_DATASET = {**CODE_DATASET, "max_new_tokens": 160}
-#: The AR baseline and four policy trials: static K=4, SVIP at two thresholds, AdaEDL.
-FIVE_POLICIES = [
-    {"name": "static"},
-    {"name": "svip", "grid": {"threshold": [0.3, 0.6]}},
-    {"name": "adaedl", "grid": {"threshold": [0.5]}},
-]
-
-
-def sweep_yaml(
-    name: str,
-    policies: list[dict[str, Any]] = FIVE_POLICIES,
-    datasets: list[dict[str, Any]] | None = None,
-    retries: int = 2,
-    warmup_samples: int = 1,
-) -> str:
-    """Return a greedy micro-zoo sweep file (pair ``micro``: target and draft-s, max DL 4)."""
-    sweep = {
-        "name": name,
-        "pairs": [
-            {
-                "name": "micro",
-                "target": {"model": "zoo:micro/target"},
-                "draft": {"model": "zoo:micro/draft-s"},
-            }
-        ],
-        "datasets": datasets or [CODE_DATASET],
-        "temperatures": [0.0],
-        "policies": policies,
-        "max_draft_lens": [4],
-        "execution": {"retries": retries, "warmup_samples": warmup_samples},
-    }
-    return yaml.safe_dump(sweep, sort_keys=False)
 
 
 FAULT_SWEEP = sweep_yaml("faults")
@@ -117,97 +89,10 @@ def zoo_env(micro_zoo: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return micro_zoo
 
 
-@dataclass
-class Injection:
-    """One fault that was injected: which trial, which actor, how, and the killed process."""
-
-    trial_id: str
-    role: str
-    how: str
-    pid: int
-
-
-@dataclass
-class FaultInjector:
-    """Kills an actor of the pair's worker group while chosen trials run (first attempt only)."""
-
-    faults: dict[str, tuple[str, str]]
-    starts: int = 0
-    actors: dict[str, Any] = field(default_factory=dict)
-    pids: dict[str, int] = field(default_factory=dict)
-    injected: list[Injection] = field(default_factory=list)
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Wrap ``GroupReplica._draft`` (to see fresh actors) and ``_request`` (shard sent)."""
-        pair_runner = replica_module.GroupReplica
-        original_draft, original_request = pair_runner._draft, pair_runner._request
-
-        def draft(runner: Any, pair: str) -> Any:
-            fresh = not runner.ranks
-            actor = original_draft(runner, pair)
-            if fresh:
-                self.starts += 1
-                self.actors = {"draft": actor, "target": runner.ranks[0]}
-                self.pids = {
-                    role: ray.get(actor.__ray_call__.remote(lambda _actor: os.getpid()))
-                    for role, actor in self.actors.items()
-                }
-            return actor
-
-        def request(runner: Any, trial: Trial, indices: Any = None) -> Any:
-            built = original_request(runner, trial, indices)
-            done = {injection.trial_id for injection in self.injected}
-            if trial.trial_id in self.faults and trial.trial_id not in done:
-                role, how = self.faults[trial.trial_id]
-                self.injected.append(Injection(trial.trial_id, role, how, self.pids[role]))
-                self._kill(role, how)
-            return built
-
-        monkeypatch.setattr(pair_runner, "_draft", draft)
-        monkeypatch.setattr(pair_runner, "_request", request)
-
-    def _kill(self, role: str, how: str) -> None:
-        """Kill the actor and return once its process has exited."""
-        if how == "ray.kill":
-            ray.kill(self.actors[role], no_restart=True)
-        else:
-            os.kill(self.pids[role], signal.SIGKILL)
-        deadline = time.monotonic() + EXIT_TIMEOUT_S
-        while _process_alive(self.pids[role]):
-            assert time.monotonic() < deadline, f"the killed {role} actor did not exit"
-            time.sleep(0.05)
-
-
-def _sample_counts(store: Store) -> tuple[int, int]:
-    """Return (sample rows, distinct (trial, sample index) pairs) in the whole store."""
-    pairs = select(SampleResultRow.trial_id, SampleResultRow.sample_index).distinct().subquery()
-    with store.engine.connect() as connection:
-        rows = connection.scalar(select(func.count()).select_from(SampleResultRow))
-        distinct = connection.scalar(select(func.count()).select_from(pairs))
-    return int(rows or 0), int(distinct or 0)
-
-
 def _round_count(store: Store, trial_id: str) -> int:
     with store.engine.connect() as connection:
         query = select(func.count()).select_from(RoundRow).where(RoundRow.trial_id == trial_id)
         return int(connection.scalar(query) or 0)
-
-
-def _process_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def _run(text: str, name: str, tmp_path: Path) -> tuple[Plan, Store]:
-    spec = parse_sweep(text, f"{name}.yaml")
-    plan = plan_sweep(spec)
-    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
-    store.register_sweep(spec, plan)
-    return plan, store
 
 
 @pytest.mark.slow
@@ -219,7 +104,7 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
     capsys: pytest.CaptureFixture,
 ) -> None:
     spec = parse_sweep(FAULT_SWEEP, "faults.yaml")
-    plan, store = _run(FAULT_SWEEP, "faults", tmp_path)
+    plan, store = registered_sweep(FAULT_SWEEP, "faults", tmp_path)
     assert [t.policy for t in plan.trials] == ["ar", "static", "svip", "svip", "adaedl"]
     hit = {trial.trial_id: fault for trial, fault in zip(plan.trials[1:], FAULTS, strict=True)}
     injector = FaultInjector(hit)
@@ -229,7 +114,7 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
 
     assert [(i.trial_id, (i.role, i.how)) for i in injector.injected] == list(hit.items())
     assert len({i.pid for i in injector.injected}) == len(FAULTS)  # a fresh process each time
-    assert not any(_process_alive(i.pid) for i in injector.injected)
+    assert not any(process_alive(i.pid) for i in injector.injected)
     assert injector.starts == 1 + len(FAULTS)  # the first group, then one per actor death
     assert (summary.ran, summary.failed, summary.failures) == (len(plan.trials), 0, [])
 
@@ -246,7 +131,7 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
         samples = store.sample_outputs(trial_id)
         assert [s.sample_index for s in samples] == list(range(SAMPLES))
         assert _round_count(store, trial_id) == sum(s.n_rounds for s in samples)
-    assert _sample_counts(store) == (SAMPLES * len(plan.trials), SAMPLES * len(plan.trials))
+    assert sample_counts(store) == (SAMPLES * len(plan.trials), SAMPLES * len(plan.trials))
 
     # Greedy speculative decoding is lossless, so every retried trial must reproduce the
     # baseline's tokens: a retry that resumed a half-updated KV cache would not.
@@ -260,7 +145,7 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
             f"\n[faults] injected {len(injector.injected)} worker faults "
             f"({', '.join(f'{i.role} {i.how}' for i in injector.injected)}); errors recorded: "
             f"{', '.join(kinds)}; {len(rows)} trials stored, 0 lost, "
-            f"{_sample_counts(store)[0]} sample rows"
+            f"{sample_counts(store)[0]} sample rows"
         )
     store.close()
 
@@ -292,7 +177,7 @@ def test_a_model_error_fails_only_its_trials_with_the_reason_and_the_sweep_goes_
         warmup_samples=0,
     )
     spec = parse_sweep(text, "model-error.yaml")
-    plan, store = _run(text, "model-error", tmp_path)
+    plan, store = registered_sweep(text, "model-error", tmp_path)
     injector = FaultInjector({})
     injector.install(monkeypatch)
 
@@ -334,125 +219,11 @@ def test_a_model_error_fails_only_its_trials_with_the_reason_and_the_sweep_goes_
 # The driver killed: `submit` as a subprocess, SIGKILLed mid-sweep, then submitted again
 # ---------------------------------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
 #: Command-line fragments of Ray's per-node agents; after an unclean raylet death they exit only
 #: once a 60 s error report to the (dead) GCS times out (``publish_error_to_driver``).
 RAY_AGENTS = (b"DashboardAgent", b"RuntimeEnvAgent", b"dashboard/agent.py", b"runtime_env/agent")
 #: Seconds after the kill by which every process of the killed driver must have exited.
 AGENT_EXIT_S = 120.0
-
-
-def submit_command(sweep_file: Path, url: str) -> list[str]:
-    """Return the ``python -m orchestrator submit`` command line of a test subprocess."""
-    return [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        "--db",
-        url,
-        "submit",
-        str(sweep_file),
-        "--no-progress",
-    ]
-
-
-def submit_env(zoo: Any) -> dict[str, str]:
-    """Return the environment of a ``submit`` subprocess: the session's zoo, its own local Ray."""
-    return {
-        **os.environ,
-        "SPECSWEEP_CACHE": str(zoo.root.parent.parent),
-        "RAY_ADDRESS": "local",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def _parents() -> dict[int, int]:
-    """Return {pid: parent pid} of every process now running."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    return parents
-
-
-def _start_tick(pid: int) -> int | None:
-    """Return when ``pid`` started (clock ticks since boot), or None if it is gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-#: A process, told apart from a later one that reuses its pid: (pid, start tick).
-Proc = tuple[int, int]
-
-
-def _is_running(proc: Proc) -> bool:
-    """True while the very process ``proc`` runs (not a zombie, pid not reused)."""
-    return _start_tick(proc[0]) == proc[1] and _process_alive(proc[0])
-
-
-def ray_processes_of(driver_pid: int) -> set[Proc]:
-    """Return the processes a driver started: its descendants and its Ray session's processes.
-
-    Ray names a local session ``session_<date>_<time>_<micro>_<driver pid>``; processes that
-    left the driver's tree still carry that name in their command line (only those started
-    after the driver count, so an old session of a recycled pid is never taken for ours).
-    """
-    driver_start = _start_tick(driver_pid)
-    if driver_start is None:  # gone: its pid may name another process by now
-        return set()
-    parents = _parents()
-    found = {driver_pid}
-    grew = True
-    while grew:
-        children = {pid for pid, parent in parents.items() if parent in found}
-        grew = not children <= found
-        found |= children
-    marker = re.compile(rf"session_\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_{driver_pid}(?!\d)")
-    for pid in parents:
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if marker.search(command) and (_start_tick(pid) or -1) >= driver_start:
-            found.add(pid)
-    ticks = {pid: _start_tick(pid) for pid in found - {driver_pid}}
-    return {(pid, tick) for pid, tick in ticks.items() if tick is not None}
-
-
-def wait_until_gone(procs: set[Proc], timeout_s: float) -> set[Proc]:
-    """Wait up to ``timeout_s`` for ``procs`` to exit; return those still running."""
-    deadline = time.monotonic() + timeout_s
-    alive = {proc for proc in procs if _is_running(proc)}
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.5)
-        alive = {proc for proc in alive if _is_running(proc)}
-    return alive
-
-
-def kill_processes(procs: set[Proc]) -> None:
-    """SIGKILL each of ``procs`` (processes this test started) that still runs."""
-    for proc in procs:
-        if _is_running(proc):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc[0], signal.SIGKILL)
-
-
-def describe_processes(procs: set[Proc]) -> list[str]:
-    """Return ``pid: command`` of each of ``procs`` (for failure messages)."""
-    lines = []
-    for pid, _tick in sorted(procs):
-        with contextlib.suppress(OSError):
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            lines.append(f"{pid}: {command.decode(errors='replace')[:150]}")
-    return lines
 
 
 def _status_counts(db: Path) -> dict[str, int]:
@@ -585,7 +356,7 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
         assert [s.sample_index for s in samples] == list(range(SAMPLES))
         assert [s.output_ids for s in samples] == baseline
     with open_store(url, read_only=True) as store:
-        stored = _sample_counts(store)
+        stored = sample_counts(store)
     assert stored == (SAMPLES * len(plan.trials), SAMPLES * len(plan.trials))
     with capsys.disabled():
         print(

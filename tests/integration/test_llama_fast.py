@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_tiny_pair, prompts, tiny_config
+from support.tiny_models import build_tiny_pair, prompts, tiny_config
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import workers.llama_fast as llama_fast

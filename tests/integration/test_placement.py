@@ -32,6 +32,8 @@ from orchestrator.placement import (
 from orchestrator.planner import Plan
 from orchestrator.spec import PairSpec
 
+pytestmark = pytest.mark.ray
+
 GPUS_PER_WORKER_NODE = 3
 CPUS_PER_WORKER_NODE = 5
 OBJECT_STORE_BYTES = 100 * 1024 * 1024

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 from safetensors.torch import load_file
+from support.gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policies import make_policy
@@ -44,6 +44,8 @@ from workers.lm import CachedLM
 from workers.prompt_format import encode_prompt
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget
+
+pytestmark = pytest.mark.zoo
 
 TINY_DRAFTS = PretrainedDrafts(
     data=TeacherDataRecipe(

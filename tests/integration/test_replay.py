@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tiny_models import build_tiny_pair
-from tiny_models import prompts as tiny_prompts
+from support.tiny_models import build_tiny_pair
+from support.tiny_models import prompts as tiny_prompts
 from transformers import AutoTokenizer
 
 from policies import POLICIES, make_policy

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.paths import REPO
 
 from orchestrator import cli
 from orchestrator.cost_model import (
@@ -30,7 +31,6 @@ from workers.records import GenerationResult, RoundRecord
 
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
 
 SWEEP = """\
 name: replay-test

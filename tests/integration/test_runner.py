@@ -18,6 +18,8 @@ from workers.step_plan import StepPlan
 from workers.target import LocalTarget
 from workers.trial import run_trial
 
+pytestmark = pytest.mark.ray
+
 SWEEP = """
 name: runner-test
 pairs:

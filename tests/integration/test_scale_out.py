@@ -39,6 +39,8 @@ from orchestrator.spec import parse_sweep
 from orchestrator.store import Store, open_store
 from workers.actors import DraftWorker
 
+pytestmark = pytest.mark.ray
+
 NODES = 3
 SAMPLES = 6
 SHARD_PROMPTS = 2

@@ -26,6 +26,8 @@ from orchestrator.spec import parse_sweep
 from orchestrator.store import open_store
 from workers.actors import DraftWorker, TargetWorker
 
+pytestmark = pytest.mark.ray
+
 BIRTHS = "specsweep-test-births"
 SAMPLES = 4
 REPLICAS = 2

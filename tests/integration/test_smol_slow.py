@@ -22,6 +22,8 @@ from workers.prompt_format import encode_prompt, response_text, uses_chat_templa
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
 
+pytestmark = pytest.mark.zoo
+
 NEW_TOKENS = 16
 DRAFT_LAYERS = 6
 

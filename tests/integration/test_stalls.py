@@ -21,14 +21,8 @@ from typing import Any
 import pytest
 import ray
 import yaml
-from test_faults import (
-    SAMPLES,
-    FaultInjector,
-    _process_alive,
-    _run,
-    _sample_counts,
-    sweep_yaml,
-)
+from support.faults import FaultInjector, process_alive, registered_sweep, sample_counts
+from support.sweeps import SAMPLES, sweep_yaml
 
 from orchestrator import replica as replica_module
 from orchestrator.planner import Trial
@@ -61,7 +55,7 @@ def _stall_sweep(name: str, **execution: Any) -> str:
 def _sweep_within_deadline(text: str, name: str, tmp_path: Any) -> tuple[SweepSummary, Store]:
     """Run the sweep on a thread; fail if it has not finished within ``SWEEP_DEADLINE_S``."""
     spec = parse_sweep(text, f"{name}.yaml")
-    plan, store = _run(text, name, tmp_path)
+    plan, store = registered_sweep(text, name, tmp_path)
     summaries: list[SweepSummary] = []
     errors: list[BaseException] = []
 
@@ -86,7 +80,7 @@ def _assert_every_sample_stored_once(summary: SweepSummary, store: Store, trials
         assert row.status == "done", row.error
         samples = store.sample_outputs(row.trial_id)
         assert [s.sample_index for s in samples] == list(range(SAMPLES))
-    assert _sample_counts(store) == (SAMPLES * trials, SAMPLES * trials)
+    assert sample_counts(store) == (SAMPLES * trials, SAMPLES * trials)
 
 
 def _closed_by_server(sock: socket.socket) -> bool:
@@ -160,7 +154,7 @@ def test_a_shard_whose_target_hangs_is_retried_on_a_fresh_group_after_the_stall_
 
     assert len(hung) == 1
     (trial_id, pid), *_ = hung
-    assert not _process_alive(pid)  # the stuck worker group was killed
+    assert not process_alive(pid)  # the stuck worker group was killed
     assert injector.starts == 2  # ... and replaced by a fresh one
     _assert_every_sample_stored_once(summary, store, trials=2)
     rows = {row.trial_id: row for row in store.trials("hung")}

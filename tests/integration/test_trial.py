@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from tiny_models import build_tiny_pair, prompts
+from support.tiny_models import build_tiny_pair, prompts
 
 from orchestrator.planner import Trial
 from orchestrator.replay_stage import replay_rounds

@@ -33,6 +33,8 @@ from training.zoo.enlarge import enlarge_target
 from training.zoo.recipes import MICRO_RECIPE, PROFILES, ZOO_MODEL_NAMES, Enlargement, ZooRecipe
 from training.zoo.refs import parse_model_ref, resolve_model_ref
 
+pytestmark = pytest.mark.zoo
+
 CODE_SAMPLE = 'def add(a, b):\n    """Return a + b."""\n    return a + b  # ünïcode ✓\n'
 
 #: A recipe even smaller than micro, for the tests that build more than once.

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 from types import ModuleType
 
+from support.paths import REPO
 from training.zoo.cache import ZooManifest
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+BENCH_DIR = REPO / "bench"
 
 
 def load_bench_script(name: str) -> ModuleType:

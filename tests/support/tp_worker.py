@@ -1,6 +1,7 @@
 """One rank of the tensor-parallel test: shard the target, decode, save what the test checks.
 
-Run as ``python tests/tp_worker.py RANK WORLD_SIZE PORT WORKDIR`` by ``test_tensor_parallel``.
+Run as ``python tests/support/tp_worker.py RANK WORLD_SIZE PORT WORKDIR`` by
+``test_tensor_parallel``.
 ``WORKDIR`` holds ``target/`` and ``draft/`` (save_pretrained) and ``inputs.pt`` (prompts and
 settings); this rank writes ``rank{RANK}.pt``. Every rank makes the same calls in the same
 order, as the Ray target group does.

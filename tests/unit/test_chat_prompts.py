@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from gguf_files import write_tiny_llama_gguf
+from support.gguf_files import write_tiny_llama_gguf
 from transformers import AutoTokenizer
 
 from orchestrator.planner import plan_sweep, replay_groups

@@ -19,11 +19,11 @@ import pytest
 import ray.autoscaler
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
+from support.paths import REPO
 
 from orchestrator.placement import bundle_totals, fits_on_node, worker_group_bundles
 from orchestrator.spec import PairSpec
 
-REPO = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = REPO / "cluster.yaml"
 RAY_SCHEMA = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
 

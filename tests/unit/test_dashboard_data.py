@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from dashboard_seed import (
+from support.dashboard_seed import (
     SYNTHETIC_FAILED,
     SYNTHETIC_T_DRAFT,
     SYNTHETIC_T_TARGET,

@@ -13,6 +13,7 @@ from pathlib import Path
 import datasets as hf_datasets
 import pandas as pd
 import pytest
+from support.paths import TEST_DATA
 
 from workers import corpus
 from workers.datasets import (
@@ -28,7 +29,7 @@ from workers.datasets import (
     validate_dataset_name,
 )
 
-HUB_FIXTURES = Path(__file__).parent / "data" / "hub"
+HUB_FIXTURES = TEST_DATA / "hub"
 HUB_NAMES = ["alpaca", "cnn_dailymail", "dolly", "gsm8k", "humaneval", "mbpp", "mt_bench"]
 HUB_NAMES += ["wmt19", "xsum"]
 ALPACA_WITH_INPUT = (

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import BaseModel
+from support.paths import REPO
 
 from orchestrator.cli import build_parser
 from orchestrator.spec import SweepSpec, parse_sweep
 from policies import POLICIES, policy_parameters
 from training.__main__ import load_job_config
 
-REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 GUIDE = REPO / "docs" / "guide"
 SWEEP_REFERENCE = GUIDE / "sweep-files.md"

@@ -10,7 +10,7 @@ from typing import ClassVar
 import pytest
 import torch
 from scipy import stats
-from tiny_models import build_tiny_pair, prompts
+from support.tiny_models import build_tiny_pair, prompts
 
 from policies import POLICIES, make_policy
 from policies.static import StaticPolicy

@@ -6,13 +6,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 from orchestrator import estimate
 from orchestrator.cost_model import HardwareProfile
 from orchestrator.planner import plan_sweep
 from orchestrator.spec import parse_sweep
-
-REPO = Path(__file__).resolve().parents[1]
 
 #: t_draft 0.01 s, t_target 0.1 s, AR 10 tokens/s: round numbers to compute by hand.
 PROFILE = HardwareProfile("test", "hand-made", t_draft=0.01, t_target=0.1, ar_tokens_per_s=10.0)

@@ -6,10 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 from orchestrator.git_state import git_state
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _git(cwd: Path, *args: str) -> str:

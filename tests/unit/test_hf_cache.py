@@ -6,7 +6,7 @@ import inspect
 import warnings
 
 import torch
-from tiny_models import tiny_config
+from support.tiny_models import tiny_config
 from transformers import DynamicCache, LlamaForCausalLM
 
 from workers.hf_cache import cache_keyword, cache_kwargs, returned_cache

@@ -11,7 +11,8 @@ import ast
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import REPO as ROOT
+
 PACKAGES = ("policies", "workers", "training", "orchestrator", "dashboard")
 
 #: training's layers, lowest first: a module imports its own layer and the layers below only.
@@ -170,3 +171,25 @@ def test_training_modules_import_only_their_layer_and_below() -> None:
         if _rank(target) > _rank(module)
     ]
     assert not upward, "training/ imports up from a lower layer:\n" + "\n".join(upward)
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    """Return the dotted names an ``import`` or ``from … import`` in ``tree`` may load."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return names
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers shared by tests live in ``tests/support``; no test file imports a test file."""
+    offenders = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / "tests").rglob("*.py")
+        for name in imported_modules(ast.parse(path.read_text(encoding="utf-8")))
+        if any(part.startswith("test_") or part == "conftest" for part in name.split("."))
+    }
+    assert not offenders, sorted(offenders)

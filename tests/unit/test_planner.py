@@ -5,14 +5,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import textwrap
-from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 from orchestrator.planner import CODE_VERSION, Plan, canonical_json, config_id, plan_sweep
 from orchestrator.spec import SweepError, SweepSpec, load_sweep, parse_sweep
-
-REPO = Path(__file__).resolve().parent.parent
 
 BASE = """\
 name: grid

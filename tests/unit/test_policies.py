@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from tiny_models import VOCAB, build_tiny_pair
-from tiny_models import prompts as tiny_prompts
+from support.tiny_models import VOCAB, build_tiny_pair
+from support.tiny_models import prompts as tiny_prompts
 
 from policies import (
     FEATURE_NAMES,

@@ -5,19 +5,19 @@ from __future__ import annotations
 import io
 import json
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
+from support.paths import REPO
+from support.store_records import stored_trial
 
 from orchestrator import report
 from orchestrator.planner import plan_sweep
 from orchestrator.spec import load_sweep, parse_sweep
 from orchestrator.store.records import StoredTrial
-from tests.store_records import stored_trial
 
-DEMO = Path(__file__).resolve().parents[1] / "sweeps" / "demo.yaml"
+DEMO = REPO / "sweeps" / "demo.yaml"
 
 
 def _row(**values: Any) -> StoredTrial:

@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 from orchestrator.planner import plan_sweep
 from orchestrator.spec import load_sweep
 from orchestrator.store import open_store
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "reproduction.md"
 DATABASES = {
     "demo": (REPO / "docs" / "demo-results.db", REPO / "sweeps" / "demo.yaml"),

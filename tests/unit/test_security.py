@@ -35,8 +35,9 @@ import torch
 import yaml
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
-from test_concurrency import BACKENDS
-from test_faults import sweep_yaml
+from support.paths import REPO
+from support.pg import BACKENDS
+from support.sweeps import sweep_yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import orchestrator.preflight as preflight_module
@@ -54,7 +55,6 @@ from orchestrator.target_sets import solo
 from workers.lm import load_causal_lm
 from workers.records import GenerationResult, RoundRecord
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("orchestrator", "workers", "policies", "training", "dashboard", "bench", "scripts")
 TABLES = ("sweeps", "sweep_trials", "trials", "sample_results", "rounds", "training_jobs")
 PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
+from support.paths import REPO
 
 from orchestrator.planner import plan_sweep
 from orchestrator.spec import (
@@ -18,8 +19,6 @@ from orchestrator.spec import (
     parse_sweep,
 )
 from orchestrator.yaml_lines import load_yaml_with_lines
-
-REPO = Path(__file__).resolve().parent.parent
 
 MINIMAL = """\
 name: tiny

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_tiny_pair, prompts
+from support.tiny_models import build_tiny_pair, prompts
 
 from workers.engine import RequestSettings, autoregressive_generate
 from workers.lm import CachedLM

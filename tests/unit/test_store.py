@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import sqlite3
-import textwrap
 import threading
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -22,12 +19,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import DBAPIError
+from support import store_db
+from support.store_db import SWEEP, spec_and_plan
 
 from orchestrator.metrics import trial_metrics
-from orchestrator.planner import Plan, Trial, plan_sweep
-from orchestrator.spec import SweepSpec, parse_sweep
+from orchestrator.planner import Trial
 from orchestrator.store import Store, StoreError, default_url, open_store, prompt_id, records
-from orchestrator.store.db import alembic_config, current_revision, head_revision, make_engine
+from orchestrator.store.db import alembic_config, current_revision, head_revision
 from orchestrator.store.models import (
     ArtifactRow,
     Base,
@@ -43,51 +41,8 @@ from orchestrator.store.models import (
 from orchestrator.store.records import StoredTrial
 from workers.records import GenerationResult, RoundRecord
 
-PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
-BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
-
-SWEEP = """\
-name: store
-pairs:
-  - name: demo
-    target: zoo:micro/target
-    draft: zoo:micro/draft-s
-datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
-temperatures: [0]
-policies:
-  - name: static
-  - name: svip
-    grid: {threshold: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
-max_draft_lens: [4, 8]
-training_jobs:
-  - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s, teacher: zoo:micro/target,
-     dataset: "builtin:code"}
-"""
-
-
-@pytest.fixture(params=BACKENDS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A URL of an empty database: a fresh SQLite file, or the wiped PostgreSQL test database."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'results.db'}"
-    assert PG_URL is not None
-    engine = make_engine(PG_URL)
-    with engine.begin() as connection:
-        connection.exec_driver_sql("DROP SCHEMA public CASCADE")
-        connection.exec_driver_sql("CREATE SCHEMA public")
-    engine.dispose()
-    return PG_URL
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    with open_store(db_url) as opened:
-        yield opened
-
-
-def _spec_and_plan(text: str = SWEEP) -> tuple[SweepSpec, Plan]:
-    spec = parse_sweep(textwrap.dedent(text))
-    return spec, plan_sweep(spec)
+db_url = store_db.db_url
+store = store_db.store
 
 
 def _results(tokens_per_sample: int, seconds: float) -> list[GenerationResult]:
@@ -168,7 +123,7 @@ def test_migration_downgrades_to_empty_and_back(db_url: str) -> None:
 
 def test_replay_migration_keeps_every_row_both_ways(db_url: str) -> None:
     """0004 must not recreate ``trials``: on SQLite that cascade-deletes samples and links."""
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     counts = {}
     with open_store(db_url) as store:
         store.register_sweep(spec, plan)
@@ -250,7 +205,7 @@ def test_default_url_comes_from_the_environment(
 
 
 def test_register_sweep_stores_pending_trials_in_plan_order(store: Store) -> None:
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     store.register_sweep(spec, plan)
     store.register_sweep(spec, plan)
     rows = store.trials("store")
@@ -269,8 +224,8 @@ def test_register_sweep_stores_pending_trials_in_plan_order(store: Store) -> Non
 
 
 def test_trials_shared_by_two_sweeps_are_stored_once(store: Store) -> None:
-    spec, plan = _spec_and_plan()
-    small_spec, small_plan = _spec_and_plan(
+    spec, plan = spec_and_plan()
+    small_spec, small_plan = spec_and_plan(
         SWEEP.replace("name: store", "name: small").replace(
             "max_draft_lens: [4, 8]", "max_draft_lens: [4]"
         )
@@ -289,7 +244,7 @@ def test_trials_shared_by_two_sweeps_are_stored_once(store: Store) -> None:
 
 
 def test_record_trial_once_with_samples_and_rounds(store: Store) -> None:
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     store.register_sweep(spec, plan)
     trial = plan.trials[1]
     results = _results(tokens_per_sample=6, seconds=1.5)
@@ -311,7 +266,7 @@ def test_record_trial_once_with_samples_and_rounds(store: Store) -> None:
 
 
 def test_record_trial_without_rounds(store: Store) -> None:
-    _, plan = _spec_and_plan()
+    _, plan = spec_and_plan()
     trial = plan.trials[2]
     results = _results(tokens_per_sample=4, seconds=1.0)
     assert store.record_trial(trial, results, trial_metrics(results), record_rounds=False)
@@ -321,7 +276,7 @@ def test_record_trial_without_rounds(store: Store) -> None:
 
 
 def test_samples_keep_dataset_prompt_ids_and_texts(store: Store) -> None:
-    _, plan = _spec_and_plan()
+    _, plan = spec_and_plan()
     results = _results(tokens_per_sample=2, seconds=1.0)
     metrics = trial_metrics(results)
     with pytest.raises(ValueError, match="prompt_ids has 1 entries for 2 results"):
@@ -351,7 +306,7 @@ def test_sample_prompt_ids_identify_prompts() -> None:
 
 
 def test_speedup_against_the_baseline_in_either_order(store: Store) -> None:
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     store.register_sweep(spec, plan)
     baseline, first, second = plan.trials[0], plan.trials[1], plan.trials[2]
     fast = _results(tokens_per_sample=6, seconds=1.0)  # 12 tokens / 2 s = 6 tokens/s
@@ -371,7 +326,7 @@ def test_speedup_against_the_baseline_in_either_order(store: Store) -> None:
 
 
 def test_failure_then_retry_then_success(store: Store) -> None:
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     store.register_sweep(spec, plan)
     trial = plan.trials[3]
     assert store.mark_running(trial)
@@ -393,7 +348,7 @@ def test_failure_then_retry_then_success(store: Store) -> None:
 
 
 def test_training_jobs_and_artifacts(store: Store) -> None:
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     store.register_sweep(spec, plan)
     (job,) = plan.jobs
     store.record_training_job(job, "running", attempts=1)
@@ -413,7 +368,7 @@ def test_training_jobs_and_artifacts(store: Store) -> None:
 
 
 def test_read_only_store_reads_and_rejects_writes(db_url: str) -> None:
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     with open_store(db_url) as writer:
         writer.register_sweep(spec, plan)
     with open_store(db_url, read_only=True) as reader:
@@ -441,7 +396,7 @@ def test_read_only_needs_an_existing_migrated_sqlite_store(tmp_path: Path) -> No
 
 
 def test_concurrent_writers_lose_no_rows(db_url: str) -> None:
-    spec, plan = _spec_and_plan()
+    spec, plan = spec_and_plan()
     trials = list(plan.trials)
     results = _results(tokens_per_sample=4, seconds=1.0)
     metrics = trial_metrics(results)

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 import yaml
+from support.paths import REPO
 
 from orchestrator.planner import Plan, Trial, plan_sweep
 from orchestrator.spec import SweepSpec, check_local_paths, load_sweep
 from policies import POLICIES
 
-REPO = Path(__file__).resolve().parent.parent
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 HARDWARE_LINE = re.compile(r"^#\s*hardware:\s*(\d+)\s+nodes?\s+x\s+(\d+)\s+GPUs?\s*$", re.MULTILINE)
 GPU_TOLERANCE = 1e-9

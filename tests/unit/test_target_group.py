@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import torch
-from tiny_models import build_tiny_pair, prompts
+from support.tiny_models import build_tiny_pair, prompts
 
 from workers.actors import ChannelTargetGroup
 from workers.channel import ChannelAddress, serve_channel

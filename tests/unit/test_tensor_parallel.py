@@ -1,9 +1,9 @@
 """The DeepSpeed AutoTP target: 2 real gloo ranks on CPU against the unsharded model.
 
-The ranks run ``tests/tp_worker.py`` as subprocesses (with a deadline, so a hang fails), with
-CUDA hidden and without ``DS_ACCELERATOR``/``LOCAL_SIZE``, so the module's own CPU setup is what
-is tested; the unsharded reference runs here from the same saved checkpoint. About 30-40 s on
-2 busy cores, almost all of it importing torch, transformers and DeepSpeed in each rank.
+The ranks run ``tests/support/tp_worker.py`` as subprocesses (with a deadline, so a hang fails),
+with CUDA hidden and without ``DS_ACCELERATOR``/``LOCAL_SIZE``, so the module's own CPU setup is
+what is tested; the unsharded reference runs here from the same saved checkpoint. About 30-40 s
+on 2 busy cores, almost all of it importing torch, transformers and DeepSpeed in each rank.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import build_tiny_pair, prompts
+from support.paths import REPO as REPO_ROOT
+from support.tiny_models import build_tiny_pair, prompts
 from torch import nn
 
 from policies import make_policy
@@ -37,7 +38,6 @@ MAX_DRAFT_LEN = 4
 TEMPERATURE = 0.8
 TP_GRAIN_SIZE = 16
 DEADLINE_S = 300
-REPO_ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 
 
@@ -55,7 +55,7 @@ def _run_ranks(workdir: Path) -> list[dict]:
         subprocess.Popen(
             [
                 sys.executable,
-                str(REPO_ROOT / "tests" / "tp_worker.py"),
+                str(REPO_ROOT / "tests" / "support" / "tp_worker.py"),
                 str(rank),
                 str(WORLD_SIZE),
                 str(port),

@@ -1,7 +1,7 @@
 """Intervals, per-sample speedups, per-position acceptance and runs in the real store.
 
 SQLite per test, and PostgreSQL too when ``SPECSWEEP_TEST_PG_URL`` is set (fixtures shared with
-``test_store.py``).
+``tests/support/store_db.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
+from support import store_db
 
 from orchestrator.metrics import trial_metrics
 from orchestrator.pairing import SampleSpeed, paired_ratio
@@ -23,11 +24,10 @@ from orchestrator.provenance import (
 )
 from orchestrator.stats import paired_speed_ratio
 from orchestrator.store import Store
-from tests import test_store
 from workers.records import GenerationResult, RoundRecord
 
-db_url = test_store.db_url
-store = test_store.store
+db_url = store_db.db_url
+store = store_db.store
 
 
 def _samples(seconds: list[float], rounds: list[list[tuple[int, int]]]) -> list[GenerationResult]:
@@ -49,7 +49,7 @@ def _ar(seconds: list[float]) -> list[GenerationResult]:
 
 def _trials(store: Store) -> tuple[Trial, Trial]:
     """Register the test sweep; return its first baseline and a trial measured against it."""
-    spec, plan = test_store._spec_and_plan()
+    spec, plan = store_db.spec_and_plan()
     store.register_sweep(spec, plan)
     baseline = next(t for t in plan.trials if t.is_baseline)
     trial = next(t for t in plan.trials if t.baseline_id == baseline.trial_id)

@@ -10,17 +10,15 @@ import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
+from support.paths import REPO
 from tqdm import tqdm
 
 from orchestrator.placement import groups_held
 from orchestrator.scheduler import Scheduler
 from orchestrator.spec import PairSpec
 from orchestrator.work_units import WorkUnit, missing_units, trial_units
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
