@@ -1,5 +1,11 @@
 """Shared fixtures: the ``micro`` model zoo (built once per test session into a temporary
-cache), a local two-CPU Ray per test module, and a job directory for training jobs."""
+cache), a local two-CPU Ray per test module, and a job directory for training jobs.
+
+The tiers: ``tests/unit`` needs neither the zoo nor Ray (collection fails if one of its tests
+asks for those fixtures); ``tests/integration`` holds the rest. Tests that use the zoo fixtures
+are marked ``zoo``, those that use ``ray_local`` are marked ``ray``; shared helpers live in
+``tests/support`` (imported as ``support.<module>``: ``tests`` is on ``pythonpath``).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,13 @@ import ray
 from training.jobs.base import JOBS_DIR_ENV
 from training.zoo.build import build_zoo
 from training.zoo.cache import ZooManifest
+
+#: Fixtures that build or point at the micro zoo (a test using one is marked ``zoo``).
+ZOO_FIXTURES = frozenset({"micro_zoo", "job_env"})
+#: Fixtures that start Ray (a test using one is marked ``ray``).
+RAY_FIXTURES = frozenset({"ray_local"})
+#: The fast tier's folder: its tests may use none of the fixtures above.
+UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +50,29 @@ def job_env(micro_zoo: ZooManifest, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
     monkeypatch.setenv(JOBS_DIR_ENV, str(tmp_path / "jobs"))
     return tmp_path / "jobs"
+
+
+def tier_violations(items: list[pytest.Item]) -> list[str]:
+    """Return ``test id: fixtures`` for each test under ``tests/unit`` using zoo or Ray fixtures."""
+    found = []
+    for item in items:
+        heavy = sorted((ZOO_FIXTURES | RAY_FIXTURES) & set(getattr(item, "fixturenames", ())))
+        if heavy and item.path.is_relative_to(UNIT_DIR):
+            found.append(f"{item.nodeid}: {', '.join(heavy)}")
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by the fixtures they use; refuse a unit-tier test that needs the zoo or Ray."""
+    violations = tier_violations(items)
+    if violations:
+        raise pytest.UsageError(
+            "tests/unit must not use the micro zoo or Ray (move these tests to "
+            "tests/integration):\n  " + "\n  ".join(violations)
+        )
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & ZOO_FIXTURES:
+            item.add_marker(pytest.mark.zoo)
+        if used & RAY_FIXTURES:
+            item.add_marker(pytest.mark.ray)

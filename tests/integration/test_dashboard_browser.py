@@ -1,0 +1,169 @@
+"""The dashboard served by ``streamlit run`` and drawn by headless Chromium (Debian ``chromium``).
+
+Starts the app on a store filled by a real micro-zoo sweep, loads the Pareto page in headless
+Chromium, and checks the screenshot: the plot area is not blank and the policies' trace
+colours are drawn. Chromium takes the screenshot when its virtual-time budget runs out, which
+can come within a second or two of real time: on a busy machine the server's first script runs
+(their imports included) have not drawn the charts by then, and the screenshot shows Streamlit's
+loading skeleton. So a screenshot without charts is retried after a real-time pause, until one
+shows them or ``SCREENSHOT_DEADLINE_S`` has passed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from support.dashboard_seed import seed_real_sweep
+from support.paths import REPO
+
+from dashboard.charts import PALETTE, POLICY_ORDER
+from workers.model_spec import free_port
+
+pytestmark = pytest.mark.ray
+
+APP = REPO / "dashboard" / "app.py"
+WINDOW = (1400, 1000)
+#: Left edge of the main area (the sidebar is about 300 px wide at this window size).
+MAIN_AREA_LEFT = 320
+VIRTUAL_TIME_BUDGET_MS = 60_000
+#: Real time within which a screenshot must show the charts (retried with growing pauses).
+SCREENSHOT_DEADLINE_S = 90
+RETRY_PAUSES_S = (2, 4, 8, 15)
+SERVER_START_TIMEOUT_S = 90
+COLOUR_TOLERANCE = 24
+MIN_TRACE_PIXELS = 40
+MIN_COLOURED_PIXELS = 300
+#: Width of the legend at the right of the main area (left of it: the plot itself).
+LEGEND_WIDTH = 220
+DRAWN_POLICIES = ("static", "adaedl", "svip")
+
+
+@pytest.fixture(scope="module")
+def real_url(micro_zoo, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store filled by a real sweep, shared with the AppTest module (run once a session)."""
+    url = f"sqlite:///{tmp_path_factory.getbasetemp() / 'dashboard-real.db'}"
+    seed_real_sweep(url, micro_zoo.root)
+    return url
+
+
+@pytest.fixture
+def served_app(real_url: str, tmp_path: Path):
+    """Yield the URL of ``streamlit run dashboard/app.py`` on the real store (localhost only)."""
+    port = free_port("127.0.0.1")
+    log = (tmp_path / "streamlit.log").open("w")
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.headless",
+        "true",
+        "--server.address",
+        "127.0.0.1",
+        "--server.port",
+        str(port),
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+        "--db",
+        real_url,
+    ]
+    server = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(port, server, tmp_path / "streamlit.log")
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def wait_until_healthy(port: int, server: subprocess.Popen, log: Path) -> None:
+    """Return once the server answers its health check; fail if it exits or never answers."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"streamlit exited with {server.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"streamlit did not answer within {SERVER_START_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def screenshot(url: str, path: Path, profile: Path) -> Image.Image:
+    """Return a headless-Chromium screenshot of ``url`` (also written to ``path``)."""
+    chromium = shutil.which("chromium")
+    assert chromium, "headless Chromium is needed: apt-get install -y chromium"
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
+        f"--screenshot={path}",
+        url,
+    ]
+    subprocess.run(command, check=True, capture_output=True, timeout=180)
+    return Image.open(path).convert("RGB")
+
+
+def colour_pixels(pixels: np.ndarray, hex_colour: str) -> int:
+    """Return how many pixels lie within COLOUR_TOLERANCE of ``hex_colour`` on every channel."""
+    target = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
+    return int((np.abs(pixels - target).max(axis=2) <= COLOUR_TOLERANCE).sum())
+
+
+def coloured_pixels(pixels: np.ndarray) -> int:
+    """Return how many pixels are saturated (max − min channel > 60): not white, grey or black."""
+    return int((pixels.max(axis=2) - pixels.min(axis=2) > 60).sum())
+
+
+def trace_colours() -> dict[str, str]:
+    """Return the colour each drawn policy's frontier uses (its fixed palette slot)."""
+    return {policy: PALETTE[POLICY_ORDER.index(policy)] for policy in DRAWN_POLICIES}
+
+
+@pytest.mark.slow
+def test_pareto_page_draws_the_frontiers_in_chromium(served_app: str, tmp_path: Path) -> None:
+    deadline = time.monotonic() + SCREENSHOT_DEADLINE_S
+    attempt = 0
+    while True:
+        path = tmp_path / f"pareto-{attempt}.png"
+        image = screenshot(served_app, path, tmp_path / f"profile-{attempt}")
+        assert image.size == WINDOW
+        main = np.asarray(image, dtype=int)[:, MAIN_AREA_LEFT:, :]
+        if coloured_pixels(main) >= MIN_COLOURED_PIXELS or time.monotonic() > deadline:
+            break  # the charts arrived, or the server had its time
+        time.sleep(RETRY_PAUSES_S[min(attempt, len(RETRY_PAUSES_S) - 1)])
+        attempt += 1
+    # Text and grid lines are grey; only the plotly traces (and their legend) are coloured.
+    assert coloured_pixels(main) >= MIN_COLOURED_PIXELS, f"no chart drawn: {path}"
+    by_policy = {policy: colour_pixels(main, hex_) for policy, hex_ in trace_colours().items()}
+    assert all(count >= MIN_TRACE_PIXELS for count in by_policy.values()), (by_policy, path)
+    plot_area = main[:, :-LEGEND_WIDTH, :]  # data markers and lines, legend swatches excluded
+    in_plot = sum(colour_pixels(plot_area, hex_) for hex_ in trace_colours().values())
+    assert in_plot >= MIN_TRACE_PIXELS, (in_plot, path)

@@ -1,0 +1,325 @@
+"""The engine: greedy losslessness for every policy, exact KV rollback, EOS and length limits,
+and the rejection sampler's distribution (exactly for one step, statistically end to end)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import ClassVar
+
+import pytest
+import torch
+from scipy import stats
+from support.tiny_models import build_tiny_pair, prompts
+
+from policies import POLICIES, make_policy
+from policies.static import StaticPolicy
+from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
+from workers.lm import CachedLM
+from workers.records import SamplingConfig
+from workers.sampling import entropy, warp_probs
+from workers.target import LocalTarget
+from workers.verification import (
+    residual_distribution,
+    speculative_step_distribution,
+    verify_greedy,
+    verify_sampling,
+)
+
+GREEDY = SamplingConfig(max_new_tokens=20)
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[CachedLM, LocalTarget]:
+    """The tiny in-memory pair wrapped for the engine."""
+    draft, target = build_tiny_pair()
+    return CachedLM(draft), LocalTarget(CachedLM(target))
+
+
+def _policy(name: str, max_draft_len: int):
+    """Build any registered policy, giving trained-artifact policies a stand-in callable."""
+    if name == "specdecpp":
+        return make_policy(name, max_draft_len, head=lambda hidden: float(hidden[0]) + 2.0)
+    if name == "cali_ts":
+        return make_policy(name, max_draft_len, predictor=lambda step: 0.6)
+    return make_policy(name, max_draft_len)
+
+
+@pytest.fixture(scope="module")
+def greedy_references(pair) -> list[tuple[torch.Tensor, list[int]]]:
+    """Fifty prompts with the target-only greedy output of each."""
+    _, target = pair
+    return [
+        (prompt, autoregressive_generate(target, prompt, RequestSettings(GREEDY)).output_ids)
+        for prompt in prompts(50, seed=1)
+    ]
+
+
+@pytest.mark.parametrize("policy_name", sorted(POLICIES))
+def test_greedy_output_equals_target_only_for_every_policy(pair, greedy_references, policy_name):
+    draft, target = pair
+    total_drafted = 0
+    for index, (prompt, reference) in enumerate(greedy_references):
+        settings = RequestSettings(GREEDY, seed=index)
+        policy = _policy(policy_name, max_draft_len=6)
+        result = speculative_generate(
+            draft, target, policy, prompt, settings, max_draft_len=6, reference=reference
+        )
+        assert result.output_ids == reference, f"prompt {index} differs under {policy_name}"
+        assert sum(r.emitted for r in result.rounds) == len(result.output_ids)
+        assert all(r.drafted <= 6 for r in result.rounds)
+        total_drafted += result.n_drafted
+    assert total_drafted > 0
+
+
+def test_oracle_discards_nothing_and_needs_one_target_call_per_disagreement(pair):
+    draft, target = pair
+    for prompt in prompts(10, seed=2):
+        settings = RequestSettings(GREEDY)
+        reference = autoregressive_generate(target, prompt, settings).output_ids
+        result = speculative_generate(
+            draft, target, make_policy("oracle", 64), prompt, settings, 64, reference=reference
+        )
+        assert result.output_ids == reference
+        assert result.n_drafted == result.n_accepted
+        full = torch.cat([prompt, torch.tensor(reference)])
+        draft_choice = draft.full_logits(full)[len(prompt) - 1 : -1].argmax(-1).tolist()
+        disagreements = sum(1 for t in range(len(reference) - 1) if draft_choice[t] != reference[t])
+        assert result.n_target_calls == disagreements + 1
+
+
+def test_kv_rollback_matches_from_scratch_forward(pair):
+    draft, target = pair
+    checked = []
+
+    def check(sequence: list[int]) -> None:
+        ids = torch.tensor(sequence)
+        for lm in (target.lm, draft):
+            cached = lm.cached_len
+            assert cached <= len(sequence) - 1
+            via_cache = lm.forward(ids[cached:], last_only=True).logits[-1]
+            lm.crop(cached)
+            assert lm.cached_len == cached
+            scratch = lm.full_logits(ids)[-1]
+            torch.testing.assert_close(via_cache, scratch, atol=1e-4, rtol=0)
+        checked.append(len(sequence))
+
+    for policy_name in ("static", "svip", "hf_heuristic"):
+        for prompt in prompts(4, seed=3):
+            speculative_generate(
+                draft,
+                target,
+                make_policy(policy_name, 5),
+                prompt,
+                RequestSettings(GREEDY),
+                5,
+                on_round=check,
+            )
+    sampled = RequestSettings(SamplingConfig(temperature=1.0, max_new_tokens=24), seed=5)
+    for prompt in prompts(4, seed=4):
+        speculative_generate(
+            draft, target, make_policy("static", 5), prompt, sampled, 5, on_round=check
+        )
+    assert len(checked) > 40
+
+
+def test_max_new_tokens_and_eos(pair):
+    draft, target = pair
+    prompt = prompts(1, seed=7)[0]
+    for limit in (1, 2, 7, 13):
+        settings = RequestSettings(SamplingConfig(max_new_tokens=limit))
+        result = speculative_generate(draft, target, make_policy("static", 8), prompt, settings, 8)
+        assert len(result.output_ids) == limit
+    long_output = autoregressive_generate(target, prompt, RequestSettings(GREEDY)).output_ids
+    eos = long_output[5]
+    settings = RequestSettings(GREEDY, eos_token_id=eos)
+    expected = long_output[: long_output.index(eos) + 1]
+    result = speculative_generate(draft, target, make_policy("static", 8), prompt, settings, 8)
+    assert result.output_ids == expected
+    assert result.stopped_on_eos
+    assert autoregressive_generate(target, prompt, settings).output_ids == expected
+
+
+def test_verify_greedy_by_hand():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0], [1.0, 2.0, 0.0]])
+    choices = logits.argmax(dim=-1)
+    verdict = verify_greedy([1, 0, 2], choices)
+    assert (verdict.n_accepted, verdict.next_token) == (3, 1)
+    verdict = verify_greedy([1, 2, 2], choices)
+    assert (verdict.n_accepted, verdict.next_token) == (1, 0)
+    verdict = verify_greedy([], choices[:1])
+    assert (verdict.n_accepted, verdict.next_token) == (0, 1)
+
+
+def test_verify_sampling_acceptance_rule():
+    target_probs = torch.tensor([[0.2, 0.8], [0.5, 0.5], [0.9, 0.1]])
+    generator = torch.Generator().manual_seed(0)
+    uniforms = torch.rand(2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    verdict = verify_sampling(
+        torch.tensor([0, 1]), torch.tensor([0.6, 0.25]), target_probs, generator
+    )
+    first_accepted = uniforms[0] * 0.6 <= 0.2
+    if not first_accepted:
+        assert verdict.n_accepted == 0
+        torch.testing.assert_close(verdict.rejected_row, target_probs[0])
+    else:
+        assert verdict.n_accepted == 2 and verdict.next_token in (0, 1)
+
+
+def test_residual_by_hand():
+    residual = residual_distribution(torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.6, 0.2]))
+    torch.testing.assert_close(residual, torch.tensor([1.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 5, 0.9), (1.3, 4, 0.8), (1.0, 0, 1.0)])
+def test_one_step_output_distribution_equals_target_exactly(temperature, top_k, top_p):
+    generator = torch.Generator().manual_seed(11)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    for _ in range(20):
+        p = warp_probs(torch.randn(12, generator=generator, dtype=torch.float64) * 2, sampling)
+        q = warp_probs(torch.randn(12, generator=generator, dtype=torch.float64) * 2, sampling)
+        emitted = speculative_step_distribution(p, q)
+        torch.testing.assert_close(emitted, p.double(), atol=1e-12, rtol=0)
+
+
+def test_warp_applies_top_k_and_top_p_as_defined():
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    probs = warp_probs(logits, SamplingConfig(temperature=1.0, top_k=3))
+    torch.testing.assert_close(probs, torch.tensor([4 / 9, 3 / 9, 2 / 9, 0.0]))
+    probs = warp_probs(logits, SamplingConfig(temperature=1.0, top_p=0.6))
+    torch.testing.assert_close(probs, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
+    flat = warp_probs(logits, SamplingConfig(temperature=1e9))
+    torch.testing.assert_close(flat, torch.full((4,), 0.25), atol=1e-6, rtol=0)
+    assert math.isclose(float(entropy(torch.full((4,), 0.25))), math.log(4), rel_tol=1e-6)
+
+
+def _exact_two_token_distribution(
+    target_lm: CachedLM, prompt: torch.Tensor, sampling: SamplingConfig
+) -> dict[tuple[int, int], float]:
+    """P(x1, x2 | prompt) under target-only sampling, computed from the target's logits."""
+    first = warp_probs(target_lm.full_logits(prompt)[-1], sampling)
+    joint = {}
+    for x1 in first.nonzero()[:, 0].tolist():
+        second = warp_probs(
+            target_lm.full_logits(torch.cat([prompt, torch.tensor([x1])]))[-1], sampling
+        )
+        for x2 in second.nonzero()[:, 0].tolist():
+            joint[(x1, x2)] = float(first[x1] * second[x2])
+    return joint
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_speculative_sampling_matches_target_distribution(temperature):
+    vocab = 8
+    draft_model, target_model = build_tiny_pair(seed=4, vocab=vocab, head_std=0.12)
+    draft, target = CachedLM(draft_model), LocalTarget(CachedLM(target_model))
+    sampling = SamplingConfig(temperature=temperature, top_k=6, top_p=0.95, max_new_tokens=2)
+    prompt = torch.tensor([3, 5, 2])
+    exact = _exact_two_token_distribution(target.lm, prompt, sampling)
+    counts = dict.fromkeys(exact, 0)
+    runs = 2000
+    accepted = 0
+    for seed in range(runs):
+        result = speculative_generate(
+            draft, target, make_policy("static", 2), prompt, RequestSettings(sampling, seed=seed), 2
+        )
+        key = tuple(result.output_ids)
+        assert key in counts, f"sampled {key}, which has zero probability under the target"
+        counts[key] += 1
+        accepted += result.n_accepted
+    assert accepted > runs * 0.2, "the draft should get tokens accepted for the test to bite"
+    cells = [(counts[k], exact[k] * runs) for k in exact]
+    big = [(o, e) for o, e in cells if e >= 5]
+    rest_observed = sum(o for o, e in cells if e < 5)
+    rest_expected = sum(e for o, e in cells if e < 5)
+    observed = [o for o, _ in big] + ([rest_observed] if rest_expected > 0 else [])
+    expected = [e for _, e in big] + ([rest_expected] if rest_expected > 0 else [])
+    assert len(observed) >= 5
+    expected = [e * sum(observed) / sum(expected) for e in expected]
+    _, p_value = stats.power_divergence(observed, expected, lambda_="log-likelihood")
+    assert p_value > 0.01, f"G-test rejects equality with target sampling: p={p_value:.4g}"
+
+
+def test_sampling_is_reproducible_per_seed(pair):
+    draft, target = pair
+    sampling = SamplingConfig(temperature=1.0, top_k=20, max_new_tokens=20)
+    prompt = prompts(1, seed=8)[0]
+    runs = [
+        speculative_generate(
+            draft,
+            target,
+            make_policy("beta_ts", 4),
+            prompt,
+            RequestSettings(sampling, seed=seed),
+            4,
+        ).output_ids
+        for seed in (1, 1, 2)
+    ]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_policy_sees_entropy_of_the_distribution_it_drafts_from(pair):
+    draft, target = pair
+    seen = []
+    policy = make_policy("svip", 4, threshold=10.0)
+    original = policy.decide
+
+    def spy(step):
+        seen.append(step)
+        return original(step)
+
+    policy.decide = spy
+    prompt = prompts(1, seed=9)[0]
+    speculative_generate(draft, target, policy, prompt, RequestSettings(GREEDY), 4)
+    first = seen[0]
+    expected = entropy(CachedLM(draft.model).full_logits(prompt)[-1].softmax(-1))
+    assert math.isclose(first.entropy, float(expected), rel_tol=1e-4)
+    assert all(a.index + 1 == b.index or b.index == 1 for a, b in itertools.pairwise(seen))
+
+
+def test_a_stop_after_a_kept_candidate_costs_no_further_draft_forward(pair):
+    """SpecDec++ with sigmoid(f) = 0.8 and h = 0.3: 1 − 0.8 ≤ h < 1 − 0.64, so every round keeps
+    two candidates and stops (KEEP_STOP) without forwarding the second; a stop before a
+    candidate (SVIP) has paid the forward that produced it."""
+    draft, target = pair
+    prompt = prompts(1, seed=10)[0]
+    keep_stop = make_policy("specdecpp", 6, constant_logit=math.log(4.0), threshold=0.3)
+    result = speculative_generate(draft, target, keep_stop, prompt, RequestSettings(GREEDY), 6)
+    full = result.rounds[:-1]
+    assert full and all((r.drafted, r.draft_forwards) == (2, 2) for r in full)
+    svip = make_policy("svip", 6, threshold=0.0)
+    result = speculative_generate(draft, target, svip, prompt, RequestSettings(GREEDY), 6)
+    generated, stopped = 0, []
+    for r in result.rounds:
+        cap = min(6, GREEDY.max_new_tokens - generated - 1)
+        if r.drafted < cap:
+            stopped.append(r)
+        generated += r.accepted + 1
+    assert stopped and all(r.draft_forwards == r.drafted + 1 for r in stopped)
+    assert all(r.drafted >= 1 for r in result.rounds[:-1])
+
+
+class _AskedStatic(StaticPolicy):
+    """Static K, but the engine is to ask it about every candidate."""
+
+    keeps_every_candidate: ClassVar[bool] = False
+
+
+class _NeverAsked(StaticPolicy):
+    """Static K whose ``decide`` fails: the engine must not call it."""
+
+    def decide(self, step):
+        raise AssertionError("a policy that keeps every candidate was asked")
+
+
+def test_a_policy_keeping_every_candidate_is_not_asked_and_drafts_the_same(pair) -> None:
+    draft, target = pair
+    settings = RequestSettings(GREEDY)
+    for prompt in prompts(8, seed=5):
+        asked = speculative_generate(draft, target, _AskedStatic(4), prompt, settings, 4)
+        skipped = speculative_generate(draft, target, _NeverAsked(4), prompt, settings, 4)
+        assert skipped.output_ids == asked.output_ids
+        rounds = [(r.drafted, r.accepted, r.draft_forwards) for r in skipped.rounds]
+        assert rounds == [(r.drafted, r.accepted, r.draft_forwards) for r in asked.rounds]

@@ -1,0 +1,342 @@
+"""Grid expansion: counts, identity, baselines, skipping, ordering, jobs and resources."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import textwrap
+
+import pytest
+from support.paths import REPO
+
+from orchestrator.sweep.planner import CODE_VERSION, Plan, canonical_json, config_id, plan_sweep
+from orchestrator.sweep.spec import SweepError, SweepSpec, load_sweep, parse_sweep
+
+BASE = """\
+name: grid
+pairs:
+  - name: p1
+    target: zoo:micro/target
+    draft: zoo:micro/draft-m
+  - name: p2
+    target: zoo:micro/target
+    draft: zoo:micro/draft-s
+datasets:
+  - {name: "builtin:code", samples: 4, max_new_tokens: 16}
+  - {name: "builtin:math", samples: 4, max_new_tokens: 16}
+temperatures: [0, 0.8]
+policies:
+  - name: static
+  - name: adaedl
+    grid: {threshold: [0.2, 0.4, 0.6]}
+  - name: svip
+    params: {length_cap: 30}
+    grid: {threshold: [0.3, 0.5]}
+  - name: oracle
+max_draft_lens: [4, 8]
+seeds: [0, 1]
+"""
+
+
+def _spec(text: str = BASE) -> SweepSpec:
+    return parse_sweep(textwrap.dedent(text))
+
+
+def _plan(text: str = BASE) -> Plan:
+    return plan_sweep(_spec(text))
+
+
+def test_counts_follow_the_grid_formula() -> None:
+    plan = _plan()
+    pairs, datasets, temperatures, lengths, seeds = 2, 2, 2, 2, 2
+    settings_greedy = 1 + 3 + 2 + 1
+    settings_sampled = 1 + 3 + 2  # the oracle is greedy-only
+    groups = pairs * datasets * seeds
+    policy_trials = groups * (settings_greedy + settings_sampled) * lengths
+    baselines = pairs * datasets * temperatures * seeds
+    assert plan.counts() == {
+        "trials": policy_trials + baselines,
+        "baselines": baselines,
+        "policy_trials": policy_trials,
+        "skipped": groups * lengths,
+        "jobs": 0,
+    }
+    assert len({trial.trial_id for trial in plan.trials}) == len(plan.trials)
+
+
+def test_greedy_only_policy_is_skipped_with_a_reason() -> None:
+    plan = _plan()
+    assert {(t.policy, t.temperature) for t in plan.trials if t.policy == "oracle"} == {
+        ("oracle", 0.0)
+    }
+    assert {group.policy for group in plan.skipped} == {"oracle"}
+    assert all(group.temperature == 0.8 for group in plan.skipped)
+    assert all("greedy-only" in group.reason for group in plan.skipped)
+    keys = {(g.pair, g.dataset, g.seed) for g in plan.skipped}
+    assert len(keys) == len(plan.skipped) == 2 * 2 * 2  # pairs × datasets × seeds
+    assert all(group.n_trials == 2 for group in plan.skipped)  # one setting × two lengths
+
+
+def test_baselines_one_per_group_and_linked() -> None:
+    plan = _plan()
+    baselines = {t.trial_id: t for t in plan.trials if t.is_baseline}
+    keys = {(t.pair, t.dataset, t.temperature, t.seed) for t in baselines.values()}
+    assert len(keys) == len(baselines) == 16
+    for baseline in baselines.values():
+        assert (baseline.policy, baseline.max_draft_len, baseline.params) == ("ar", 0, ())
+        assert baseline.baseline_id is None
+    for trial in plan.trials:
+        if trial.is_baseline:
+            continue
+        baseline = baselines[trial.baseline_id]
+        assert (baseline.pair, baseline.dataset, baseline.temperature, baseline.seed) == (
+            trial.pair,
+            trial.dataset,
+            trial.temperature,
+            trial.seed,
+        )
+
+
+def test_order_groups_pairs_and_puts_baselines_first() -> None:
+    plan = _plan()
+    pair_runs = [name for name, _ in itertools.groupby(t.pair for t in plan.trials)]
+    assert pair_runs == ["p1", "p2"]
+    group_key = lambda t: (t.pair, t.dataset, t.temperature, t.seed)  # noqa: E731
+    seen_groups = []
+    for key, group in itertools.groupby(plan.trials, key=group_key):
+        trials = list(group)
+        assert trials[0].is_baseline
+        assert not any(t.is_baseline for t in trials[1:])
+        seen_groups.append(key)
+    assert len(seen_groups) == len(set(seen_groups)) == 16
+
+
+def test_params_have_defaults_and_threshold_column() -> None:
+    plan = _plan()
+    adaedl = [t for t in plan.trials if t.policy == "adaedl"]
+    assert {t.threshold for t in adaedl} == {0.2, 0.4, 0.6}
+    assert all(t.params_dict["gamma"] == 0.2 for t in adaedl)
+    assert all(t.params_dict["dynamic"] is True for t in adaedl)
+    svip = [t for t in plan.trials if t.policy == "svip"]
+    assert all(t.params_dict == {"threshold": t.threshold, "length_cap": 30} for t in svip)
+    assert all(t.threshold is None for t in plan.trials if t.policy in ("static", "oracle", "ar"))
+    assert all(list(t.params) == sorted(t.params) for t in plan.trials)
+
+
+def test_config_id_is_sha256_of_canonical_json() -> None:
+    config = {"b": [1.5, "x"], "a": 1}
+    text = '{"a":1,"b":[1.5,"x"]}'
+    assert canonical_json(config) == text
+    assert config_id(config) == hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert config_id({"a": 1, "b": [1.5, "x"]}) == config_id(config)
+    with pytest.raises(ValueError):
+        canonical_json({"a": float("nan")})
+
+
+def test_ids_ignore_labels_spelling_and_defaults() -> None:
+    ids = {t.trial_id for t in _plan().trials}
+    relabelled = (
+        BASE.replace("name: grid", "name: other\ndescription: same trials")
+        .replace("name: p1", "name: first")
+        .replace("[0.2, 0.4, 0.6]", "[0.20, 0.4, 6.0e-1]")
+        .replace("temperatures: [0, 0.8]", "temperatures: [0.0, {temperature: 0.80}]")
+        .replace("params: {length_cap: 30}", "params: {length_cap: 30.0}")
+        .replace("  - name: static\n", "  - {name: static, params: {}}\n")
+        .replace("  - name: adaedl\n", "  - name: adaedl\n    params: {gamma: 0.2}\n")
+    )
+    assert {t.trial_id for t in _plan(relabelled).trials} == ids
+    assert all(t.sweep == "other" for t in _plan(relabelled).trials)
+
+
+def test_ids_change_with_what_is_measured() -> None:
+    ids = {t.trial_id for t in _plan().trials}
+    for old, new in [
+        ("seeds: [0, 1]", "seeds: [2, 3]"),
+        ("samples: 4, max_new_tokens: 16", "samples: 5, max_new_tokens: 16"),
+        ("samples: 4, max_new_tokens: 16", "samples: 4, max_new_tokens: 17"),
+        ("temperatures: [0, 0.8]", "temperatures: [0.1, 0.9]"),
+        ("target: zoo:micro/target", "target: {model: zoo:micro/target, dtype: bfloat16}"),
+        ("seeds: [0, 1]", "seeds: [0, 1]\nexecution: {warmup_samples: 2}"),
+    ]:
+        changed = BASE.replace(old, new)
+        assert changed != BASE
+        assert ids.isdisjoint(t.trial_id for t in _plan(changed).trials), new
+
+
+def test_changing_one_pairs_draft_changes_only_its_trials() -> None:
+    plan = _plan()
+    changed = _plan(BASE.replace("draft: zoo:micro/draft-s", "draft: zoo:micro/draft-m"))
+    p1_ids = {t.trial_id for t in plan.trials if t.pair == "p1"}
+    p2_ids = {t.trial_id for t in plan.trials if t.pair == "p2"}
+    assert {t.trial_id for t in changed.trials if t.pair == "p1"} == p1_ids
+    assert p2_ids.isdisjoint(t.trial_id for t in changed.trials if t.pair == "p2")
+
+
+def test_greedy_ignores_top_k_and_duplicates_are_dropped() -> None:
+    plan = _plan()
+    duplicated = BASE.replace(
+        "temperatures: [0, 0.8]", "temperatures: [0, {temperature: 0, top_k: 50}, 0.8, 0.80]"
+    ).replace("max_draft_lens: [4, 8]", "max_draft_lens: [4, 8, 4]")
+    assert [t.trial_id for t in _plan(duplicated).trials] == [t.trial_id for t in plan.trials]
+    assert _plan(duplicated).skipped == plan.skipped
+
+
+def test_top_k_matters_when_sampling() -> None:
+    both = _plan(BASE.replace("[0, 0.8]", "[0.8, {temperature: 0.8, top_k: 50}]"))
+    plain = _plan(BASE.replace("[0, 0.8]", "[0.8]"))
+    sampled = [t for t in both.trials if t.policy == "static" and t.top_k == 50]
+    assert len(sampled) == 2 * 2 * 2 * 2  # pairs × datasets × lengths × seeds
+    assert len(both.trials) == 2 * len(plain.trials)
+
+
+JOBS = """\
+name: kd
+pairs:
+  - name: distilled
+    target: zoo:micro/target
+    draft: {job: kd_draft}
+datasets: ["builtin:code"]
+temperatures: [0]
+policies:
+  - {name: static}
+  - {name: specdecpp, job: head, grid: {threshold: [0.5, 0.7]}}
+max_draft_lens: [4]
+training_jobs:
+  - {name: kd_draft, kind: distillspec, base: zoo:micro/draft-s, teacher: zoo:micro/target,
+     dataset: "builtin:code", epochs: 1, config: {divergence: forward_kl}}
+  - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s, teacher: zoo:micro/target,
+     dataset: {name: "builtin:code", samples: 32}}
+"""
+
+
+def test_jobs_and_requirements() -> None:
+    plan = _plan(JOBS)
+    jobs = {job.name: job for job in plan.jobs}
+    assert set(jobs) == {"kd_draft", "head"}
+    assert jobs["kd_draft"].config == {"divergence": "forward_kl"}
+    assert jobs["head"].samples == 32
+    for trial in plan.trials:
+        expected = ("kd_draft", "head") if trial.policy == "specdecpp" else ("kd_draft",)
+        assert trial.requires_jobs == expected
+        assert trial.job_ids == tuple(jobs[name].job_id for name in expected)
+        assert trial.draft is None and trial.draft_job == "kd_draft"
+    assert len(plan.trials) == 1 + 1 + 2
+
+
+def test_job_config_changes_job_and_trial_ids() -> None:
+    plan = _plan(JOBS)
+    changed = _plan(JOBS.replace("divergence: forward_kl", "divergence: reverse_kl"))
+    assert plan.jobs[0].job_id != changed.jobs[0].job_id
+    assert plan.jobs[1].job_id == changed.jobs[1].job_id
+    old_ids = {t.trial_id for t in plan.trials}
+    assert old_ids.isdisjoint(t.trial_id for t in changed.trials)
+    renamed = _plan(JOBS.replace("kd_draft", "teacher_copy"))
+    assert {t.trial_id for t in renamed.trials} == old_ids
+
+
+def test_resources_per_pair() -> None:
+    text = BASE.replace(
+        "  - name: p2\n    target: zoo:micro/target\n",
+        "  - name: p2\n"
+        "    target: {model: zoo:micro/target, backend: deepspeed, tp_size: 2, gpus: 1}\n",
+    ).replace("draft: zoo:micro/draft-s", "draft: {model: zoo:micro/draft-s, gpus: 0.5}")
+    resources = {r.pair: r for r in _plan(text).resources()}
+    assert (resources["p1"].cpus, resources["p1"].gpus) == (2, 0.0)
+    p2 = resources["p2"]
+    assert (p2.backend, p2.target_actors, p2.gpus_per_target_actor) == ("deepspeed", 2, 1.0)
+    assert (p2.cpus, p2.gpus, p2.draft_gpus) == (3, 2 * 1.0 + 0.5, 0.5)
+
+
+def test_demo_sweep_plan() -> None:
+    plan = plan_sweep(load_sweep(REPO / "sweeps" / "demo.yaml"))
+    counts = plan.counts()
+    # Greedy: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once, max_confidence and
+    # adaedl with 3 thresholds, svip with 4 = 16 settings x 3 caps. At 0.7: static and adaedl x
+    # 3 caps, five others at cap 16 = 11 (the SpecDec++ stand-in is greedy only). Per dataset,
+    # plus its greedy live check.
+    assert counts["policy_trials"] == 2 * (16 * 3 + 11 + 1)
+    assert counts["baselines"] == 2 * 2
+    live = [t for t in plan.trials if t.mode == "live"]
+    assert len(live) == 2 * (2 + 1 + 11)  # AR x 2 temperatures, the check, the sampled trials
+    assert {t.max_draft_len for t in live if t.policy == "svip"} == {16}
+    assert not [t for t in plan.trials if t.policy == "specdecpp" and t.temperature > 0]
+    assert all(t.code_version == CODE_VERSION for t in plan.trials)
+
+
+CHAINED = JOBS.replace(
+    "  - {name: head, kind: specdecpp_head, base: zoo:micro/draft-s,",
+    "  - {name: head, kind: specdecpp_head, base: 'job:kd_draft',",
+)
+
+
+def test_a_job_on_another_jobs_draft_comes_after_it_and_inherits_its_identity() -> None:
+    # Listed head-first, planned upstream-first.
+    reordered = CHAINED.replace("training_jobs:\n", "training_jobs:\n  - HEAD\n")
+    lines = reordered.splitlines()
+    head_start = next(i for i, line in enumerate(lines) if "name: head," in line)
+    head = lines[head_start : head_start + 2]
+    del lines[head_start : head_start + 2]
+    marker = lines.index("  - HEAD")
+    lines[marker : marker + 1] = head
+    plan = _plan("\n".join(lines) + "\n")
+    assert [job.name for job in plan.jobs] == ["kd_draft", "head"]
+    assert plan.jobs[1].base == "job:kd_draft"
+    changed = _plan(CHAINED.replace("divergence: forward_kl", "divergence: tvd"))
+    assert changed.jobs[1].job_id != plan.jobs[1].job_id  # the upstream draft changed
+    assert _plan(CHAINED).jobs[1].job_id == plan.jobs[1].job_id  # listing order is not identity
+
+
+def test_policy_pairs_restrict_a_policy_to_its_pairs() -> None:
+    text = JOBS.replace(
+        "  - {name: specdecpp, job: head, grid: {threshold: [0.5, 0.7]}}",
+        "  - {name: specdecpp, job: head, grid: {threshold: [0.5, 0.7]}, pairs: [zoo]}",
+    ).replace(
+        "    draft: {job: kd_draft}\n",
+        "    draft: {job: kd_draft}\n"
+        "  - {name: zoo, target: zoo:micro/target, draft: zoo:micro/draft-s}\n",
+    )
+    plan = _plan(text)
+    by_pair = {
+        pair: sorted(t.policy for t in plan.trials if t.pair == pair)
+        for pair in ("distilled", "zoo")
+    }
+    assert by_pair == {
+        "distilled": ["ar", "static"],
+        "zoo": ["ar", "specdecpp", "specdecpp", "static"],
+    }
+
+
+def test_policy_temperatures_restrict_a_policy_to_those_temperatures() -> None:
+    text = BASE.replace(
+        "  - name: adaedl\n    grid: {threshold: [0.2, 0.4, 0.6]}\n",
+        "  - name: adaedl\n    grid: {threshold: [0.2, 0.4, 0.6]}\n    temperatures: [0]\n"
+        "  - name: adaedl\n    grid: {threshold: [0.4]}\n    temperatures: [0.8]\n",
+    )
+    plan = _plan(text)
+    thresholds = {
+        temperature: sorted(
+            {
+                t.threshold
+                for t in plan.trials
+                if t.policy == "adaedl" and t.temperature == temperature
+            }
+        )
+        for temperature in (0.0, 0.8)
+    }
+    assert thresholds == {0.0: [0.2, 0.4, 0.6], 0.8: [0.4]}
+    unrestricted = {t.trial_id for t in _plan().trials if t.policy != "adaedl"}
+    assert unrestricted == {t.trial_id for t in plan.trials if t.policy != "adaedl"}
+    with pytest.raises(SweepError, match=r"no temperature 0.5"):
+        _spec(BASE.replace("  - name: static\n", "  - name: static\n    temperatures: [0.5]\n"))
+
+
+def test_policy_max_draft_lens_replace_the_sweeps_for_that_entry() -> None:
+    text = BASE.replace("  - name: static\n", "  - name: static\n    max_draft_lens: [2, 16, 2]\n")
+    plan = _plan(text)
+    caps = {t.max_draft_len for t in plan.trials if t.policy == "static"}
+    assert caps == {2, 16}
+    assert {t.max_draft_len for t in plan.trials if t.policy == "adaedl"} == {4, 8}
+    assert plan.counts()["trials"] == _plan().counts()["trials"]  # 2 caps instead of 2 caps
+    assert _spec(text).grid_size() == _spec().grid_size()
+    with pytest.raises(SweepError):
+        _spec(BASE.replace("  - name: static\n", "  - name: static\n    max_draft_lens: []\n"))

@@ -1,0 +1,240 @@
+"""The CLI's tables as pure data: summaries, status counts, plan tables, zoo cards, export rows."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+from typing import Any
+
+import pytest
+from rich.console import Console
+from support.paths import REPO
+from support.store_records import stored_trial
+
+from orchestrator.analysis import report
+from orchestrator.store.records import StoredTrial
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep, parse_sweep
+
+DEMO = REPO / "sweeps" / "demo.yaml"
+
+
+def _row(**values: Any) -> StoredTrial:
+    """A stored trial: defaults for every column the report reads."""
+    base = {
+        "trial_id": "t",
+        "pair": "p",
+        "dataset": "gsm8k",
+        "temperature": 0.0,
+        "policy": "svip",
+        "threshold": None,
+        "max_draft_len": 8,
+        "status": "done",
+        "attempts": 1,
+        "error": None,
+        "tokens_per_s": None,
+        "speedup": None,
+        "acceptance_rate": None,
+    }
+    return stored_trial(**{**base, **values})
+
+
+def _text(table: Any) -> str:
+    console = Console(file=io.StringIO(), width=200)
+    console.print(table)
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_summary_rows_average_done_trials_per_group() -> None:
+    rows = [
+        _row(policy="ar", max_draft_len=0, tokens_per_s=10.0, speedup=1.0),
+        _row(threshold=0.3, tokens_per_s=12.0, speedup=1.2, acceptance_rate=0.4),
+        _row(threshold=0.5, tokens_per_s=18.0, speedup=1.8, acceptance_rate=0.7),
+        _row(threshold=0.7, status="failed", error="boom"),
+        _row(dataset="xsum", threshold=0.3, status="pending"),
+    ]
+    summary = report.summary_rows(rows)
+    assert [(r["dataset"], r["policy"]) for r in summary] == [
+        ("gsm8k", "ar"),
+        ("gsm8k", "svip"),
+        ("xsum", "svip"),
+    ]
+    baseline, svip, pending = summary
+    assert baseline["acceptance_rate"] is None and baseline["speedup"] == 1.0
+    assert (svip["trials"], svip["done"]) == (3, 2)
+    assert svip["tokens_per_s"] == pytest.approx((12.0 + 18.0) / 2)
+    assert svip["speedup"] == pytest.approx((1.2 + 1.8) / 2)
+    assert svip["best_speedup"] == 1.8
+    assert svip["acceptance_rate"] == pytest.approx((0.4 + 0.7) / 2)
+    assert (pending["trials"], pending["done"], pending["tokens_per_s"]) == (1, 0, None)
+
+
+def test_summary_rows_group_by_fewer_keys() -> None:
+    rows = [
+        _row(temperature=0.0, max_draft_len=4, speedup=1.0),
+        _row(temperature=1.0, max_draft_len=16, speedup=3.0),
+    ]
+    (only,) = report.summary_rows(rows, group_by=("dataset", "policy"))
+    assert only["trials"] == 2 and only["speedup"] == pytest.approx(2.0)
+    assert set(only) == {"dataset", "policy", *report.SUMMARY_COLUMNS[5:]}
+
+
+def test_mean_or_none_skips_missing() -> None:
+    assert report.mean_or_none([1.0, None, 2.0]) == pytest.approx(1.5)
+    assert report.mean_or_none([None, None]) is None
+
+
+def test_status_counts() -> None:
+    statuses = ["done", "done", "failed", "pending", "running", "done"]
+    counts = report.status_counts(_row(status=status) for status in statuses)
+    assert counts == {"planned": 6, "done": 3, "failed": 1, "pending": 1, "running": 1}
+
+
+def test_error_summary_keeps_the_last_line_shortened() -> None:
+    traceback = "Traceback (most recent call last):\n  File 'x'\nValueError: bad\n\n"
+    assert report.error_summary(traceback) == "ValueError: bad"
+    assert report.error_summary(None) == "-"
+    long = report.error_summary("x" * 500, limit=20)
+    assert long == "x" * 17 + "..." and len(long) == 20
+
+
+def test_failed_rows_list_only_failures() -> None:
+    rows = [_row(trial_id="a"), _row(trial_id="b", status="failed", error="E: x", attempts=3)]
+    (failed,) = report.failed_rows(rows)
+    assert failed["trial_id"] == "b" and failed["attempts"] == 3 and failed["error"] == "E: x"
+    assert list(failed) == list(report.FAILED_COLUMNS)
+
+
+def test_plan_group_rows_of_the_demo_sweep() -> None:
+    plan = plan_sweep(load_sweep(DEMO))
+    groups = report.plan_group_rows(plan)
+    by_key = {(g["dataset"], g["temperature"], g["policy"]): g for g in groups}
+    # 2 datasets x 2 temperatures x (ar + 9 policies), minus the oracle and the SpecDec++
+    # stand-in (greedy only) at temperature 0.7.
+    assert len(groups) == 2 * 2 * 10 - 2 * 2
+    assert ("humaneval", 0.7, "oracle") not in by_key
+    assert ("humaneval", 0.7, "specdecpp") not in by_key
+    adaedl = by_key[("builtin:math", 0.7, "adaedl")]
+    assert (adaedl["trials"], adaedl["settings"], adaedl["max_draft_lens"]) == (3, 1, "3, 7, 16")
+    greedy = by_key[("builtin:math", 0.0, "adaedl")]
+    assert (greedy["trials"], greedy["settings"], greedy["max_draft_lens"]) == (9, 3, "3, 7, 16")
+    assert by_key[("builtin:math", 0.7, "svip")]["max_draft_lens"] == "16"
+    assert by_key[("humaneval", 0.0, "ar")]["max_draft_lens"] == "0"
+    assert sum(g["trials"] for g in groups) == len(plan.trials)
+
+
+JOBS_SWEEP = """\
+name: jobs
+pairs:
+  - name: big
+    target: {model: "zoo:micro/target", backend: deepspeed, tp_size: 2, gpus: 1.0}
+    draft: {model: "zoo:micro/draft-s", gpus: 0.5}
+datasets: ["builtin:code"]
+temperatures: [0, 1]
+policies:
+  - {name: specdecpp, job: head}
+  - {name: oracle}
+max_draft_lens: [4]
+training_jobs:
+  - {name: head, kind: specdecpp_head, base: "zoo:micro/draft-s", teacher: "zoo:micro/target",
+     dataset: "builtin:code", epochs: 2}
+"""
+
+
+def test_plan_tables_of_jobs_skips_and_resources() -> None:
+    plan = plan_sweep(parse_sweep(textwrap.dedent(JOBS_SWEEP)))
+    (job,) = report.job_rows(plan)
+    assert (job["name"], job["kind"], job["epochs"]) == ("head", "specdecpp_head", 2)
+    assert job["job_id"] == plan.jobs[0].job_id
+    (skipped,) = report.skipped_rows(plan)
+    assert (skipped["policy"], skipped["temperature"], skipped["trials"]) == ("oracle", 1.0, 1)
+    (resources,) = report.resource_rows(plan)
+    # 2 target ranks with 1 GPU each + a draft actor with 0.5 GPU; one CPU per actor.
+    assert (resources["target_actors"], resources["cpus"], resources["gpus"]) == (2, 3, 2.5)
+    trials = report.plan_trial_rows(plan)
+    specdecpp = next(row for row in trials if row["policy"] == "specdecpp")
+    assert specdecpp["requires_jobs"] == "head"
+    assert "threshold=" in specdecpp["params"]
+    assert next(row for row in trials if row["policy"] == "ar")["params"] == "-"
+
+
+def test_format_params_sorts_names() -> None:
+    assert report.format_params({"b": 0.5, "a": 3}) == "a=3, b=0.5"
+    assert report.format_params({}) == "-"
+
+
+def test_zoo_card_rows_and_columns() -> None:
+    cards = {
+        "target": {"role": "target", "parameters": 1000, "val_loss": {"math": 2.0, "code": 3.0}},
+        "draft-s": {
+            "role": "draft",
+            "parameters": 100,
+            "val_loss": {"code": 3.5, "math": 2.5},
+            "realism": {
+                "greedy_agreement": 0.6,
+                "entropy_std_nats": 1.1,
+                "cost_ratio": 0.08,
+                "static_speedup_code": 1.7,
+            },
+        },
+    }
+    rows = report.zoo_card_rows(cards)
+    assert report.zoo_columns(rows) == [
+        "model",
+        "role",
+        "parameters",
+        "val_loss_code",
+        "val_loss_math",
+        "greedy_agreement",
+        "entropy_std_nats",
+        "cost_ratio",
+        "static_speedup_code",
+    ]
+    assert report.zoo_headers(["val_loss_code", "cost_ratio"])["val_loss_code"] == (
+        "val loss (code)"
+    )
+    target, draft = rows
+    assert target["val_loss_code"] == 3.0 and target["cost_ratio"] is None
+    assert target["static_speedup_code"] is None
+    figures = ("greedy_agreement", "cost_ratio", "val_loss_math", "static_speedup_code")
+    assert tuple(draft[key] for key in figures) == (0.6, 0.08, 2.5, 1.7)
+
+
+def test_export_records_encode_json_columns() -> None:
+    params = {"threshold": 0.3, "length_cap": 40}
+    (record,) = report.export_records([{"params": params, "tokens_per_s": 1.5, "metrics": None}])
+    assert isinstance(record["params"], str) and json.loads(record["params"]) == params
+    assert record["tokens_per_s"] == 1.5 and record["metrics"] is None
+
+
+def test_unique_names() -> None:
+    assert report.unique_names(["x", "y", "x", "x"]) == ["x", "y", "x_2", "x_3"]
+    assert report.unique_names(["x", "x_2", "x"]) == ["x", "x_2", "x_3"]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "-"),
+        (2.0, "2"),
+        (0.123456, "0.1235"),
+        (1234.4, "1234"),
+        (123456.7, "123457"),
+        (7, "7"),
+        (True, "True"),
+        ("a", "a"),
+    ],
+)
+def test_format_value(value: Any, text: str) -> None:
+    assert report.format_value(value) == text
+
+
+def test_render_table_headers_alignment_and_plain_text() -> None:
+    rows = [{"policy": "[bold]svip[/bold]", "tokens_per_s": 12.5}]
+    table = report.render_table(rows, ["policy", "tokens_per_s"], title="t")
+    assert [column.justify for column in table.columns] == ["left", "right"]
+    text = _text(table)
+    assert "tokens/s" in text and "[bold]svip[/bold]" in text and "12.5" in text
+    raw = _text(report.render_table(rows, ["tokens_per_s"], headers={}))
+    assert "tokens_per_s" in raw and "tokens/s" not in raw
