@@ -280,15 +280,16 @@ def test_policy_sees_entropy_of_the_distribution_it_drafts_from(pair):
 
 
 def test_a_stop_after_a_kept_candidate_costs_no_further_draft_forward(pair):
-    """SpecDec++ with sigmoid(f) = 0.8 and h = 0.3: 1 − 0.8 ≤ h < 1 − 0.64, so every round keeps
-    two candidates and stops (KEEP_STOP) without forwarding the second; a stop before a
-    candidate (SVIP) has paid the forward that produced it."""
+    """SpecDec++ with sigmoid(f) = 0.8 and h = 0.3 (Algorithm 2: no factor at i = 1, so step i
+    holds 0.8^(i−1)): 1 − 0.8 ≤ h < 1 − 0.64, so every round keeps three candidates and stops
+    (KEEP_STOP) without forwarding the third; a stop before a candidate (SVIP) has paid the
+    forward that produced it."""
     draft, target = pair
     prompt = prompts(1, seed=10)[0]
     keep_stop = make_policy("specdecpp", 6, constant_logit=math.log(4.0), threshold=0.3)
     result = speculative_generate(draft, target, keep_stop, prompt, RequestSettings(GREEDY), 6)
     full = result.rounds[:-1]
-    assert full and all((r.drafted, r.draft_forwards) == (2, 2) for r in full)
+    assert full and all((r.drafted, r.draft_forwards) == (3, 3) for r in full)
     svip = make_policy("svip", 6, threshold=0.0)
     result = speculative_generate(draft, target, svip, prompt, RequestSettings(GREEDY), 6)
     generated, stopped = 0, []
