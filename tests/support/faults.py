@@ -13,7 +13,7 @@ import pytest
 import ray
 from sqlalchemy import func, select
 
-from orchestrator import replica as replica_module
+from orchestrator.run import replica as replica_module
 from orchestrator.store import Store, open_store
 from orchestrator.store.models import SampleResultRow
 from orchestrator.sweep.planner import Plan, Trial, plan_sweep
