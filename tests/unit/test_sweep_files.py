@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pytest
 import yaml
 from support.paths import REPO
 
+from orchestrator.cli import main as cli_main
 from orchestrator.sweep.planner import Plan, Trial, plan_sweep
 from orchestrator.sweep.spec import SweepSpec, check_local_paths, load_sweep
 from policies import POLICIES
@@ -417,14 +416,7 @@ def test_adaspec_sweep_distils_each_draft_per_task_for_three_epochs() -> None:
     assert {j.split for j in jobs} == {"train"}
 
 
-def test_cli_plans_table1() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "plan", "sweeps/table1.yaml"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "table1" in result.stdout
+def test_cli_plans_table1(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert cli_main(["plan", "sweeps/table1.yaml"]) == 0, capsys.readouterr().err
+    assert "table1" in capsys.readouterr().out
