@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 
-from orchestrator.analysis.pairing import SampleSpeed
+from orchestrator.analysis.pairing import SampleSpeed, pair_samples
 from orchestrator.analysis.stats import paired_speed_ratio
 from orchestrator.store import open_store
 
@@ -28,17 +28,19 @@ def pooled_prompts(db: str) -> list[Quad]:
     """Return (tokens, seconds, baseline tokens, baseline seconds) per prompt, trial speedup 1."""
     pooled: list[Quad] = []
     with open_store(db, read_only=True) as store:
-        rows = [r for r in store.trials_frame() if r["status"] == "done" and r["baseline_id"]]
-        for row in rows:
-            method = store.sample_speeds(row["trial_id"])
-            baseline = store.sample_speeds(row["baseline_id"])
-            pooled += _scaled(method, baseline)
+        trials = [t for t in store.trials() if t.status == "done" and t.baseline_id]
+        for trial in trials:
+            pairs = pair_samples(
+                store.sample_speeds(trial.trial_id), store.sample_speeds(trial.baseline_id)
+            )
+            if pairs:
+                pooled += _scaled(pairs)
     return pooled
 
 
-def _scaled(method: list[SampleSpeed], baseline: list[SampleSpeed]) -> list[Quad]:
-    """Return the paired prompts of one trial with its seconds scaled to a speedup of 1."""
-    pairs = list(zip(method, baseline, strict=False))
+def _scaled(pairs: list[tuple[SampleSpeed, SampleSpeed]]) -> list[Quad]:
+    """Return one trial's prompt pairs (method, baseline) with its seconds scaled to a
+    speedup of 1."""
     speed = sum(m.tokens for m, _ in pairs) / sum(m.seconds for m, _ in pairs)
     base = sum(b.tokens for _, b in pairs) / sum(b.seconds for _, b in pairs)
     scale = speed / base
