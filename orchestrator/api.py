@@ -25,6 +25,7 @@ import pandas as pd
 from orchestrator.store import Store, open_store
 from orchestrator.sweep.planner import Plan, plan_sweep
 from orchestrator.sweep.spec import SweepSpec, load_sweep
+from workers.accelerator_probe import name_cpu_accelerator_when_no_cuda
 
 if TYPE_CHECKING:
     from orchestrator.run.preflight import PreparedInputs
@@ -96,6 +97,7 @@ def run_sweep(
     """
     from orchestrator.run import runner
 
+    name_cpu_accelerator_when_no_cuda()
     prepared = sweep if isinstance(sweep, PreparedSweep) else prepare(sweep)
     options = runner.RunOptions(address=address, retries=retries, progress=progress)
     if isinstance(db, Store):

@@ -21,17 +21,25 @@ pytestmark = pytest.mark.zoo
 #: Lines a third-party library prints that the user should not see.
 #: Python as a user runs it, with the default warning filters shown.
 PYTHON_DEFAULT_WARNINGS = (sys.executable, "-W", "default")
-#: The micro zoo build, without progress bars.
-ZOO_BUILD_MICRO = ("-m", "orchestrator", "zoo", "build", "--profile", "micro", "--no-progress")
+#: The micro zoo build, without progress bars: from the command line and from Python.
+ZOO_BUILDS_MICRO = {
+    "cli": ("-m", "orchestrator", "zoo", "build", "--profile", "micro", "--no-progress"),
+    "python-api": (
+        "-c",
+        "from training.zoo.build import build_zoo;"
+        " print(build_zoo('micro', progress=False).profile)",
+    ),
+}
 NOISE = ("Warning", "deprecated", "Setting accelerator")
 
 
 @pytest.mark.slow
-def test_zoo_build_prints_no_third_party_warning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", sorted(ZOO_BUILDS_MICRO))
+def test_zoo_build_prints_no_third_party_warning(tmp_path: Path, entry: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     env["SPECSWEEP_CACHE"] = str(tmp_path / "cache")
     run = subprocess.run(
-        [*PYTHON_DEFAULT_WARNINGS, *ZOO_BUILD_MICRO],
+        [*PYTHON_DEFAULT_WARNINGS, *ZOO_BUILDS_MICRO[entry]],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -42,4 +50,4 @@ def test_zoo_build_prints_no_third_party_warning(tmp_path: Path) -> None:
     output = run.stdout + run.stderr
     noisy = [line for line in output.splitlines() if any(word in line for word in NOISE)]
     assert noisy == [], "\n".join(noisy)
-    assert "zoo:micro" in output
+    assert "micro" in output

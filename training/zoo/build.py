@@ -19,6 +19,7 @@ from training.zoo.cache import (
 from training.zoo.pretrained import import_zoo
 from training.zoo.recipes import PROFILES, PretrainedRecipe, Recipe
 from training.zoo.scratch import train_zoo
+from workers.accelerator_probe import name_cpu_accelerator_when_no_cuda
 
 
 def build_zoo(
@@ -34,6 +35,7 @@ def build_zoo(
     other on a lock file and the second finds the first's result.
     """
     recipe = PROFILES[profile] if isinstance(profile, str) else profile
+    name_cpu_accelerator_when_no_cuda()
     final = zoo_dir(recipe, cache_dir)
     if (final / MANIFEST_FILE).exists() and not force:
         return ZooManifest.load(final)
