@@ -18,6 +18,14 @@ with the block it verifies, which the two-cost model leaves out).
         --dataset humaneval --samples 4 --max-new-tokens 32 --out bench-replay.json
 
 Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
+
+With ``--loo [DB]`` it runs no model: it reads every done live trial of a results database
+(default docs/demo-results.db), projects each from the cost model fit over the other live
+trials of its group (``orchestrator.analysis.costs.validation``, leave-one-trial-out), and
+writes each trial's error, the mean absolute error and bias per policy class, and the old
+model's figures beside the new:
+
+    python bench/replay.py --loo --out docs/lab/data/replay-validation.json
 """
 
 from __future__ import annotations
@@ -44,6 +52,14 @@ from common import (
 from tqdm import tqdm
 
 from orchestrator.analysis.costs.model import fit_cost_model, fit_round_costs
+from orchestrator.analysis.costs.validation import (
+    HeldOut,
+    LiveTrial,
+    leave_one_out,
+    live_trial,
+    summarise,
+)
+from orchestrator.store.results import open_store
 from policies import make_policy
 from policies.adaedl import entropy_acceptance_bound
 from policies.replay import GreedyTrace, ReplayedRound, replay
@@ -298,12 +314,103 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_threads_argument(parser, 1, "1: no stalls on a shared machine")
     add_out_argument(parser, "bench-replay.json")
+    parser.add_argument(
+        "--loo",
+        nargs="?",
+        const=DEMO_DB,
+        default=None,
+        metavar="DB",
+        help=f"leave-one-trial-out over a results DB's live trials (default {DEMO_DB}); no models",
+    )
     return parser.parse_args(argv)
+
+
+#: The committed demo database the leave-one-trial-out validation reads by default.
+DEMO_DB = "docs/demo-results.db"
+
+
+def _group_key(trial: Any) -> tuple[Any, ...]:
+    """Return a stored trial's cost-fit group: pair, prompts, output length, sampling."""
+    return (
+        trial.pair,
+        trial.dataset,
+        trial.split,
+        trial.samples,
+        trial.max_new_tokens,
+        trial.temperature,
+        trial.top_k,
+        trial.top_p,
+    )
+
+
+def load_live_groups(db: str) -> dict[tuple[Any, ...], list[LiveTrial]]:
+    """Return the done live trials of SQLite file ``db`` (or a database URL), by fit group."""
+    url = db if "://" in db else f"sqlite:///{db}"
+    store = open_store(url, read_only=True)
+    groups: dict[tuple[Any, ...], list[LiveTrial]] = {}
+    rows = [t for t in store.trials() if t.mode == "live" and t.status == "done"]
+    rounds: dict[str, list[Any]] = {}
+    for row in store.rounds(t.trial_id for t in rows):
+        rounds.setdefault(row.trial_id, []).append(row)
+    for trial in rows:
+        observed = live_trial(
+            trial, rounds.get(trial.trial_id, []), store.sample_outputs(trial.trial_id)
+        )
+        groups.setdefault(_group_key(trial), []).append(observed)
+    return groups
+
+
+def _summary_rows(held: list[HeldOut]) -> dict[str, Any]:
+    """Return mean absolute error and bias per policy class, new model and old."""
+    classes: dict[str, list[HeldOut]] = {}
+    for h in held:
+        classes.setdefault(h.policy_class, []).append(h)
+    return {
+        name: {
+            "new": asdict(summarise([h.error for h in rows])),
+            "old": asdict(summarise([h.old_error for h in rows])),
+        }
+        for name, rows in sorted(classes.items())
+    }
+
+
+def validate(db: str, out: Path) -> int:
+    """Run the leave-one-trial-out validation over ``db``, print it and write JSON."""
+    trials = []
+    for key, group in load_live_groups(db).items():
+        for h in leave_one_out(group):
+            trials.append({"group": list(key), **asdict(h)})
+    held = [HeldOut(**{k: v for k, v in t.items() if k != "group"}) for t in trials]
+    replayable = [h for h in held if h.policy_class != "ar"]
+    in_range = [h for h in replayable if h.beyond_table == 0.0]
+    summary = {
+        "db": db,
+        "all_speculative": {
+            "new": asdict(summarise([h.error for h in replayable])),
+            "old": asdict(summarise([h.old_error for h in replayable])),
+        },
+        "block_sizes_measured": {
+            "new": asdict(summarise([h.error for h in in_range])),
+            "old": asdict(summarise([h.old_error for h in in_range])),
+        },
+        "by_class": _summary_rows(held),
+    }
+    write_json(out, {**summary, "trials": trials})
+    for t in trials:
+        new = f"{t['error']:+.1%}" if t["error"] is not None else "-"
+        old = f"{t['old_error']:+.1%}" if t["old_error"] is not None else "-"
+        print(f"{t['group'][1]:14} T={t['group'][5]:<4g} {t['label']:22} new {new:>7} old {old:>7}")
+    for name, row in summary["by_class"].items():
+        print(f"{name:20} new {row['new']} old {row['old']}")
+    print(f"all speculative: {summary['all_speculative']}; JSON: {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
+    if args.loo is not None:
+        return validate(args.loo, args.out)
     inputs = prepare(args, prompt_tokens=args.prompt_tokens)
     ids = inputs.prompt_tensors
     target_path, draft_path = inputs.target_path, inputs.draft_path
