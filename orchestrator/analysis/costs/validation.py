@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.analysis.costs.model import CostModelError
-from orchestrator.analysis.costs.replay import fit_group
-from orchestrator.analysis.costs.run_fit import TrialCounts, round_fit_seconds
+from orchestrator.analysis.costs.run_fit import TrialCounts, fit_round_group, round_fit_seconds
 from orchestrator.analysis.costs.step_costs import (
     RoundObservation,
     SampleObservation,
@@ -143,8 +142,10 @@ def projected_seconds(fit: StepCostFit, trial: LiveTrial) -> float:
 
 def old_projected_seconds(trials: Sequence[LiveTrial], held_out: LiveTrial) -> float:
     """Return ``held_out``'s seconds by the old model fit over ``trials`` (its pre-#43 fit)."""
-    group = fit_group([r for t in trials for r in t.stored_rounds], [t.stored for t in trials])
-    return round_fit_seconds(group.fit, group.overhead_seconds, held_out.counts)
+    fit, overhead = fit_round_group(
+        [r for t in trials for r in t.stored_rounds], [t.stored for t in trials]
+    )
+    return round_fit_seconds(fit, overhead, held_out.counts)
 
 
 @dataclass(frozen=True)
