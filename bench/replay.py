@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -344,9 +346,21 @@ def _group_key(trial: Any) -> tuple[Any, ...]:
 
 
 def load_live_groups(db: str) -> dict[tuple[Any, ...], list[LiveTrial]]:
-    """Return the done live trials of SQLite file ``db`` (or a database URL), by fit group."""
-    url = db if "://" in db else f"sqlite:///{db}"
-    store = open_store(url, read_only=True)
+    """Return the done live trials of SQLite file ``db`` (or a database URL), by fit group.
+
+    A SQLite file is read from a temporary copy, opened as a writer so that an older schema
+    is migrated there and never in the file itself.
+    """
+    if "://" in db:
+        return _live_groups(open_store(db, read_only=True))
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / "results.db"
+        shutil.copyfile(db, copy)
+        return _live_groups(open_store(f"sqlite:///{copy}"))
+
+
+def _live_groups(store: Any) -> dict[tuple[Any, ...], list[LiveTrial]]:
+    """Return a store's done live trials by fit group."""
     groups: dict[tuple[Any, ...], list[LiveTrial]] = {}
     rows = [t for t in store.trials() if t.mode == "live" and t.status == "done"]
     rounds: dict[str, list[Any]] = {}
@@ -374,35 +388,78 @@ def _summary_rows(held: list[HeldOut]) -> dict[str, Any]:
     }
 
 
-def validate(db: str, out: Path) -> int:
-    """Run the leave-one-trial-out validation over ``db``, print it and write JSON."""
-    trials = []
-    for key, group in load_live_groups(db).items():
-        for h in leave_one_out(group):
-            trials.append({"group": list(key), **asdict(h)})
-    held = [HeldOut(**{k: v for k, v in t.items() if k != "group"}) for t in trials]
-    replayable = [h for h in held if h.policy_class != "ar"]
-    in_range = [h for h in replayable if h.beyond_table == 0.0]
-    summary = {
-        "db": db,
+#: The two fit pools the validation reports: the runner's fit group (pair, prompts, output
+#: length, sampling), and the pair at one sampling setting across its datasets.
+POOLS = ("group", "pair")
+
+
+def _pooled(
+    groups: dict[tuple[Any, ...], list[LiveTrial]],
+) -> dict[tuple[Any, ...], list[LiveTrial]]:
+    """Return the trials pooled by pair and sampling (temperature, top-k, top-p)."""
+    pooled: dict[tuple[Any, ...], list[LiveTrial]] = {}
+    for key, trials in groups.items():
+        pooled.setdefault((key[0], *key[5:]), []).extend(trials)
+    return pooled
+
+
+def _validation(groups: dict[tuple[Any, ...], list[LiveTrial]]) -> dict[str, Any]:
+    """Return every trial held out of its pool, and the summaries (new model and old)."""
+    held = [(key, h) for key, trials in groups.items() for h in leave_one_out(trials)]
+    speculative = [h for _, h in held if h.policy_class != "ar"]
+    in_range = [h for h in speculative if h.beyond_table == 0.0]
+    return {
         "all_speculative": {
-            "new": asdict(summarise([h.error for h in replayable])),
-            "old": asdict(summarise([h.old_error for h in replayable])),
+            "new": asdict(summarise([h.error for h in speculative])),
+            "old": asdict(summarise([h.old_error for h in speculative])),
         },
         "block_sizes_measured": {
             "new": asdict(summarise([h.error for h in in_range])),
             "old": asdict(summarise([h.old_error for h in in_range])),
         },
-        "by_class": _summary_rows(held),
+        "by_class": _summary_rows([h for _, h in held]),
+        "trials": [{"pool": list(key), **asdict(h)} for key, h in held],
     }
-    write_json(out, {**summary, "trials": trials})
-    for t in trials:
-        new = f"{t['error']:+.1%}" if t["error"] is not None else "-"
-        old = f"{t['old_error']:+.1%}" if t["old_error"] is not None else "-"
-        print(f"{t['group'][1]:14} T={t['group'][5]:<4g} {t['label']:22} new {new:>7} old {old:>7}")
-    for name, row in summary["by_class"].items():
-        print(f"{name:20} new {row['new']} old {row['old']}")
-    print(f"all speculative: {summary['all_speculative']}; JSON: {out}")
+
+
+def _percent(value: float | None) -> str:
+    """Return a signed percentage, or "-" for None."""
+    return f"{value:+.1%}" if value is not None else "-"
+
+
+def _share(value: float | None) -> str:
+    """Return an unsigned percentage, or "-" for None."""
+    return f"{value:.1%}" if value is not None else "-"
+
+
+def validate(db: str, out: Path) -> int:
+    """Run the leave-one-trial-out validation over ``db``, print it and write JSON."""
+    groups = load_live_groups(db)
+    pools = {"group": _validation(groups), "pair": _validation(_pooled(groups))}
+    write_json(out, {"db": db, **pools})
+    for name, pool in pools.items():
+        print(f"pool: {name}")
+        for t in pool["trials"]:
+            where = " ".join(str(part) for part in t["pool"][:2])
+            print(
+                f"  {where:24} {t['label']:22} new {_percent(t['error']):>7} "
+                f"old {_percent(t['old_error']):>7}"
+            )
+        for label, row in pool["by_class"].items():
+            new, old = row["new"], row["old"]
+            print(
+                f"  {label:18} n {new['n']:2} new MAE {_share(new['mean_abs_error'])} bias "
+                f"{_percent(new['bias'])}; old MAE {_share(old['mean_abs_error'])} bias "
+                f"{_percent(old['bias'])}"
+            )
+        everything = pool["all_speculative"]
+        print(
+            f"  all speculative: new MAE {_share(everything['new']['mean_abs_error'])} bias "
+            f"{_percent(everything['new']['bias'])}; old MAE "
+            f"{_share(everything['old']['mean_abs_error'])} bias "
+            f"{_percent(everything['old']['bias'])}"
+        )
+    print(f"JSON: {out}")
     return 0
 
 

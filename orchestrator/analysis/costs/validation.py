@@ -124,9 +124,11 @@ def live_trial(
 
 
 def fit_trials(trials: Sequence[LiveTrial]) -> StepCostFit:
-    """Return the per-step cost fit over the rounds and samples of ``trials``."""
+    """Return the per-step cost fit over the rounds of ``trials`` and the samples of the
+    speculative ones (the AR baselines' when there is none: an AR sample prefills no draft)."""
+    speculative = [t for t in trials if t.counts.draft_forwards > 0] or list(trials)
     return fit_step_costs(
-        [r for t in trials for r in t.rounds], [s for t in trials for s in t.samples]
+        [r for t in trials for r in t.rounds], [s for t in speculative for s in t.samples]
     )
 
 
