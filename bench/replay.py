@@ -53,10 +53,11 @@ from common import (
 )
 from tqdm import tqdm
 
-from orchestrator.analysis.costs.model import fit_cost_model, fit_round_costs
+from orchestrator.analysis.costs.model import CostModelError, fit_cost_model, fit_round_costs
 from orchestrator.analysis.costs.validation import (
     HeldOut,
     LiveTrial,
+    fit_trials,
     leave_one_out,
     live_trial,
     summarise,
@@ -419,7 +420,17 @@ def _validation(groups: dict[tuple[Any, ...], list[LiveTrial]]) -> dict[str, Any
         },
         "by_class": _summary_rows([h for _, h in held]),
         "trials": [{"pool": list(key), **asdict(h)} for key, h in held],
+        "fits": [_full_fit(key, trials) for key, trials in groups.items()],
     }
+
+
+def _full_fit(key: tuple[Any, ...], trials: list[LiveTrial]) -> dict[str, Any]:
+    """Return the per-step fit over all of a pool's live trials (None when it cannot be made)."""
+    try:
+        fit: dict[str, Any] | None = asdict(fit_trials(trials))
+    except CostModelError:
+        fit = None
+    return {"pool": list(key), "trials": len(trials), "fit": fit}
 
 
 def _percent(value: float | None) -> str:
