@@ -21,7 +21,7 @@ from orchestrator.analysis.costs.model import (
     r_squared,
 )
 from orchestrator.analysis.costs.replay import trace_from_json, trace_to_json
-from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.analysis.metrics import SampleCounts, trial_intervals, trial_metrics
 from orchestrator.run.runner import RunOptions, execute_plan, preflight
 from orchestrator.store import StoredRound, open_store
 from orchestrator.sweep.planner import REPLAY_MODE, plan_sweep, replay_groups
@@ -435,7 +435,24 @@ def test_replayed_trials_equal_live_ones_and_traces_are_recorded_once(zoo_env, r
                 assert getattr(rows[trial.trial_id], metric) == getattr(live_row, metric), metric
         (fit,) = store.cost_fits("replay-test")
         assert all(0.0 <= getattr(fit, k) <= 1.0 for k in ("r2_draft", "r2_verify", "r2_round"))
-        assert fit.t_draft > 0 and fit.t_target > 0 and fit.n_trials == 2
+        assert fit.t_draft > 0 and fit.t_target > 0 and fit.n_trials == 5
+        checks = [t.trial_id for t in plan.trials if t.is_check]
+        assert [c["trial_id"] for c in fit.checks] == checks
+        errors = [c["error"] for c in fit.checks]
+        assert None not in errors
+        assert fit.out_of_sample_error == pytest.approx(np.mean(np.abs(errors)))
+        assert fit.step_model["verify_table"] and fit.step_model["t_draft"] > 0
+        first = store.sample_outputs(replayed[0].trial_id)
+        prompts_only = trial_intervals(
+            [
+                SampleCounts(s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds)
+                for s in first
+            ]
+        ).tokens_per_s
+        stored = rows[replayed[0].trial_id]
+        e = fit.out_of_sample_error
+        assert stored.tokens_per_s_low == pytest.approx(prompts_only.low * (1 - e))
+        assert stored.tokens_per_s_high == pytest.approx(prompts_only.high * (1 + e))
         assert fit.check_same_rounds == 1.0
         assert fit.check_error == pytest.approx(
             fit.check_projected_tokens_per_s / fit.check_tokens_per_s - 1

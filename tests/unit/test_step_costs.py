@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from orchestrator.analysis.costs.step_costs import (
     StepDemands,
     fit_step_costs,
 )
+from orchestrator.analysis.costs.validation import policy_demands, round_contexts
 from orchestrator.analysis.stats import Interval
 
 T_DRAFT, T_FEATURE, T_ASK, DRAFT_PER_CONTEXT = 4e-3, 1.2e-3, 0.5e-3, 2e-6
@@ -127,3 +130,20 @@ def test_a_replayed_interval_widens_by_the_out_of_sample_error() -> None:
     assert widened is not None
     assert (widened.estimate, widened.low, widened.high) == pytest.approx((10.0, 8.82, 11.22))
     assert widen(interval, None) == interval
+
+
+def test_a_round_context_counts_the_prompt_and_every_token_emitted_before_it() -> None:
+    rounds = [SimpleNamespace(accepted=a) for a in (2, 0, 3)]
+    assert round_contexts(10, rounds) == [10, 13, 14]
+
+
+def test_feature_and_decision_costs_are_charged_to_the_policies_that_ask() -> None:
+    assert policy_demands("static", 4, {}) == StepDemands()
+    assert policy_demands("hf_heuristic", 4, {}) == StepDemands()
+    assert policy_demands("beta_ts", 4, {}) == StepDemands(asks=True)
+    assert policy_demands("svip", 4, {}) == StepDemands(features=True, asks=True)
+    assert policy_demands("ar", 0, {}) == StepDemands()
+
+
+def test_a_policy_its_stored_parameters_no_longer_build_is_charged_a_decision() -> None:
+    assert policy_demands("svip", 4, {"retired_knob": 1}) == StepDemands(asks=True)

@@ -31,10 +31,17 @@ if TYPE_CHECKING:
 
 
 def policy_demands(policy: str, max_draft_len: int, params: dict[str, Any]) -> StepDemands:
-    """Return what ``policy`` asks of each draft step (nothing for the AR baseline)."""
+    """Return what ``policy`` asks of each draft step (nothing for the AR baseline).
+
+    A policy its stored parameters no longer build (parameters of older code) is charged a
+    decision per step and no features.
+    """
     if policy not in POLICIES or max_draft_len < 1:
         return StepDemands()
-    made = make_policy(policy, max_draft_len, **params)
+    try:
+        made = make_policy(policy, max_draft_len, **params)
+    except (TypeError, ValueError):
+        return StepDemands(asks=True)
     return StepDemands(
         features=bool({"entropy", "max_prob"} & set(made.features)),
         asks=not made.keeps_every_candidate,
