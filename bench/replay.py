@@ -18,14 +18,24 @@ with the block it verifies, which the two-cost model leaves out).
         --dataset humaneval --samples 4 --max-new-tokens 32 --out bench-replay.json
 
 Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
+
+With ``--loo [DB]`` it runs no model: it reads every done live trial of a results database
+(default docs/demo-results.db), projects each from the cost model fit over the other live
+trials of its group (``orchestrator.analysis.costs.validation``, leave-one-trial-out), and
+writes each trial's error, the mean absolute error and bias per policy class, and the old
+model's figures beside the new:
+
+    python bench/replay.py --loo --out docs/lab/data/replay-validation.json
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +53,16 @@ from common import (
 )
 from tqdm import tqdm
 
-from orchestrator.analysis.costs.model import fit_cost_model, fit_round_costs
+from orchestrator.analysis.costs.model import CostModelError, fit_cost_model, fit_round_costs
+from orchestrator.analysis.costs.validation import (
+    HeldOut,
+    LiveTrial,
+    fit_trials,
+    leave_one_out,
+    live_trial,
+    summarise,
+)
+from orchestrator.store.results import open_store
 from policies import make_policy
 from policies.adaedl import entropy_acceptance_bound
 from policies.replay import GreedyTrace, ReplayedRound, replay
@@ -298,12 +317,168 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_threads_argument(parser, 1, "1: no stalls on a shared machine")
     add_out_argument(parser, "bench-replay.json")
+    parser.add_argument(
+        "--loo",
+        nargs="?",
+        const=DEMO_DB,
+        default=None,
+        metavar="DB",
+        help=f"leave-one-trial-out over a results DB's live trials (default {DEMO_DB}); no models",
+    )
     return parser.parse_args(argv)
+
+
+#: The committed demo database the leave-one-trial-out validation reads by default.
+DEMO_DB = "docs/demo-results.db"
+
+
+def _group_key(trial: Any) -> tuple[Any, ...]:
+    """Return a stored trial's cost-fit group: pair, prompts, output length, sampling."""
+    return (
+        trial.pair,
+        trial.dataset,
+        trial.split,
+        trial.samples,
+        trial.max_new_tokens,
+        trial.temperature,
+        trial.top_k,
+        trial.top_p,
+    )
+
+
+def load_live_groups(db: str) -> dict[tuple[Any, ...], list[LiveTrial]]:
+    """Return the done live trials of SQLite file ``db`` (or a database URL), by fit group.
+
+    A SQLite file is read from a temporary copy, opened as a writer so that an older schema
+    is migrated there and never in the file itself.
+    """
+    if "://" in db:
+        return _live_groups(open_store(db, read_only=True))
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / "results.db"
+        shutil.copyfile(db, copy)
+        return _live_groups(open_store(f"sqlite:///{copy}"))
+
+
+def _live_groups(store: Any) -> dict[tuple[Any, ...], list[LiveTrial]]:
+    """Return a store's done live trials by fit group."""
+    groups: dict[tuple[Any, ...], list[LiveTrial]] = {}
+    rows = [t for t in store.trials() if t.mode == "live" and t.status == "done"]
+    rounds: dict[str, list[Any]] = {}
+    for row in store.rounds(t.trial_id for t in rows):
+        rounds.setdefault(row.trial_id, []).append(row)
+    for trial in rows:
+        observed = live_trial(
+            trial, rounds.get(trial.trial_id, []), store.sample_outputs(trial.trial_id)
+        )
+        groups.setdefault(_group_key(trial), []).append(observed)
+    return groups
+
+
+def _summary_rows(held: list[HeldOut]) -> dict[str, Any]:
+    """Return mean absolute error and bias per policy class, new model and old."""
+    classes: dict[str, list[HeldOut]] = {}
+    for h in held:
+        classes.setdefault(h.policy_class, []).append(h)
+    return {
+        name: {
+            "new": asdict(summarise([h.error for h in rows])),
+            "old": asdict(summarise([h.old_error for h in rows])),
+        }
+        for name, rows in sorted(classes.items())
+    }
+
+
+#: The two fit pools the validation reports: the runner's fit group (pair, prompts, output
+#: length, sampling), and the pair at one sampling setting across its datasets.
+POOLS = ("group", "pair")
+
+
+def _pooled(
+    groups: dict[tuple[Any, ...], list[LiveTrial]],
+) -> dict[tuple[Any, ...], list[LiveTrial]]:
+    """Return the trials pooled by pair and sampling (temperature, top-k, top-p)."""
+    pooled: dict[tuple[Any, ...], list[LiveTrial]] = {}
+    for key, trials in groups.items():
+        pooled.setdefault((key[0], *key[5:]), []).extend(trials)
+    return pooled
+
+
+def _validation(groups: dict[tuple[Any, ...], list[LiveTrial]]) -> dict[str, Any]:
+    """Return every trial held out of its pool, and the summaries (new model and old)."""
+    held = [(key, h) for key, trials in groups.items() for h in leave_one_out(trials)]
+    speculative = [h for _, h in held if h.policy_class != "ar"]
+    in_range = [h for h in speculative if h.beyond_table == 0.0]
+    return {
+        "all_speculative": {
+            "new": asdict(summarise([h.error for h in speculative])),
+            "old": asdict(summarise([h.old_error for h in speculative])),
+        },
+        "block_sizes_measured": {
+            "new": asdict(summarise([h.error for h in in_range])),
+            "old": asdict(summarise([h.old_error for h in in_range])),
+        },
+        "by_class": _summary_rows([h for _, h in held]),
+        "trials": [{"pool": list(key), **asdict(h)} for key, h in held],
+        "fits": [_full_fit(key, trials) for key, trials in groups.items()],
+    }
+
+
+def _full_fit(key: tuple[Any, ...], trials: list[LiveTrial]) -> dict[str, Any]:
+    """Return the per-step fit over all of a pool's live trials (None when it cannot be made)."""
+    try:
+        fit: dict[str, Any] | None = asdict(fit_trials(trials))
+    except CostModelError:
+        fit = None
+    return {"pool": list(key), "trials": len(trials), "fit": fit}
+
+
+def _percent(value: float | None) -> str:
+    """Return a signed percentage, or "-" for None."""
+    return f"{value:+.1%}" if value is not None else "-"
+
+
+def _share(value: float | None) -> str:
+    """Return an unsigned percentage, or "-" for None."""
+    return f"{value:.1%}" if value is not None else "-"
+
+
+def validate(db: str, out: Path) -> int:
+    """Run the leave-one-trial-out validation over ``db``, print it and write JSON."""
+    groups = load_live_groups(db)
+    pools = {"group": _validation(groups), "pair": _validation(_pooled(groups))}
+    write_json(out, {"db": db, **pools})
+    for name, pool in pools.items():
+        print(f"pool: {name}")
+        for t in pool["trials"]:
+            where = " ".join(str(part) for part in t["pool"][:2])
+            print(
+                f"  {where:24} {t['label']:22} new {_percent(t['error']):>7} "
+                f"old {_percent(t['old_error']):>7}"
+            )
+        for label, row in pool["by_class"].items():
+            new, old = row["new"], row["old"]
+            print(
+                f"  {label:18} n {new['n']:2} new MAE {_share(new['mean_abs_error'])} bias "
+                f"{_percent(new['bias'])}; old MAE {_share(old['mean_abs_error'])} bias "
+                f"{_percent(old['bias'])}"
+            )
+        everything = pool["all_speculative"]
+        print(
+            f"  all speculative: new MAE {_share(everything['new']['mean_abs_error'])} bias "
+            f"{_percent(everything['new']['bias'])}; old MAE "
+            f"{_share(everything['old']['mean_abs_error'])} bias "
+            f"{_percent(everything['old']['bias'])}"
+        )
+    print(f"JSON: {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
+    if args.loo is not None:
+        return validate(args.loo, args.out)
     inputs = prepare(args, prompt_tokens=args.prompt_tokens)
     ids = inputs.prompt_tensors
     target_path, draft_path = inputs.target_path, inputs.draft_path

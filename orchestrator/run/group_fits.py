@@ -7,12 +7,14 @@ way before it replays a group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from orchestrator.analysis.costs.model import CostModelError
 from orchestrator.analysis.costs.replay import GroupFit, fit_group
 from orchestrator.analysis.costs.run_fit import TrialCounts, compare_fits
+from orchestrator.analysis.costs.validation import LiveTrial, live_trial
 from orchestrator.store import Store
 from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key
 from orchestrator.sweep.spec import SweepSpec
@@ -42,14 +44,28 @@ def store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -
     return notes
 
 
-def fit_from_store(store: Store, trials: Sequence[Trial]) -> GroupFit:
-    """Return the cost fit over the stored rounds of the done live ``trials``."""
+def live_trials_from_store(store: Store, trials: Sequence[Trial]) -> list[LiveTrial]:
+    """Return the done live ``trials`` as the cost model reads them (rounds, samples)."""
     rows = [
         row
         for row in store.trial_rows(t.trial_id for t in trials if t.mode == LIVE_MODE)
         if row.status == "done"
     ]
-    return fit_group(store.rounds(row.trial_id for row in rows), rows)
+    rounds: dict[str, list[Any]] = {}
+    for row in store.rounds(row.trial_id for row in rows):
+        rounds.setdefault(row.trial_id, []).append(row)
+    return [
+        live_trial(row, rounds.get(row.trial_id, []), store.sample_outputs(row.trial_id))
+        for row in rows
+    ]
+
+
+def fit_from_store(
+    store: Store, trials: Sequence[Trial], check_ids: Collection[str] = ()
+) -> GroupFit:
+    """Return the cost fit over the stored rounds of the done live ``trials``, holding out
+    each of ``check_ids`` in turn for its out-of-sample error."""
+    return fit_group(live_trials_from_store(store, trials), check_ids)
 
 
 def run_fit_columns(store: Store, trials: Sequence[Trial], group: GroupFit) -> dict[str, Any]:
@@ -82,12 +98,17 @@ def run_fit_note(columns: dict[str, Any]) -> str:
 
 
 def fit_note(trial: Trial, group: GroupFit) -> str:
-    """Return the one-line summary of a stored group fit."""
-    fit = group.fit
+    """Return the one-line summary of a stored group fit (the per-step model replay uses)."""
+    steps = group.steps
+    sizes = ", ".join(f"{size}: {cost * 1e3:.1f}" for size, cost in steps.verify_table)
+    error = group.out_of_sample_error
+    held = f"{error:.1%}" if error is not None else "not measured (no check can be held out)"
     return (
-        f"cost fit {group_label(trial)}: t_draft {fit.t_draft * 1e3:.3f} ms, t_target "
-        f"{fit.t_target * 1e3:.3f} ms + {fit.t_per_verified * 1e3:.3f} ms/token, R² round "
-        f"{fit.r2_round:.3f} over {fit.n_rounds} rounds of {group.n_trials} trials"
+        f"cost fit {group_label(trial)}: draft step {steps.t_draft * 1e3:.3f} ms "
+        f"(+{steps.t_feature * 1e3:.3f} with features, +{steps.t_ask * 1e3:.3f} per decision), "
+        f"verify ms by block size {{{sizes}}} + {steps.verify_per_context * 1e6:.2f} µs per "
+        f"token of context, R² draft {steps.r2_draft:.3f} verify {steps.r2_verify:.3f} over "
+        f"{steps.n_rounds} rounds of {group.n_trials} trials; out-of-sample error {held}"
     )
 
 
@@ -112,4 +133,7 @@ def fit_values(sweep: str, key: str, trial: Trial, group: GroupFit) -> dict[str,
         "n_rounds": fit.n_rounds,
         "n_trials": group.n_trials,
         "overhead_seconds": group.overhead_seconds,
+        "step_model": asdict(group.steps),
+        "checks": [asdict(check) for check in group.checks],
+        "out_of_sample_error": group.out_of_sample_error,
     }

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from orchestrator.analysis.costs.replay import (
     replayed_results,
     trace_from_json,
     trace_to_json,
+    trial_demands,
+    widen,
 )
 from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.run.errors import describe_failure
@@ -167,7 +169,7 @@ class GroupReplica:
         label = group_label(group.trials[0])
         try:
             traces, recorded = self._traces(group)
-            fit = fit_from_store(self.store, group.live)
+            fit = fit_from_store(self.store, group.live, {t.trial_id for t in group.checks})
         except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
             reason = f"no cost fit or traces for replay: {describe_failure(exc)}"
             for trial in trials:
@@ -176,24 +178,8 @@ class GroupReplica:
             return ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
         values = fit_values(sweep, group.fit_key, group.trials[0], fit)
         values.update(run_fit_columns(self.store, group.live, fit))
-        checks = []
-        for check in group.checks:
-            result = self._cross_check(check, traces, fit)
-            if result is None:
-                continue
-            checks.append(
-                f"cross-check {label} {check.policy} L={check.max_draft_len}: replay "
-                f"reproduces {result.same_rounds:.1%} of the live rounds; projected "
-                f"{result.projected_tokens_per_s:.2f} vs measured {result.tokens_per_s:.2f} "
-                f"tokens/s ({result.error:+.1%})"
-            )
-            values.update(
-                check_trial_id=result.trial_id,
-                check_same_rounds=result.same_rounds,
-                check_tokens_per_s=result.tokens_per_s,
-                check_projected_tokens_per_s=result.projected_tokens_per_s,
-                check_error=result.error,
-            )
+        checks = [self._check_note(label, check, traces, fit, values) for check in group.checks]
+        checks = [note for note in checks if note]
         self.store.record_cost_fit(values)
         for trial in trials:
             finish(trial, self._replay_trial(trial, traces, fit))
@@ -217,6 +203,37 @@ class GroupReplica:
         )
         return traces, True
 
+    def _check_note(
+        self,
+        label: str,
+        check: Trial,
+        traces: list[GreedyTrace],
+        fit: GroupFit,
+        values: dict[str, Any],
+    ) -> str:
+        """Return one live check's line (its rounds reproduced, its out-of-sample error) and
+        put the first check's figures into the ``cost_fits`` row ``values`` ("" if not done)."""
+        result = self._cross_check(check, traces, fit)
+        if result is None:
+            return ""
+        held = next((h for h in fit.checks if h.trial_id == check.trial_id), None)
+        error = held.error if held is not None else None
+        out_of_sample = f"{error:+.1%}" if error is not None else "not identified without it"
+        if values.get("check_trial_id") is None:
+            values.update(
+                check_trial_id=result.trial_id,
+                check_same_rounds=result.same_rounds,
+                check_tokens_per_s=result.tokens_per_s,
+                check_projected_tokens_per_s=result.projected_tokens_per_s,
+                check_error=result.error,
+            )
+        return (
+            f"cross-check {label} {check.policy} L={check.max_draft_len}: replay reproduces "
+            f"{result.same_rounds:.1%} of the live rounds; projected "
+            f"{result.projected_tokens_per_s:.2f} vs measured {result.tokens_per_s:.2f} tokens/s "
+            f"({result.error:+.1%} with it in the fit, {out_of_sample} out of sample)"
+        )
+
     def _cross_check(
         self, check: Trial, traces: list[GreedyTrace], fit: GroupFit
     ) -> CrossCheck | None:
@@ -232,7 +249,8 @@ class GroupReplica:
         if not self.store.mark_running(trial):
             return None
         try:
-            results = replayed_results(replay_rounds(trial, traces), traces, fit)
+            rounds = replay_rounds(trial, traces)
+            results = replayed_results(rounds, traces, fit, trial_demands(trial))
         except ValueError as exc:
             error = describe_failure(exc)
             self.store.record_failure(trial, error, attempts=1)
@@ -241,10 +259,12 @@ class GroupReplica:
             (trial.dataset, trial.split, trial.samples, trial.local_path)
         ]
         tokenizer = self.inputs.tokenizer(trial.pair)
+        metrics = trial_metrics(results)
+        widened = widen(metrics.tokens_per_s_interval, fit.out_of_sample_error)
         self.store.record_trial(
             trial,
             results,
-            trial_metrics(results),
+            replace(metrics, tokens_per_s_interval=widened),
             record_rounds=True,
             prompt_ids=[p.id for p in prepared],
             output_texts=[response_text(tokenizer, r.output_ids) for r in results],

@@ -436,6 +436,13 @@ class CostFitRow(Base):
     round_trial_mre: Mapped[float | None] = mapped_column(Float)
     projection_fit: Mapped[str | None] = mapped_column(String(8))
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    #: The per-step model replay projects with (``costs.step_costs.StepCostFit`` as JSON), each
+    #: live check's leave-one-trial-out projection (trial id, label, policy class, measured and
+    #: projected seconds, error, share of rounds beyond the verify table), and their mean
+    #: absolute error, which widens every replayed trial's interval in the group.
+    step_model: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    checks: Mapped[list[Any] | None] = mapped_column(JSON)
+    out_of_sample_error: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("sweep", "group_key", name="uq_cost_fits"),)
 

@@ -245,6 +245,9 @@ class StoredCostFit:
     round_trial_mre: float | None
     projection_fit: str | None
     created_at: datetime
+    step_model: dict[str, Any] | None = None
+    checks: list[Any] | None = None
+    out_of_sample_error: float | None = None
 
 
 @dataclass(frozen=True)

@@ -222,8 +222,8 @@ def plan_sweep(spec: SweepSpec) -> Plan:
 
     Order: by pair (each pair's models load once), then dataset, temperature and seed, with the
     AR baseline first in each group. Greedy-only policies are skipped at temperature > 0. In
-    ``mode: replay`` each group has the live baseline, then the live check trial
-    (``execution.live_check``), then every policy trial in mode ``replay``.
+    ``mode: replay`` each group has the live baseline, then the live check trials
+    (``execution.live_check``: one or a list), then every policy trial in mode ``replay``.
     """
     job_ids: dict[str, str] = {}
     planned: dict[str, TrainingJob] = {}
@@ -241,8 +241,8 @@ def plan_sweep(spec: SweepSpec) -> Plan:
             baseline = group.baseline()
             trials.setdefault(baseline.trial_id, baseline)
             if group.replays:
-                check = group.live_check(baseline.trial_id)
-                trials.setdefault(check.trial_id, check)
+                for check in group.live_checks(baseline.trial_id):
+                    trials.setdefault(check.trial_id, check)
             for policy in spec.policies:
                 if not _policy_applies(policy, pair.name, group.temperature):
                     continue
@@ -442,13 +442,15 @@ class _TrialGroup:
         """Return the target-only AR baseline of this group."""
         return self._trial(BASELINE_POLICY, (), 0, None, None)
 
-    def live_check(self, baseline_id: str) -> Trial:
-        """Return the group's one live speculative trial of a replay sweep."""
-        check = self.spec.execution.live_check
-        params = _sorted_items([check.settings()])[0]
-        max_draft_len = self.spec.live_check_max_draft_len()
-        trial = self._trial(check.policy, params, max_draft_len, baseline_id, None)
-        return replace(trial, is_check=True)
+    def live_checks(self, baseline_id: str) -> list[Trial]:
+        """Return the group's live check trials of a replaying sweep (``spec.live_checks``)."""
+        return [
+            replace(
+                self._trial(policy, _sorted_items([settings])[0], length, baseline_id, None),
+                is_check=True,
+            )
+            for policy, settings, length in self.spec.live_checks()
+        ]
 
     def policy_trials(self, policy: PolicySpec, baseline_id: str) -> list[Trial]:
         """Return the trials of one policy entry: parameter settings × max draft lengths."""

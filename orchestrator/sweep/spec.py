@@ -22,12 +22,14 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     JsonValue,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -436,6 +438,33 @@ class LiveCheckSpec(_Frozen):
         return {key: coerce_param_value(defaults[key], v) for key, v in merged.items()}
 
 
+#: Tags of ``execution.live_check``'s two forms (one mapping, a list), dropped from error paths.
+_ONE_CHECK, _CHECK_LIST = "<one check>", "<check list>"
+UNION_TAGS = frozenset({_ONE_CHECK, _CHECK_LIST})
+
+
+def _check_form(value: Any) -> str:
+    """Return which form of ``live_check`` ``value`` is (a list, or one mapping)."""
+    return _CHECK_LIST if isinstance(value, list | tuple) else _ONE_CHECK
+
+
+LiveChecks = Annotated[
+    Annotated[LiveCheckSpec, Tag(_ONE_CHECK)]
+    | Annotated[NonEmpty[LiveCheckSpec], Tag(_CHECK_LIST)],
+    Discriminator(_check_form),
+]
+
+#: The live checks of a replaying sweep that names none: the old single check first (static at
+#: half the largest max draft length, its trial id unchanged), then static at the largest, an
+#: entropy rule (AdaEDL) and a Thompson-sampling rule (Beta-TS) at the largest, each with its
+#: default parameters. ``None`` as a max draft length means the largest here.
+DEFAULT_LIVE_CHECKS: tuple[tuple[str, int | None], ...] = (
+    ("static", None),
+    ("adaedl", None),
+    ("beta_ts", None),
+)
+
+
 def _replay_problems(name: str, settings: Sequence[dict[str, Any]]) -> list[str]:
     """Return why policy ``name`` with these settings cannot be replayed (empty if it can)."""
     messages: dict[str, None] = {}
@@ -494,7 +523,7 @@ class ExecutionSpec(_Frozen):
     shard_prompts: int = Field(4, ge=1, le=1_000_000)
     replicas: int | None = Field(None, ge=1, le=4096)
     mode: Literal["live", "replay", "mixed"] = "live"
-    live_check: LiveCheckSpec = Field(default_factory=LiveCheckSpec)
+    live_check: LiveChecks | None = None
     stall_timeout_seconds: float = Field(600.0, gt=0.0, le=86400.0)
 
 
@@ -601,10 +630,31 @@ class SweepSpec(_Frozen):
         )
         return [(("execution", "record_rounds"), message)]
 
-    def live_check_max_draft_len(self) -> int:
-        """Return the live check trial's max draft length (default: half the largest, ≥ 1)."""
-        chosen = self.execution.live_check.max_draft_len
+    def live_check_max_draft_len(self, check: LiveCheckSpec | None = None) -> int:
+        """Return a live check's max draft length (default: half the largest, ≥ 1)."""
+        chosen = (check or LiveCheckSpec()).max_draft_len
         return chosen if chosen is not None else max(1, max(self.max_draft_lens) // 2)
+
+    def live_checks(self) -> tuple[tuple[str, dict[str, Any], int], ...]:
+        """Return each live check of a replaying group: policy, full settings, max draft length.
+
+        ``execution.live_check`` as one mapping gives one check, as a list one per entry; left
+        out, the checks are the old single one followed by ``DEFAULT_LIVE_CHECKS``.
+        """
+        chosen = self.execution.live_check
+        if chosen is None:
+            first = LiveCheckSpec()
+            largest = max(self.max_draft_lens)
+            rest = [
+                (name, LiveCheckSpec(policy=name).settings(), largest)
+                for name, _ in DEFAULT_LIVE_CHECKS
+            ]
+            return ((first.policy, first.settings(), self.live_check_max_draft_len()), *rest)
+        listed = chosen if isinstance(chosen, tuple) else (chosen,)
+        return tuple(
+            (check.policy, check.settings(), self.live_check_max_draft_len(check))
+            for check in listed
+        )
 
     def policy_max_draft_lens(self, policy: PolicySpec) -> tuple[int, ...]:
         """Return the distinct max draft lengths of one policy entry, ascending (its own list,
@@ -709,7 +759,7 @@ def _located_messages(error: ValidationError, located: LocatedYaml, filename: st
     """Turn pydantic errors (and LocatedProblems inside them) into ``FILE:LINE: path: msg``."""
     messages: list[tuple[int, str]] = []
     for item in error.errors():
-        loc = tuple(item["loc"])
+        loc = tuple(part for part in item["loc"] if part not in UNION_TAGS)
         cause = (item.get("ctx") or {}).get("error")
         if isinstance(cause, LocatedProblems):
             entries = [((*loc, *sub_loc), msg) for sub_loc, msg in cause.problems]

@@ -21,7 +21,7 @@ from orchestrator.analysis.costs.model import (
     r_squared,
 )
 from orchestrator.analysis.costs.replay import trace_from_json, trace_to_json
-from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.analysis.metrics import SampleCounts, trial_intervals, trial_metrics
 from orchestrator.run.runner import RunOptions, execute_plan, preflight
 from orchestrator.store import StoredRound, open_store
 from orchestrator.sweep.planner import REPLAY_MODE, plan_sweep, replay_groups
@@ -203,7 +203,7 @@ def test_live_check_is_validated_and_live_mode_accepts_sampling() -> None:
     assert live.execution.mode == "live"
 
 
-def test_replay_plan_has_one_live_check_per_group_and_mode_in_replayed_ids() -> None:
+def test_replay_plan_has_the_default_live_checks_per_group_and_mode_in_replayed_ids() -> None:
     spec = parse_sweep(SWEEP)
     plan = plan_sweep(spec)
     live_plan = plan_sweep(parse_sweep(SWEEP.replace(", mode: replay", "")))
@@ -211,17 +211,26 @@ def test_replay_plan_has_one_live_check_per_group_and_mode_in_replayed_ids() -> 
     assert [(t.policy, t.max_draft_len, t.is_baseline) for t in live] == [
         ("ar", 0, True),
         ("static", 2, False),
+        ("static", 4, False),
+        ("adaedl", 4, False),
+        ("beta_ts", 4, False),
     ]
+    single = plan_sweep(
+        parse_sweep(SWEEP.replace("mode: replay}", "mode: replay, live_check: {policy: static}}"))
+    )
+    old_check = [t for t in single.trials if t.mode == "live" and not t.is_baseline]
+    assert [t.trial_id for t in old_check] == [live[1].trial_id]
     replayed = [t for t in plan.trials if t.mode == REPLAY_MODE]
     assert len(replayed) == len(live_plan.trials) - 1
     live_ids = {t.trial_id for t in live_plan.trials}
-    assert {t.trial_id for t in live} <= live_ids
+    assert {live[0].trial_id, live[1].trial_id} <= live_ids
     assert not {t.trial_id for t in replayed} & live_ids
     by_config = {(t.policy, t.params, t.max_draft_len): t for t in live_plan.trials}
     assert all((t.policy, t.params, t.max_draft_len) in by_config for t in replayed)
     assert all(t.baseline_id == live[0].trial_id for t in replayed)
     (group,) = replay_groups(plan)
-    assert group.cap == 4 and group.checks == (live[1],) and len(group.replayed) == len(replayed)
+    assert group.cap == 4 and group.checks == tuple(live[1:])
+    assert len(group.replayed) == len(replayed)
     assert replay_groups(live_plan) == []
     named = parse_sweep(
         SWEEP.replace(
@@ -256,7 +265,7 @@ def test_mixed_mode_replays_greedy_replayable_trials_and_runs_the_rest_live() ->
         t.trial_id for t in replay_only.trials if t.mode == REPLAY_MODE
     }
     (group,) = replay_groups(plan)
-    assert len(group.checks) == 1 and group.checks[0].temperature == 0
+    assert len(group.checks) == 4 and {c.temperature for c in group.checks} == {0}
     assert _problems(text.replace("mode: mixed}", "mode: mixed, record_rounds: false}")) == [
         "bad.yaml:23: execution.record_rounds: mode: mixed fits its cost model on the stored "
         "rounds of the live trials; set record_rounds: true"
@@ -426,7 +435,24 @@ def test_replayed_trials_equal_live_ones_and_traces_are_recorded_once(zoo_env, r
                 assert getattr(rows[trial.trial_id], metric) == getattr(live_row, metric), metric
         (fit,) = store.cost_fits("replay-test")
         assert all(0.0 <= getattr(fit, k) <= 1.0 for k in ("r2_draft", "r2_verify", "r2_round"))
-        assert fit.t_draft > 0 and fit.t_target > 0 and fit.n_trials == 2
+        assert fit.t_draft > 0 and fit.t_target > 0 and fit.n_trials == 5
+        checks = [t.trial_id for t in plan.trials if t.is_check]
+        assert [c["trial_id"] for c in fit.checks] == checks
+        errors = [c["error"] for c in fit.checks]
+        assert None not in errors
+        assert fit.out_of_sample_error == pytest.approx(np.mean(np.abs(errors)))
+        assert fit.step_model["verify_table"] and fit.step_model["t_draft"] > 0
+        first = store.sample_outputs(replayed[0].trial_id)
+        prompts_only = trial_intervals(
+            [
+                SampleCounts(s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds)
+                for s in first
+            ]
+        ).tokens_per_s
+        stored = rows[replayed[0].trial_id]
+        e = fit.out_of_sample_error
+        assert stored.tokens_per_s_low == pytest.approx(prompts_only.low * (1 - e))
+        assert stored.tokens_per_s_high == pytest.approx(prompts_only.high * (1 + e))
         assert fit.check_same_rounds == 1.0
         assert fit.check_error == pytest.approx(
             fit.check_projected_tokens_per_s / fit.check_tokens_per_s - 1

@@ -76,15 +76,20 @@ def raw_model(entry: Any) -> dict[str, Any]:
     return {"model": entry} if isinstance(entry, str) else entry
 
 
+#: Live checks per replaying group when a sweep names none (static at half and at the largest
+#: max draft length, AdaEDL, Beta-TS; distinct when the largest is at least 2).
+DEFAULT_CHECKS = 4
+
+
 def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     """Return baselines, policy trials and skipped trials by the grid formula, from raw YAML.
 
     policy trials = Σ over pairs of datasets x seeds x Σ over temperatures of the settings x max
     draft lens of the policies run on that pair at that temperature (a policy's ``pairs`` and
     ``temperatures`` lists restrict it, its ``max_draft_lens`` replace the sweep's; greedy-only
-    policies only at temperature 0), plus in ``mode: replay`` one live check trial per baseline
-    (``mode: mixed``: per greedy baseline); one AR baseline per (pair, dataset, temperature,
-    seed).
+    policies only at temperature 0), plus in ``mode: replay`` the live check trials per baseline
+    (``mode: mixed``: per greedy baseline): one per ``live_check`` entry, four when it is left
+    out; one AR baseline per (pair, dataset, temperature, seed).
     """
     cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
     run = skipped = 0
@@ -105,7 +110,10 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     baselines = cells * len(raw["pairs"]) * len(raw["temperatures"])
     greedy = sum(raw_temperature(entry) == 0 for entry in raw["temperatures"])
     mode = raw.get("execution", {}).get("mode")
-    live_checks = {"replay": baselines, "mixed": cells * len(raw["pairs"]) * greedy}.get(mode, 0)
+    named = raw.get("execution", {}).get("live_check")
+    per_group = len(named) if isinstance(named, list) else 1 if named else DEFAULT_CHECKS
+    groups = {"replay": baselines, "mixed": cells * len(raw["pairs"]) * greedy}.get(mode, 0)
+    live_checks = groups * per_group
     return {
         "baselines": baselines,
         "policy_trials": cells * run + live_checks,

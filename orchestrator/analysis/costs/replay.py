@@ -1,22 +1,36 @@
 """Replay mode's pure steps: traces as JSON, the per-group cost fit, replayed trial results.
 
 A replay sweep (``execution.mode: replay``) runs each group's AR baseline and its live check
-trial on the models, records one greedy trace per prompt (stored in the ``traces`` table under
-``planner.trace_key``, so a resubmission records nothing again), fits the block-aware cost
-model over the group's live rounds, and replays every replay-mode trial with
-``policies.replay.replay``. A replayed trial is stored like a live one: per-sample results whose
-rounds are the replayed ones with projected seconds (t_draft·forwards and t_target +
-t_per_verified·drafted), and sample seconds that add the group's mean non-round time per
-sample, so ``orchestrator.analysis.metrics.trial_metrics`` gives its tokens/s and speedup.
+trials on the models, records one greedy trace per prompt (stored in the ``traces`` table under
+``planner.trace_key``, so a resubmission records nothing again), fits the per-step cost model
+(``costs.step_costs``) over the group's live rounds and samples, projects each live check from
+the fit over the other live trials (its out-of-sample error), and replays every replay-mode
+trial with ``policies.replay.replay``. A replayed trial is stored like a live one: per-sample
+results whose rounds are the replayed ones with projected seconds (the per-step model at each
+round's context, for the policy's step demands), and sample seconds that add the model's
+overhead for the prompt's length, so ``orchestrator.analysis.metrics.trial_metrics`` gives its
+tokens/s and speedup; its tokens/s interval is widened by the group's out-of-sample error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.analysis.costs.model import CostModelError, RoundCostFit, fit_round_costs
+from orchestrator.analysis.costs.model import RoundCostFit
+from orchestrator.analysis.costs.run_fit import fit_round_group
+from orchestrator.analysis.costs.step_costs import StepCostFit, StepDemands
+from orchestrator.analysis.costs.validation import (
+    HeldOut,
+    LiveTrial,
+    fit_trials,
+    held_out,
+    policy_demands,
+    round_contexts,
+    summarise,
+)
+from orchestrator.analysis.stats import Interval
 from orchestrator.sweep.planner import Trial
 from policies import make_policy
 from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
@@ -24,7 +38,7 @@ from workers.records import GenerationResult, RoundRecord
 from workers.trial import sample_seed
 
 if TYPE_CHECKING:
-    from orchestrator.store.records import StoredRound, StoredTrial
+    from orchestrator.store.records import StoredRound
 
 #: Round fields that must agree between a replayed and a live round.
 ROUND_KEY = ("drafted", "accepted", "draft_forwards")
@@ -55,33 +69,55 @@ def trace_from_json(data: dict[str, Any]) -> GreedyTrace:
 
 @dataclass(frozen=True)
 class GroupFit:
-    """A group's cost fit and its mean non-round seconds per sample (prefill, bookkeeping)."""
+    """A group's cost fits: the per-step model replay projects with, and its measured error.
+
+    ``fit`` and ``overhead_seconds`` are the block-aware round fit and the mean non-round
+    seconds per sample (stored in ``cost_fits`` beside the run-level fit); ``steps`` is the
+    :class:`StepCostFit` every replayed round and sample is timed by. ``checks`` are the live
+    check trials each projected by the fit over the group's other live trials, and
+    ``out_of_sample_error`` their mean absolute error (None when no check could be held out).
+    """
 
     fit: RoundCostFit
     overhead_seconds: float
     n_trials: int
+    steps: StepCostFit
+    checks: tuple[HeldOut, ...] = ()
+    out_of_sample_error: float | None = None
 
 
-def fit_group(rounds: Sequence[StoredRound], trials: Sequence[StoredTrial]) -> GroupFit:
-    """Return the cost fit over the stored ``rounds`` of the group's done live ``trials``.
+def fit_group(trials: Sequence[LiveTrial], check_ids: Collection[str] = ()) -> GroupFit:
+    """Return the cost fits over the group's done live ``trials``, checks held out in turn.
 
-    The overhead is the mean of
-    seconds − draft seconds − verify seconds per sample over the speculative ones (the AR
-    baselines when there is none). Raises CostModelError when the rounds cannot identify the
-    costs (``fit_round_costs``) or no trial is given.
+    Raises CostModelError when the rounds cannot identify the costs or no trial is given.
     """
-    if not trials:
-        raise CostModelError("no done live trial in the group")
-    fit = fit_round_costs(
-        [r.draft_forwards for r in rounds],
-        [r.drafted for r in rounds],
-        [r.draft_seconds for r in rounds],
-        [r.verify_seconds for r in rounds],
+    fit, overhead = fit_round_group(
+        [r for t in trials for r in t.stored_rounds], [t.stored for t in trials]
     )
-    speculative = [t for t in trials if not t.is_baseline] or list(trials)
-    outside = sum(t.seconds - t.draft_seconds - t.verify_seconds for t in speculative)
-    samples = sum(t.n_samples for t in speculative)
-    return GroupFit(fit, outside / samples, len(trials))
+    checks = tuple(held_out(trials, t) for t in trials if t.trial_id in check_ids)
+    return GroupFit(
+        fit=fit,
+        overhead_seconds=overhead,
+        n_trials=len(trials),
+        steps=fit_trials(trials),
+        checks=checks,
+        out_of_sample_error=summarise([c.error for c in checks]).mean_abs_error,
+    )
+
+
+def widen(interval: Interval | None, error: float | None) -> Interval | None:
+    """Return ``interval`` widened by the cost model's out-of-sample ``error`` e.
+
+    The bounds become low·(1 − e) and high·(1 + e), the estimate stays.
+
+    A replayed trial's tokens/s carries the sampling spread over its prompts and the cost
+    model's own error, which the prompts' spread does not show; None or 0 leaves it as is.
+    """
+    if interval is None or not error:
+        return interval
+    return replace(
+        interval, low=interval.low * (1 - abs(error)), high=interval.high * (1 + abs(error))
+    )
 
 
 def replay_rounds(trial: Trial, traces: Sequence[GreedyTrace]) -> list[list[ReplayedRound]]:
@@ -97,30 +133,40 @@ def replay_rounds(trial: Trial, traces: Sequence[GreedyTrace]) -> list[list[Repl
     ]
 
 
-def replayed_results(
-    rounds: Sequence[list[ReplayedRound]], traces: Sequence[GreedyTrace], group: GroupFit
-) -> list[GenerationResult]:
-    """Return per-prompt results of replayed ``rounds``, timed by the group's cost fit.
+def trial_demands(trial: Trial) -> StepDemands:
+    """Return what ``trial``'s policy asks of each draft step."""
+    return policy_demands(trial.policy, trial.max_draft_len, trial.params_dict)
 
-    Each round's seconds are the fit's prediction; a sample's seconds add the group's mean
-    non-round time per sample. The output is the target's greedy output up to the tokens
-    the rounds emitted (cut after EOS, as the engine cuts it).
+
+def replayed_results(
+    rounds: Sequence[list[ReplayedRound]],
+    traces: Sequence[GreedyTrace],
+    group: GroupFit,
+    demands: StepDemands,
+) -> list[GenerationResult]:
+    """Return per-prompt results of replayed ``rounds``, timed by the group's per-step model.
+
+    Each round's seconds are the model's prediction at the round's context for a policy with
+    these step ``demands``; a sample's seconds add the model's overhead for its prompt length.
+    The output is the target's greedy output up to the tokens the rounds emitted (cut after
+    EOS, as the engine cuts it).
     """
-    fit = group.fit
+    steps = group.steps
     results = []
     for replayed, trace in zip(rounds, traces, strict=True):
+        contexts = round_contexts(len(trace.prompt_ids), replayed)
         records = [
             RoundRecord(
                 drafted=r.drafted,
                 accepted=r.accepted,
                 bonus=r.bonus,
                 draft_forwards=r.draft_forwards,
-                draft_seconds=float(fit.draft_seconds(r.draft_forwards)),
-                verify_seconds=float(fit.verify_seconds(r.drafted)),
+                draft_seconds=steps.draft_seconds(r.draft_forwards, context, demands),
+                verify_seconds=steps.verify_seconds(r.drafted, context),
                 mean_entropy=r.mean_entropy,
                 min_max_prob=r.min_max_prob,
             )
-            for r in replayed
+            for r, context in zip(replayed, contexts, strict=True)
         ]
         emitted = sum(r.emitted for r in replayed)
         output = list(trace.reference[:emitted])
@@ -131,7 +177,7 @@ def replayed_results(
                 prompt_ids=list(trace.prompt_ids),
                 output_ids=output,
                 rounds=records,
-                seconds=seconds + group.overhead_seconds,
+                seconds=seconds + steps.sample_overhead(len(trace.prompt_ids)),
                 stopped_on_eos=stopped,
             )
         )
@@ -169,7 +215,7 @@ def cross_check(
     index in drafted, accepted and draft forwards; the share divides by the larger count.
     """
     replayed = replay_rounds(trial, traces)
-    results = replayed_results(replayed, traces, group)
+    results = replayed_results(replayed, traces, group, trial_demands(trial))
     live_by_sample: dict[int, list[tuple[int, ...]]] = {}
     for row in live_rounds:
         live_by_sample.setdefault(row.sample_index, []).append(

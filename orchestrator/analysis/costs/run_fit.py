@@ -18,10 +18,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from orchestrator.analysis.costs.model import RoundCostFit, fit_cost_model, r_squared
+from orchestrator.analysis.costs.model import (
+    CostModelError,
+    RoundCostFit,
+    fit_cost_model,
+    fit_round_costs,
+    r_squared,
+)
 
 if TYPE_CHECKING:
-    from orchestrator.store.records import StoredTrial
+    from orchestrator.store.records import StoredRound, StoredTrial
 
 FitName = Literal["round", "run"]
 
@@ -125,3 +131,25 @@ def compare_fits(
         round_trial_mre=mean_relative_error(measured, round_pred),
         n_trials=len(trials),
     )
+
+
+def fit_round_group(
+    rounds: Sequence[StoredRound], trials: Sequence[StoredTrial]
+) -> tuple[RoundCostFit, float]:
+    """Return the block-aware round fit of stored ``rounds`` and the mean overhead per sample.
+
+    The overhead is the mean of seconds − draft seconds − verify seconds per sample over the
+    speculative trials (the AR baselines when there is none). Raises CostModelError when the
+    rounds cannot identify the costs (``fit_round_costs``) or no trial is given.
+    """
+    if not trials:
+        raise CostModelError("no done live trial in the group")
+    fit = fit_round_costs(
+        [r.draft_forwards for r in rounds],
+        [r.drafted for r in rounds],
+        [r.draft_seconds for r in rounds],
+        [r.verify_seconds for r in rounds],
+    )
+    speculative = [t for t in trials if not t.is_baseline] or list(trials)
+    outside = sum(t.seconds - t.draft_seconds - t.verify_seconds for t in speculative)
+    return fit, outside / sum(t.n_samples for t in speculative)
