@@ -99,6 +99,7 @@ TRIAL_COLUMNS = (
     "status",
     *TRIAL_METRIC_COLUMNS,
     "speedup",
+    "decode_speedup",
     "params",
     *INTERVAL_COLUMNS,
     "run_id",
@@ -111,6 +112,8 @@ _NUMERIC_COLUMNS = (
     *METRIC_COLUMNS,
     "draft_seconds",
     "verify_seconds",
+    "prefill_seconds",
+    "decode_seconds",
 )
 
 
