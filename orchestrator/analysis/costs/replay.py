@@ -103,8 +103,9 @@ def replayed_results(
     """Return per-prompt results of replayed ``rounds``, timed by the group's cost fit.
 
     Each round's seconds are the fit's prediction; a sample's seconds add the group's mean
-    non-round time per sample. The output is the target's greedy output up to the tokens
-    the rounds emitted (cut after EOS, as the engine cuts it).
+    non-round time per sample. That non-round time is the sample's prefill seconds (prefill
+    and bookkeeping), its rounds' seconds its decode seconds. The output is the target's
+    greedy output up to the tokens the rounds emitted (cut after EOS, as the engine cuts it).
     """
     fit = group.fit
     results = []
@@ -133,6 +134,8 @@ def replayed_results(
                 rounds=records,
                 seconds=seconds + group.overhead_seconds,
                 stopped_on_eos=stopped,
+                prefill_seconds=group.overhead_seconds,
+                decode_seconds=seconds,
             )
         )
     return results
