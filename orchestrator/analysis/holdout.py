@@ -61,6 +61,12 @@ class BestSetting:
     held_out: bool
     measure: str
 
+    def cell(self) -> str:
+        """Return the short table cell of :meth:`note`: "dev 3, test 3" or "same 6"."""
+        if not self.held_out:
+            return f"same {self.n_test}"
+        return f"dev {self.n_dev}, test {self.n_test}"
+
     def note(self) -> str:
         """Return how the setting was chosen, e.g. "chosen on 3 dev prompts, measured on 3 test
         prompts" (or "best chosen and measured on the same 6 prompts")."""
@@ -179,6 +185,15 @@ class OnDataset(Protocol):
 def dataset_key(row: OnDataset) -> DatasetKey:
     """Return the dataset entry key of a trial."""
     return (row.dataset, row.split, row.samples, row.max_new_tokens)
+
+
+@dataclass(frozen=True)
+class SweepSamples:
+    """What best settings are chosen from: every trial's samples (id → samples, baselines
+    included) and the sweep's dev/test splits (:func:`holdout_splits`)."""
+
+    samples: Mapping[str, Sequence[SampleSpeed]]
+    splits: Mapping[DatasetKey, PromptSplit]
 
 
 def holdout_splits(spec: SweepSpec) -> dict[DatasetKey, PromptSplit]:

@@ -203,6 +203,16 @@ class StoreReader(StoreBase):
             speeds, _ids = trial_sample_speeds(session, [trial_id])
         return sorted(speeds.get(trial_id, []), key=lambda sample: sample.sample_index)
 
+    def trials_sample_speeds(self, trial_ids: Iterable[str]) -> dict[str, list[SampleSpeed]]:
+        """Return {trial id: its samples (prompt, tokens, seconds, decode seconds)} in sample
+        order, for the trials that have samples."""
+        with self._transaction() as session:
+            speeds, _ids = trial_sample_speeds(session, trial_ids)
+        return {
+            trial_id: sorted(samples, key=lambda sample: sample.sample_index)
+            for trial_id, samples in speeds.items()
+        }
+
     def position_acceptance(self, trial_ids: Iterable[str]) -> pd.DataFrame:
         """Return trial_id, position, drafted, accepted, rate of these trials, by trial and
         position (one row per trial and draft position)."""
