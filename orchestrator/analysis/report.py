@@ -337,35 +337,43 @@ def comparison_refusal(a: StoredTrial, b: StoredTrial, n_shared: int) -> list[st
     ]
 
 
-def family_header(family: Sequence[Comparison]) -> list[str]:
-    """Return the line that says how a family of comparisons controls its family-wise error."""
+def family_header(family: Sequence[Comparison], measure: str = "end-to-end") -> list[str]:
+    """Return the line that says how a family of comparisons (of ``measure`` tokens/s)
+    controls its family-wise error."""
     m = sum(compared.ratio is not None for compared in family)
     level = next((c.ratio.confidence for c in family if c.ratio is not None), None)
     shown = f"intervals at {100 * level:.4g}% hold together" if level is not None else "none"
     return [
-        f"Holm-adjusted over {m} comparisons (family-wise error 5%): verdicts from "
+        f"{measure} tokens/s, Holm-adjusted over {m} comparisons (family-wise error 5%): "
+        "verdicts from "
         f"Holm-adjusted p-values; {shown}",
         "",
     ]
 
 
 def comparison_lines(
-    a: StoredTrial, b: StoredTrial, compared: Comparison, n_a: int, n_b: int
+    a: StoredTrial,
+    b: StoredTrial,
+    compared: Comparison,
+    n_a: int,
+    n_b: int,
+    measure: str = "end-to-end",
 ) -> list[str]:
-    """Return the ``compare`` command's output lines for one paired comparison."""
+    """Return the ``compare`` command's output lines for one paired comparison of ``measure``
+    tokens/s ("decode-only" or "end-to-end")."""
     lines = [f"A: {trial_label(a)}", f"B: {trial_label(b)}"]
     ratio = compared.ratio
     if ratio is None:
         return [*lines, f"no interval: {too_few_prompts(compared.n_prompts)} shared", ""]
     p_name = "Holm-adjusted p" if compared.family_size > 1 else "p"
     lines += [
-        f"tokens/s A / B = {ratio.estimate:.4g}, {100 * ratio.confidence:.4g}% CI "
+        f"{measure} tokens/s A / B = {ratio.estimate:.4g}, {100 * ratio.confidence:.4g}% CI "
         f"[{ratio.low:.4g}, {ratio.high:.4g}], n = {ratio.n} "
         f"(paired t interval over {compared.n_prompts} shared prompts); "
         f"{p_name} = {compared.adjusted_p:.3g}",
-        f"verdict: A is {compared.verdict} than B"
+        f"verdict: A is {compared.verdict} than B ({measure})"
         if compared.verdict != "not distinguishable"
-        else "verdict: not distinguishable (the interval contains 1)",
+        else f"verdict: not distinguishable ({measure}: the interval contains 1)",
     ]
     if compared.n_prompts < max(n_a, n_b):
         lines.append(
