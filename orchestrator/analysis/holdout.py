@@ -12,9 +12,9 @@ prompts, and says so.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,9 +26,7 @@ from orchestrator.analysis.pairing import (
     pair_samples,
     paired_ratio,
 )
-
-if TYPE_CHECKING:
-    from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.spec import DatasetEntry, SweepSpec
 
 #: The speed a best setting is chosen and measured by: decode-only where every sample has its
 #: decode seconds (the headline), else end to end.
@@ -198,10 +196,31 @@ class SweepSamples:
 
 def holdout_splits(spec: SweepSpec) -> dict[DatasetKey, PromptSplit]:
     """Return the dev/test split of each dataset entry of ``spec`` that configures one."""
+    return entry_splits(spec.datasets)
+
+
+def entry_splits(entries: Iterable[DatasetEntry]) -> dict[DatasetKey, PromptSplit]:
+    """Return the dev/test split of each of these dataset entries that configures one."""
     return {
         (entry.name, entry.split, entry.samples, entry.max_new_tokens): split_prompts(
             entry.samples, entry.holdout.dev_fraction, entry.holdout.seed
         )
-        for entry in spec.datasets
+        for entry in entries
         if entry.holdout is not None
     }
+
+
+def stored_splits(specs: Iterable[Mapping[str, Any]]) -> dict[DatasetKey, PromptSplit]:
+    """Return the dev/test splits of stored sweep specs (``Store.sweep_specs``' values).
+
+    Only the dataset entries are read, each validated on its own, so a spec stored by an older
+    version still gives its splits (an entry that no longer validates has none).
+    """
+    entries = []
+    for spec in specs:
+        for data in spec.get("datasets", []):
+            try:
+                entries.append(DatasetEntry.model_validate(data))
+            except ValueError:
+                continue
+    return entry_splits(entries)

@@ -135,6 +135,15 @@ class StoreReader(StoreBase):
         """
         return records_frame(StoredTrial, self.trials(sweep))
 
+    def sweep_specs(self, names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Return {sweep name: its stored spec (the validated spec as JSON data)} of these
+        sweeps (all without ``names``)."""
+        query = select(SweepRow.name, SweepRow.spec)
+        if names is not None:
+            query = query.where(SweepRow.name.in_(list(names)))
+        with self._transaction() as session:
+            return {name: spec for name, spec in session.execute(query)}
+
     def sweep_names(self) -> list[str]:
         """Return the names of the stored sweeps, oldest first."""
         with self._transaction() as session:
