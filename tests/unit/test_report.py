@@ -309,3 +309,22 @@ def test_render_table_headers_alignment_and_plain_text() -> None:
     assert "tokens/s" in text and "[bold]svip[/bold]" in text and "12.5" in text
     raw = _text(report.render_table(rows, ["tokens_per_s"], headers={}))
     assert "tokens_per_s" in raw and "tokens/s" not in raw
+
+
+def test_the_committed_demo_database_summarises_without_decode_figures() -> None:
+    """docs/demo-results.db predates prefill/decode timing: its summary shows no decode-only
+    figure, end-to-end ones, and best trials chosen and measured on the same 6 prompts."""
+    from orchestrator.analysis.holdout import holdout_splits
+    from orchestrator.store import open_store
+
+    spec = load_sweep(DEMO)
+    db = REPO / "docs" / "demo-results.db"
+    with open_store(f"sqlite:///{db}", read_only=True) as store:
+        rows = store.trials(spec.name)
+        samples = store.trials_sample_speeds(row.trial_id for row in rows)
+    summary = report.summary_rows(rows, measured=SweepSamples(samples, holdout_splits(spec)))
+    assert summary and all(r["decode_speedup"] is None for r in summary)
+    assert all(r["e2e_speedup"] is not None for r in summary)
+    assert {r["best_on"] for r in summary} == {"same 6"}
+    notes = {r["best_note"] for r in summary}
+    assert notes == {"best chosen and measured on the same 6 prompts (end-to-end)"}
