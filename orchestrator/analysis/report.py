@@ -138,7 +138,8 @@ HEADERS = {
     "temperature": "temp",
     "max_draft_len": "max DL",
     "max_draft_lens": "max DLs",
-    "tokens_per_s": "tokens/s",
+    "tokens_per_s": "e2e tokens/s",
+    "speedup": "e2e speedup",
     "decode_tokens_per_s": "decode tok/s",
     "decode_speedup": "decode speedup",
     "e2e_tokens_per_s": "e2e tok/s",
@@ -173,7 +174,7 @@ HEADERS = {
     "round_trial_r2": "R² round fit (trials)",
     "round_trial_mre": "rel. error round fit",
     "projection_fit": "projects with",
-    "fit_tokens_per_s": "tokens/s by fit",
+    "fit_tokens_per_s": "e2e tokens/s by fit",
 }
 
 MISSING = "-"
