@@ -270,7 +270,15 @@ def test_every_page_renders_on_a_real_sweep(real_url, monkeypatch) -> None:
 
     app.switch_page(TABLES).run()
     assert not app.exception
-    assert len(app.dataframe) == 7 and len(app.download_button) == 6  # K 2, K 4, 4 more
+    # best settings, K 2, K 4, 4 more; a live sweep: decode-only first, and the best by it
+    assert len(app.dataframe) == 8 and len(app.download_button) == 7
+    assert [radio.options for radio in app.radio] == [["decode-only", "end-to-end"]]
+    best = app.dataframe[0].value
+    assert best["decode_speedup"].notna().all()
+    assert set(best["best_note"].dropna()) == {
+        f"best chosen and measured on the same {n} prompts (decode-only)"
+        for n in set(best["best_on"].dropna().str.removeprefix("same ").astype(int))
+    }
     assert any("No knowledge-distilled drafts" in info.value for info in app.info)
 
     app.switch_page(ROBUSTNESS).run()
