@@ -12,15 +12,18 @@ are kept by the max-draft-length filter, since they are every view's reference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard.pareto import pareto_mask
+from orchestrator.analysis.holdout import SweepSamples, stored_splits
+from orchestrator.analysis.report import summary_rows
 from orchestrator.store import (
     BASELINE_POLICY,
     Store,
@@ -35,17 +38,22 @@ from orchestrator.store.models import (
     INTERVAL_FIGURES,
     TRIAL_METRIC_COLUMNS,
 )
+from orchestrator.store.records import StoredTrial
 
 __all__ = [
     "BASELINE_POLICY",
     "CACHE_TTL_S",
     "CONTEXT_KEY",
+    "DECODE_ONLY",
+    "END_TO_END",
     "FILL_COMMAND",
     "METRIC_COLUMNS",
     "DashboardContext",
+    "Speed",
     "StoreUnavailable",
     "TrialFilters",
     "apply_filters",
+    "best_setting_table",
     "best_settings",
     "compare_sweeps",
     "config_points",
@@ -58,10 +66,12 @@ __all__ = [
     "load_draft_job_kinds",
     "load_round_counts",
     "load_sweep_names",
+    "load_sweep_samples",
     "load_trials",
     "mark_frontiers",
     "round_length_distribution",
     "setting_means",
+    "speeds",
     "speedup_vs_temperature",
     "throughput_vs_threshold",
 ]
@@ -99,6 +109,7 @@ TRIAL_COLUMNS = (
     "status",
     *TRIAL_METRIC_COLUMNS,
     "speedup",
+    "decode_speedup",
     "params",
     *INTERVAL_COLUMNS,
     "run_id",
@@ -111,7 +122,33 @@ _NUMERIC_COLUMNS = (
     *METRIC_COLUMNS,
     "draft_seconds",
     "verify_seconds",
+    "prefill_seconds",
+    "decode_seconds",
 )
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A measure of speed: its tokens/s and speedup columns and its name in captions."""
+
+    tokens_per_s: str
+    speedup: str
+    label: str
+
+
+DECODE_ONLY = Speed("decode_tokens_per_s", "decode_speedup", "decode-only")
+END_TO_END = Speed("tokens_per_s", "speedup", "end-to-end")
+#: What the best-setting table shows: one row per policy and cell of the grid.
+BEST_GROUP = ("pair", "dataset", "temperature", "policy")
+
+
+def speeds(trials: pd.DataFrame) -> list[Speed]:
+    """Return the measures these trials can be shown by, the headline first: decode-only
+    (prefill left out, the seed papers' measure) when every done trial has it, then end to end.
+    """
+    done = trials[trials["status"] == "done"]
+    decode = not done.empty and bool(done["decode_tokens_per_s"].notna().all())
+    return [DECODE_ONLY, END_TO_END] if decode else [END_TO_END]
 
 
 class StoreUnavailable(RuntimeError):
@@ -207,6 +244,50 @@ def load_round_counts(url: str, trial_ids: Sequence[str]) -> pd.DataFrame:
     """
     with reader(url) as store:
         return store.round_counts(trial_ids)
+
+
+def load_sweep_samples(url: str, sweeps: Sequence[str], trial_ids: Sequence[str]) -> SweepSamples:
+    """Return the samples of these trials and the dev/test splits of these sweeps' dataset
+    entries, what best settings are chosen from."""
+    with reader(url) as store:
+        samples = store.trials_sample_speeds(trial_ids)
+        specs = store.sweep_specs(sweeps)
+    return SweepSamples(samples, stored_splits(specs.values()))
+
+
+def best_setting_table(trials: pd.DataFrame, measured: SweepSamples) -> pd.DataFrame:
+    """Return each policy's best trial per pair × dataset × temperature, chosen on the dev
+    prompts and measured on the test prompts (``orchestrator.analysis.report.summary_rows``):
+    its speedup, paired 95% interval, the prompts it was chosen and measured on, and the mean
+    decode-only and end-to-end figures of the policy's trials beside."""
+    done = trials[trials["status"] == "done"]
+    rows = [_stored_row(row) for row in done.to_dict("records")]
+    table = pd.DataFrame(summary_rows(rows, BEST_GROUP, measured))
+    if table.empty:
+        return table
+    labels = {
+        trial_id: f"K {int(length)}" + (f", {params}" if params else "")
+        for trial_id, length, params in zip(
+            done["trial_id"], done["max_draft_len"], done["params"], strict=True
+        )
+    }
+    table["best_setting"] = [labels.get(trial_id, "") for trial_id in table["best_trial"]]
+    return table.drop(columns=["trials", "done"])
+
+
+def _stored_row(values: dict[str, Any]) -> StoredTrial:
+    """Return a dashboard trial row as the store's record (NaN metrics as None)."""
+    return StoredTrial(
+        **{
+            name: None if _is_missing(values.get(name)) else values.get(name)
+            for name in (f.name for f in fields(StoredTrial))
+        }
+    )
+
+
+def _is_missing(value: Any) -> bool:
+    """True for None and NaN (a DataFrame's missing metric)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def load_draft_job_kinds(url: str) -> dict[str, str]:

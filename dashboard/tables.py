@@ -3,7 +3,9 @@
 Every table is a DataFrame with the row labels as ordinary leading columns (so it prints, sorts
 and downloads as CSV as it looks), rows are policies (the AR baseline first) or drafts, and
 columns are datasets. Cell values follow ``dashboard.data``'s conventions: a setting's metric
-is the mean over its trials, and a policy's "best" is its setting with the largest mean.
+is the mean over its trials, and a policy's "best" is its setting with the largest mean (chosen
+and measured on the same prompts; ``dashboard.data.best_setting_table`` chooses on dev prompts
+and measures on test prompts). ``speed`` picks decode-only or end-to-end tokens/s and speedups.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 
 import pandas as pd
 
-from dashboard.data import INTERVAL_FIGURES, best_settings, setting_means
+from dashboard.data import END_TO_END, INTERVAL_FIGURES, Speed, best_settings, setting_means
 
 BASE_DRAFT_METHOD = "none (base draft)"
 
@@ -24,7 +26,7 @@ def setting_label(threshold: float | None, max_draft_len: int) -> str:
     return f"threshold {threshold:g}, K {int(max_draft_len)}"
 
 
-def tokens_per_s_tables(trials: pd.DataFrame) -> dict[int, pd.DataFrame]:
+def tokens_per_s_tables(trials: pd.DataFrame, speed: Speed = END_TO_END) -> dict[int, pd.DataFrame]:
     """Return AdaEDL's Table 1: per max draft length, tokens/s of each policy × dataset.
 
     A cell is the policy's best threshold at that max draft length; the AR baseline row (mean
@@ -34,38 +36,39 @@ def tokens_per_s_tables(trials: pd.DataFrame) -> dict[int, pd.DataFrame]:
     tables = {}
     for max_draft_len in sorted(int(k) for k in drafting["max_draft_len"].unique()):
         at_length = drafting[drafting["max_draft_len"] == max_draft_len]
-        best = best_settings(at_length, ["policy", "dataset"], "tokens_per_s")
-        tables[max_draft_len] = _with_baseline(trials, _pivot(best, "tokens_per_s"))
+        best = best_settings(at_length, ["policy", "dataset"], speed.tokens_per_s)
+        tables[max_draft_len] = _with_baseline(trials, _pivot(best, speed.tokens_per_s), speed)
     return tables
 
 
-def best_throughput_table(trials: pd.DataFrame) -> pd.DataFrame:
+def best_throughput_table(trials: pd.DataFrame, speed: Speed = END_TO_END) -> pd.DataFrame:
     """Return SpecDec++'s Table 1: each policy's best tokens/s per dataset over all its settings.
 
     Best is taken over threshold and max draft length together; the AR baseline row comes first.
     """
     drafting = trials[~trials["is_baseline"]]
-    best = best_settings(drafting, ["policy", "dataset"], "tokens_per_s")
-    return _with_baseline(trials, _pivot(best, "tokens_per_s"))
+    best = best_settings(drafting, ["policy", "dataset"], speed.tokens_per_s)
+    return _with_baseline(trials, _pivot(best, speed.tokens_per_s), speed)
 
 
-def speedup_by_domain_table(trials: pd.DataFrame) -> pd.DataFrame:
+def speedup_by_domain_table(trials: pd.DataFrame, speed: Speed = END_TO_END) -> pd.DataFrame:
     """Return SVIP's Table 1: speedup per policy × dataset (domain) at one setting per policy.
 
     Like the paper, each policy uses a single setting for every domain: the one with the best
     speedup averaged over the datasets it ran on. Columns: policy, setting, datasets, mean.
     """
     drafting = trials[~trials["is_baseline"]]
-    means = setting_means(drafting, ["policy", "dataset"], ["speedup"]).dropna(subset=["speedup"])
+    figure = speed.speedup
+    means = setting_means(drafting, ["policy", "dataset"], [figure]).dropna(subset=[figure])
     if means.empty:
         return pd.DataFrame(columns=["policy", "setting", "mean"])
     means["setting"] = [
         setting_label(t, k) for t, k in zip(means["threshold"], means["max_draft_len"], strict=True)
     ]
-    overall = means.groupby(["policy", "setting"], as_index=False)["speedup"].mean()
-    chosen = overall.loc[overall.groupby("policy")["speedup"].idxmax(), ["policy", "setting"]]
+    overall = means.groupby(["policy", "setting"], as_index=False)[figure].mean()
+    chosen = overall.loc[overall.groupby("policy")[figure].idxmax(), ["policy", "setting"]]
     cells = means.merge(chosen, on=["policy", "setting"])
-    table = cells.pivot(index=["policy", "setting"], columns="dataset", values="speedup")
+    table = cells.pivot(index=["policy", "setting"], columns="dataset", values=figure)
     table["mean"] = table.mean(axis=1)
     table.columns.name = None
     return table.reset_index()
@@ -151,11 +154,14 @@ def _pivot(best: pd.DataFrame, metric: str) -> pd.DataFrame:
     return table.reset_index()
 
 
-def _with_baseline(trials: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+def _with_baseline(
+    trials: pd.DataFrame, table: pd.DataFrame, speed: Speed = END_TO_END
+) -> pd.DataFrame:
     """Return ``table`` with the AR baseline's mean tokens/s per dataset as its first row."""
     baselines = trials[trials["is_baseline"]]
     if baselines.empty:
         return table
-    rows = baselines.groupby(["policy", "dataset"])["tokens_per_s"].mean().unstack("dataset")
+    grouped = baselines.groupby(["policy", "dataset"])[speed.tokens_per_s]
+    rows = grouped.mean().unstack("dataset")
     rows.columns.name = None
     return pd.concat([rows.reset_index(), table], ignore_index=True)

@@ -11,16 +11,23 @@ from collections.abc import Iterable
 import pandas as pd
 
 from dashboard.data import reader
-from orchestrator.analysis.pairing import Comparison, paired_ratio
+from orchestrator.analysis.pairing import Comparison, decode_speeds, paired_ratio
 from orchestrator.analysis.report import PROVENANCE_FIELDS
 
 
-def compare_trials(url: str, trial_a: str, trial_b: str) -> Comparison:
-    """Return A's tokens/s over B's on their shared prompts (interval None: not comparable)."""
+def compare_trials(url: str, trial_a: str, trial_b: str) -> dict[str, Comparison]:
+    """Return A's tokens/s over B's on their shared prompts (interval None: not comparable)
+    by measure: ``decode-only`` first where both trials stored decode seconds, then
+    ``end-to-end``."""
     with reader(url) as store:
         samples_a = store.sample_speeds(trial_a)
         samples_b = store.sample_speeds(trial_b)
-    return paired_ratio(samples_a, samples_b)
+    decode_a, decode_b = decode_speeds(samples_a), decode_speeds(samples_b)
+    compared = {}
+    if decode_a is not None and decode_b is not None:
+        compared["decode-only"] = paired_ratio(decode_a, decode_b)
+    compared["end-to-end"] = paired_ratio(samples_a, samples_b)
+    return compared
 
 
 def load_runs(url: str, run_ids: Iterable[int]) -> pd.DataFrame:

@@ -80,6 +80,7 @@ def speculative_generate(
     start = time.perf_counter()
     prompt = prompt_ids.to(torch.long).cpu()
     generator = _start_request(draft, target, policy, prompt, settings, max_draft_len, reference)
+    prefilled = time.perf_counter()
     sequence = prompt.tolist()
     output: list[int] = []
     rounds: list[RoundRecord] = []
@@ -110,8 +111,10 @@ def speculative_generate(
         prompt_ids=prompt.tolist(),
         output_ids=output[: sampling.max_new_tokens],
         rounds=rounds,
-        seconds=time.perf_counter() - start,
+        seconds=(end := time.perf_counter()) - start,
         stopped_on_eos=stopped_on_eos,
+        prefill_seconds=prefilled - start,
+        decode_seconds=end - prefilled,
     )
 
 

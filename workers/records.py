@@ -72,6 +72,14 @@ class GenerationResult:
 
     For target-only autoregressive decoding ``rounds`` holds one record per generated token
     with ``drafted == 0``.
+
+    Times (docs/methods.md, "Prefill and decode"): ``seconds`` is the request's wall time,
+    from its start to its last token; ``prefill_seconds`` runs from the start until every
+    model has processed the prompt (speculative decoding: the target's and the draft's
+    prefills; AR: the target's), ``decode_seconds`` from there to the last token (every round,
+    the first included, which also runs the prompt's last token). ``seconds`` = prefill +
+    decode exactly (one clock read ends prefill and starts decode). Both are None for results
+    stored before they were recorded.
     """
 
     prompt_ids: list[int]
@@ -79,6 +87,8 @@ class GenerationResult:
     rounds: list[RoundRecord] = field(default_factory=list)
     seconds: float = 0.0
     stopped_on_eos: bool = False
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
 
     @property
     def n_generated(self) -> int:
@@ -109,6 +119,8 @@ def result_to_json(result: GenerationResult) -> dict[str, Any]:
         "rounds": [asdict(record) for record in result.rounds],
         "seconds": result.seconds,
         "stopped_on_eos": result.stopped_on_eos,
+        "prefill_seconds": result.prefill_seconds,
+        "decode_seconds": result.decode_seconds,
     }
 
 
@@ -120,4 +132,6 @@ def result_from_json(data: dict[str, Any]) -> GenerationResult:
         rounds=[RoundRecord(**record) for record in data["rounds"]],
         seconds=data["seconds"],
         stopped_on_eos=data["stopped_on_eos"],
+        prefill_seconds=data.get("prefill_seconds"),
+        decode_seconds=data.get("decode_seconds"),
     )

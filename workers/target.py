@@ -166,6 +166,7 @@ class LocalTarget:
         sampling = settings.sampling
         start = _now()
         self.prefill(prompt_ids, sampling, settings.seed)
+        prefilled = _now()
         pending = prompt_ids[-1:].to(torch.long)
         output: list[int] = []
         rounds: list[RoundRecord] = []
@@ -183,8 +184,10 @@ class LocalTarget:
             prompt_ids=prompt_ids.tolist(),
             output_ids=output,
             rounds=rounds,
-            seconds=_now() - start,
+            seconds=(end := _now()) - start,
             stopped_on_eos=stopped_on_eos,
+            prefill_seconds=prefilled - start,
+            decode_seconds=end - prefilled,
         )
 
 

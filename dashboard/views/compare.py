@@ -22,7 +22,7 @@ sweep_b = right.selectbox("Sweep B", newest_first, index=0)
 metrics = st.multiselect(
     "Metrics",
     list(data.METRIC_COLUMNS),
-    default=["tokens_per_s", "speedup", "acceptance_rate"],
+    default=["decode_tokens_per_s", "decode_speedup", "tokens_per_s", "speedup", "acceptance_rate"],
 )
 st.caption(
     "Means over each sweep's finished trials per policy × dataset (all settings), after the "

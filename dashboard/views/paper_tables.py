@@ -12,6 +12,7 @@ trials = context.trials
 cache = st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False)
 cached_job_kinds = cache(data.load_draft_job_kinds)
 cached_runs = cache(trial_compare.load_runs)
+cached_samples = cache(data.load_sweep_samples)
 
 
 def show_table(table: pd.DataFrame, file_name: str) -> None:
@@ -29,23 +30,51 @@ def show_table(table: pd.DataFrame, file_name: str) -> None:
 
 
 st.header("Tables")
-st.caption(
-    "A policy's setting is its (threshold, max draft length); a cell is the mean over the trials "
-    "of that setting that the sidebar keeps (seeds, pairs, temperatures), then the best setting."
+available = data.speeds(trials)
+speed = st.radio(
+    "Speed",
+    available,
+    format_func=lambda shown: shown.label,
+    horizontal=True,
+    help="decode-only leaves each prompt's prefill out (the seed papers' measure); end-to-end "
+    "includes it. Trials stored before prefill and decode were timed apart have end-to-end only.",
 )
+if len(available) == 1:
+    st.info("These trials were stored without decode seconds: end-to-end figures only.")
 
+st.subheader("Best setting per policy, chosen on dev prompts, measured on test prompts")
+st.caption(
+    "Per pair, dataset and temperature: the policy's trial with the best speedup on the dev "
+    "prompts (a dataset entry's holdout), its speedup and paired 95% interval on the test "
+    "prompts, decode-only where every trial has it. Without a holdout the best is chosen and "
+    "measured on the same prompts, as the 'best: prompts' column says. Means of the policy's "
+    "trials beside."
+)
+try:
+    sweeps = (context.sweep,) if context.sweep else context.sweeps
+    measured = cached_samples(context.url, sweeps, tuple(trials["trial_id"]))
+except data.StoreUnavailable as error:
+    st.warning(f"Cannot read the samples: {error}")
+else:
+    show_table(data.best_setting_table(trials, measured), "best_settings.csv")
+
+st.caption(
+    f"The papers' tables, {speed.label}. A policy's setting is its (threshold, max draft "
+    "length); a cell is the mean over the trials of that setting that the sidebar keeps (seeds, "
+    "pairs, temperatures), then the best setting, chosen and measured on the same prompts."
+)
 st.subheader("Tokens/s per policy × dataset, per max draft length (AdaEDL Table 1)")
-for max_draft_len, table in tables.tokens_per_s_tables(trials).items():
+for max_draft_len, table in tables.tokens_per_s_tables(trials, speed).items():
     st.markdown(f"**Max draft length {max_draft_len}** (best threshold per cell)")
     show_table(table, f"tokens_per_s_K{max_draft_len}.csv")
 
 st.subheader("Best throughput per policy and dataset (SpecDec++ Table 1)")
 st.caption("Tokens/s of each policy's best setting per dataset, over thresholds and max lengths.")
-show_table(tables.best_throughput_table(trials), "best_throughput.csv")
+show_table(tables.best_throughput_table(trials, speed), "best_throughput.csv")
 
 st.subheader("Speedup per policy × domain (SVIP Table 1)")
 st.caption("One setting per policy for every dataset: the one with the best mean speedup.")
-show_table(tables.speedup_by_domain_table(trials), "speedup_by_domain.csv")
+show_table(tables.speedup_by_domain_table(trials, speed), "speedup_by_domain.csv")
 
 st.subheader("Acceptance rate per draft × dataset (AdaSPEC Table 1)")
 drafting_policies = sorted(trials.loc[~trials["is_baseline"], "policy"].unique())

@@ -14,7 +14,11 @@ cached_round_counts = cache(data.load_round_counts)
 st.header("Robustness")
 
 st.subheader("Speedup vs temperature")
-st.caption("Each policy's best setting at each temperature (mean over the selected trials).")
+st.caption(
+    "Each policy's best setting at each temperature (mean end-to-end speedup over the selected "
+    "trials), chosen and measured on the same prompts; the Tables page chooses on dev prompts "
+    "and measures on test prompts, decode-only where stored."
+)
 by_temperature = data.speedup_vs_temperature(trials)
 if by_temperature.empty:
     st.info("No speedups yet: the AR baselines of these trials have not finished.")

@@ -5,10 +5,16 @@ generated tokens over total seconds, not a mean of per-sample rates). A ratio wh
 is zero is None (e.g. the acceptance rate of the AR baseline, which drafts nothing), stored as
 SQL NULL. ``mean_accepted`` is accepted draft tokens per round; the block efficiency including
 the target's token is ``mean_accepted + 1`` (= 1 / verification_rate when no round is cut short).
+
+Two speeds (docs/methods.md, "Prefill and decode"): ``decode_tokens_per_s`` divides by the
+samples' decode seconds alone (the seed papers' measure, the headline), ``tokens_per_s`` by their
+whole seconds, prefill included (end-to-end). The decode figures are None when a sample has no
+decode seconds (results stored before they were recorded).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +68,10 @@ class TrialMetrics:
     tokens_per_s_interval: Interval | None = None
     acceptance_rate_interval: Interval | None = None
     mean_accepted_interval: Interval | None = None
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
+    decode_tokens_per_s: float | None = None
+    decode_tokens_per_s_interval: Interval | None = None
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -126,36 +136,60 @@ def rounds_position_acceptance(rounds: Sequence[RoundCounts]) -> tuple[PositionA
 
 @dataclass(frozen=True)
 class SampleCounts:
-    """One stored sample's counts, what a trial's intervals are recomputed from."""
+    """One stored sample's counts, what a trial's intervals are recomputed from
+    (``decode_seconds`` None when the sample was stored without it)."""
 
     tokens: int
     seconds: float
     drafted: int
     accepted: int
     rounds: int
+    decode_seconds: float | None = None
 
 
 @dataclass(frozen=True)
 class TrialIntervals:
-    """The 95% intervals of a trial's tokens/s, acceptance rate and mean accepted."""
+    """The 95% intervals of a trial's end-to-end and decode-only tokens/s, acceptance rate
+    and mean accepted."""
 
     tokens_per_s: Interval | None
     acceptance_rate: Interval | None
     mean_accepted: Interval | None
+    decode_tokens_per_s: Interval | None = None
+
+
+def all_or_none(values: Sequence[float | None]) -> list[float] | None:
+    """Return ``values`` when none is None (and there are some), else None.
+
+    Exists because a decode-only figure over a trial needs every sample's decode seconds.
+    """
+    if not values or any(value is None for value in values):
+        return None
+    return [float(value) for value in values if value is not None]
 
 
 def trial_intervals(samples: Sequence[SampleCounts]) -> TrialIntervals:
     """Return the trial's intervals over its samples (ratios of sums, resampled by prompt)."""
+    tokens = [s.tokens for s in samples]
+    decode = all_or_none([s.decode_seconds for s in samples])
     return TrialIntervals(
-        tokens_per_s=ratio_interval([s.tokens for s in samples], [s.seconds for s in samples]),
+        tokens_per_s=ratio_interval(tokens, [s.seconds for s in samples]),
         acceptance_rate=ratio_interval([s.accepted for s in samples], [s.drafted for s in samples]),
         mean_accepted=ratio_interval([s.accepted for s in samples], [s.rounds for s in samples]),
+        decode_tokens_per_s=ratio_interval(tokens, decode) if decode is not None else None,
     )
 
 
 def sample_tokens_per_s(result: GenerationResult) -> float | None:
-    """Return one sample's generated tokens over its seconds (None for zero seconds)."""
+    """Return one sample's generated tokens over its seconds, end to end (None for zero)."""
     return ratio(result.n_generated, result.seconds)
+
+
+def sample_decode_tokens_per_s(result: GenerationResult) -> float | None:
+    """Return one sample's generated tokens over its decode seconds (None without them)."""
+    if result.decode_seconds is None:
+        return None
+    return ratio(result.n_generated, result.decode_seconds)
 
 
 def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
@@ -170,10 +204,14 @@ def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
     accepted = sum(r.accepted for r in rounds)
     intervals = trial_intervals(
         [
-            SampleCounts(r.n_generated, r.seconds, r.n_drafted, r.n_accepted, len(r.rounds))
+            SampleCounts(
+                r.n_generated, r.seconds, r.n_drafted, r.n_accepted, len(r.rounds), r.decode_seconds
+            )
             for r in results
         ]
     )
+    prefill = all_or_none([r.prefill_seconds for r in results])
+    decode = all_or_none([r.decode_seconds for r in results])
     return TrialMetrics(
         n_samples=len(results),
         generated_tokens=generated,
@@ -197,4 +235,8 @@ def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
         tokens_per_s_interval=intervals.tokens_per_s,
         acceptance_rate_interval=intervals.acceptance_rate,
         mean_accepted_interval=intervals.mean_accepted,
+        prefill_seconds=math.fsum(prefill) if prefill is not None else None,
+        decode_seconds=math.fsum(decode) if decode is not None else None,
+        decode_tokens_per_s=ratio(generated, math.fsum(decode)) if decode is not None else None,
+        decode_tokens_per_s_interval=intervals.decode_tokens_per_s,
     )

@@ -9,7 +9,7 @@ prompts only one trial holds are left out. Several comparisons made together
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.analysis.metrics import ratio
 from orchestrator.analysis.stats import (
@@ -26,12 +26,14 @@ from orchestrator.analysis.stats import (
 
 @dataclass(frozen=True)
 class SampleSpeed:
-    """One stored sample: its prompt, its sample index, generated tokens and seconds."""
+    """One stored sample: its prompt, its sample index, generated tokens and seconds (end to
+    end), and its decode seconds (None when stored without them)."""
 
     prompt_id: str
     sample_index: int
     tokens: int
     seconds: float
+    decode_seconds: float | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -53,6 +55,14 @@ class Comparison:
     verdict: Verdict | None
     family_size: int = 1
     adjusted_p: float | None = None
+
+
+def decode_speeds(samples: Sequence[SampleSpeed]) -> list[SampleSpeed] | None:
+    """Return ``samples`` timed by their decode seconds alone, for the decode-only figures
+    (the functions here then compare decode speeds); None when a sample has none."""
+    if any(sample.decode_seconds is None for sample in samples):
+        return None
+    return [replace(sample, seconds=sample.decode_seconds) for sample in samples]
 
 
 def _keyed(samples: Iterable[SampleSpeed]) -> dict[tuple[str, int], SampleSpeed]:

@@ -24,6 +24,7 @@ from orchestrator.analysis.costs.model import (
     project_onto_profile,
 )
 from orchestrator.analysis.costs.run_fit import TrialCounts, round_fit_seconds
+from orchestrator.analysis.holdout import Candidate, SweepSamples, best_setting, dataset_key
 from orchestrator.analysis.stats import MIN_PROMPTS, too_few_prompts
 from orchestrator.sweep.planner import Plan
 
@@ -41,10 +42,13 @@ SUMMARY_COLUMNS = (
     *SUMMARY_GROUP,
     "trials",
     "done",
-    "tokens_per_s",
-    "speedup",
+    "decode_tokens_per_s",
+    "decode_speedup",
+    "e2e_tokens_per_s",
+    "e2e_speedup",
     "best_speedup",
     "best_speedup_ci",
+    "best_on",
     "acceptance_rate",
 )
 STATUS_COLUMNS = ("sweep", "planned", "done", "failed", "pending", "running")
@@ -135,8 +139,15 @@ HEADERS = {
     "temperature": "temp",
     "max_draft_len": "max DL",
     "max_draft_lens": "max DLs",
-    "tokens_per_s": "tokens/s",
+    "tokens_per_s": "e2e tokens/s",
+    "speedup": "e2e speedup",
+    "decode_tokens_per_s": "decode tok/s",
+    "decode_speedup": "decode speedup",
+    "e2e_tokens_per_s": "e2e tok/s",
+    "e2e_speedup": "e2e speedup",
     "best_speedup": "best speedup",
+    "best_trial": "best trial",
+    "best_on": "best: prompts",
     "acceptance_rate": "acceptance",
     "requires_jobs": "needs jobs",
     "target_actors": "target actors",
@@ -165,7 +176,7 @@ HEADERS = {
     "round_trial_r2": "R² round fit (trials)",
     "round_trial_mre": "rel. error round fit",
     "projection_fit": "projects with",
-    "fit_tokens_per_s": "tokens/s by fit",
+    "fit_tokens_per_s": "e2e tokens/s by fit",
 }
 
 MISSING = "-"
@@ -191,38 +202,111 @@ def group_rows(rows: Iterable[T], keys: Sequence[str]) -> dict[tuple[Hashable, .
 
 
 def summary_rows(
-    rows: Iterable[StoredTrial], group_by: Sequence[str] = SUMMARY_GROUP
+    rows: Iterable[StoredTrial],
+    group_by: Sequence[str] = SUMMARY_GROUP,
+    measured: SweepSamples | None = None,
 ) -> list[dict[str, Any]]:
     """Return one summary row per group of stored trials (``Store.trials``).
 
     Columns: the ``group_by`` values, ``trials`` (in the group), ``done``, and over the group's
-    done trials the mean ``tokens_per_s``, mean ``speedup``, ``best_speedup`` with the best
-    trial's 95% interval (``best_speedup_ci``, text) and mean ``acceptance_rate``
-    (None where no done trial has the metric). Exists for the table ``submit`` prints at the
-    end of a run: how each policy did on each dataset.
+    done trials the mean decode-only and end-to-end tokens/s and speedups (decode-only first,
+    None where a trial was stored without its decode seconds), the best trial's speedup
+    (``best_speedup``, its paired 95% interval ``best_speedup_ci``, ``best_trial``,
+    ``best_on``: the prompts it was chosen and measured on, ``best_note`` that in words, see
+    :func:`best_cells`) and the mean ``acceptance_rate``.
+    Exists for the table ``submit`` prints at the end of a run: how each policy did on each
+    dataset.
     """
     summary = []
     for values, members in group_rows(rows, group_by).items():
         done = [row for row in members if row.status == "done"]
-        speedups = [row.speedup for row in done if row.speedup is not None]
-        best = max(
-            (row for row in done if row.speedup is not None),
-            key=lambda row: row.speedup,
-            default=None,
-        )
         summary.append(
             {
                 **dict(zip(group_by, values, strict=True)),
                 "trials": len(members),
                 "done": len(done),
-                "tokens_per_s": mean_or_none(row.tokens_per_s for row in done),
-                "speedup": mean_or_none(speedups),
-                "best_speedup": max(speedups) if speedups else None,
-                "best_speedup_ci": interval_text(best, "speedup") if best else MISSING,
+                "decode_tokens_per_s": _mean_of_all(row.decode_tokens_per_s for row in done),
+                "decode_speedup": _mean_of_all(row.decode_speedup for row in done),
+                "e2e_tokens_per_s": mean_or_none(row.tokens_per_s for row in done),
+                "e2e_speedup": mean_or_none(row.speedup for row in done),
+                **best_cells(done, measured),
                 "acceptance_rate": mean_or_none(row.acceptance_rate for row in done),
             }
         )
     return summary
+
+
+def _mean_of_all(values: Iterable[float | None]) -> float | None:
+    """Return the mean of ``values``, None when any is None (a decode-only mean must not
+    quietly leave out the trials stored without decode seconds)."""
+    present = list(values)
+    return None if not present or None in present else mean_or_none(present)
+
+
+#: The best-setting cells of a group without a done trial that has a speedup.
+NO_BEST = {
+    "best_speedup": None,
+    "best_speedup_ci": MISSING,
+    "best_trial": None,
+    "best_on": None,
+    "best_note": None,
+}
+
+
+def best_cells(done: Sequence[StoredTrial], measured: SweepSamples | None) -> dict[str, Any]:
+    """Return the summary's best-setting cells of a group's done trials.
+
+    With ``measured`` (every trial's samples and the splits) the best trial is chosen on its
+    dataset entry's dev prompts and measured on its test prompts
+    (:func:`orchestrator.analysis.holdout.best_setting`); without a split for the entry, on the
+    same prompts, and ``best_on`` says so. Without ``measured``: the largest stored speedup
+    (decode-only where every trial has one), chosen and measured on the same prompts.
+    """
+    if measured is None:
+        return _stored_best(done)
+    samples = measured.samples
+    candidates = {
+        row.trial_id: Candidate(
+            samples.get(row.trial_id, []),
+            samples.get(row.trial_id if row.is_baseline else row.baseline_id or "", []),
+        )
+        for row in done
+    }
+    keys = {dataset_key(row) for row in done}
+    split = measured.splits.get(next(iter(keys))) if len(keys) == 1 else None
+    best = best_setting(candidates, split)
+    if best is None:
+        return NO_BEST
+    ratio = best.test.ratio
+    return {
+        "best_speedup": best.test_speedup,
+        "best_speedup_ci": MISSING
+        if ratio is None
+        else f"[{format_value(ratio.low)}, {format_value(ratio.high)}]",
+        "best_trial": best.trial_id,
+        "best_on": best.cell(),
+        "best_note": best.note(),
+    }
+
+
+def _stored_best(done: Sequence[StoredTrial]) -> dict[str, Any]:
+    """Return the best-setting cells from the trials' stored speedups (no samples at hand)."""
+    figure = "decode_speedup" if all(row.decode_speedup is not None for row in done) else "speedup"
+    best = max(
+        (row for row in done if getattr(row, figure) is not None),
+        key=lambda row: getattr(row, figure),
+        default=None,
+    )
+    if best is None:
+        return NO_BEST
+    speed = "decode-only" if figure == "decode_speedup" else "end-to-end"
+    return {
+        "best_speedup": getattr(best, figure),
+        "best_speedup_ci": interval_text(best, figure),
+        "best_trial": best.trial_id,
+        "best_on": "same",
+        "best_note": f"best chosen and measured on the same prompts ({speed})",
+    }
 
 
 def interval_text(row: StoredTrial, figure: str) -> str:
@@ -256,35 +340,43 @@ def comparison_refusal(a: StoredTrial, b: StoredTrial, n_shared: int) -> list[st
     ]
 
 
-def family_header(family: Sequence[Comparison]) -> list[str]:
-    """Return the line that says how a family of comparisons controls its family-wise error."""
+def family_header(family: Sequence[Comparison], measure: str = "end-to-end") -> list[str]:
+    """Return the line that says how a family of comparisons (of ``measure`` tokens/s)
+    controls its family-wise error."""
     m = sum(compared.ratio is not None for compared in family)
     level = next((c.ratio.confidence for c in family if c.ratio is not None), None)
     shown = f"intervals at {100 * level:.4g}% hold together" if level is not None else "none"
     return [
-        f"Holm-adjusted over {m} comparisons (family-wise error 5%): verdicts from "
+        f"{measure} tokens/s, Holm-adjusted over {m} comparisons (family-wise error 5%): "
+        "verdicts from "
         f"Holm-adjusted p-values; {shown}",
         "",
     ]
 
 
 def comparison_lines(
-    a: StoredTrial, b: StoredTrial, compared: Comparison, n_a: int, n_b: int
+    a: StoredTrial,
+    b: StoredTrial,
+    compared: Comparison,
+    n_a: int,
+    n_b: int,
+    measure: str = "end-to-end",
 ) -> list[str]:
-    """Return the ``compare`` command's output lines for one paired comparison."""
+    """Return the ``compare`` command's output lines for one paired comparison of ``measure``
+    tokens/s ("decode-only" or "end-to-end")."""
     lines = [f"A: {trial_label(a)}", f"B: {trial_label(b)}"]
     ratio = compared.ratio
     if ratio is None:
         return [*lines, f"no interval: {too_few_prompts(compared.n_prompts)} shared", ""]
     p_name = "Holm-adjusted p" if compared.family_size > 1 else "p"
     lines += [
-        f"tokens/s A / B = {ratio.estimate:.4g}, {100 * ratio.confidence:.4g}% CI "
+        f"{measure} tokens/s A / B = {ratio.estimate:.4g}, {100 * ratio.confidence:.4g}% CI "
         f"[{ratio.low:.4g}, {ratio.high:.4g}], n = {ratio.n} "
         f"(paired t interval over {compared.n_prompts} shared prompts); "
         f"{p_name} = {compared.adjusted_p:.3g}",
-        f"verdict: A is {compared.verdict} than B"
+        f"verdict: A is {compared.verdict} than B ({measure})"
         if compared.verdict != "not distinguishable"
-        else "verdict: not distinguishable (the interval contains 1)",
+        else f"verdict: not distinguishable ({measure}: the interval contains 1)",
     ]
     if compared.n_prompts < max(n_a, n_b):
         lines.append(

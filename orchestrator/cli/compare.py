@@ -31,7 +31,9 @@ def add_parser(commands: Any, db: list[Any]) -> None:
         "1), slower (below 1), or not distinguishable. Fewer than "
         f"{MIN_PROMPTS} shared prompts: no\n"
         "interval. Several pairs (A B A2 B2 ...) are one family: Holm-adjusted verdicts and\n"
-        "intervals at 1 - 0.05/m, which hold together.\n\n"
+        "intervals at 1 - 0.05/m, which hold together. Where both trials of every pair stored\n"
+        "their decode seconds, the decode-only ratio (prefill left out) comes first, as its own\n"
+        "family, then the end-to-end one.\n\n"
         "examples:\n"
         f"  {PROG} compare 3f2a9c01d4e5b6a7 9e8d7c6b5a4f3e2d\n"
         f"  {PROG} compare A1 B A2 B A3 B  # three trials against B, Holm-adjusted\n"
@@ -47,9 +49,10 @@ def add_parser(commands: Any, db: list[Any]) -> None:
 
 
 def handle(args: argparse.Namespace, console: Console) -> int:
-    """``compare``: A's tokens/s over B's on their shared prompts, with interval and verdict;
-    several pairs are one Holm-adjusted family."""
-    from orchestrator.analysis.pairing import compare_family, paired_ratio
+    """``compare``: A's tokens/s over B's on their shared prompts, with interval and verdict,
+    decode-only first where stored, then end to end; several pairs are one Holm-adjusted
+    family per measure."""
+    from orchestrator.analysis.pairing import decode_speeds
 
     if len(args.trials) % 2:
         raise UserError(
@@ -65,13 +68,31 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         samples = {trial_id: store.sample_speeds(trial_id) for trial_id in set(args.trials)}
     pairs = list(zip(args.trials[::2], args.trials[1::2], strict=True))
     sampled = [(samples[a], samples[b]) for a, b in pairs]
+    decoded = [(decode_speeds(a), decode_speeds(b)) for a, b in sampled]
+    measures = [("end-to-end", sampled)]
+    if all(a is not None and b is not None for a, b in decoded):
+        measures.insert(0, ("decode-only", decoded))
+    lines: list[str] = []
+    for measure, measured in measures:
+        lines += _measure_lines(rows, pairs, measured, measure)
+    for line in lines:
+        console.print(line, markup=False)
+    return EXIT_OK
+
+
+def _measure_lines(
+    rows: dict[str, Any], pairs: list[tuple[str, str]], sampled: list[Any], measure: str
+) -> list[str]:
+    """Return the comparison lines of ``pairs`` by one measure's samples (one Holm family)."""
+    from orchestrator.analysis.pairing import compare_family, paired_ratio
+
     family = compare_family(sampled) if len(pairs) > 1 else [paired_ratio(*sampled[0])]
     if len(pairs) == 1 and family[0].ratio is None:
         a, b = pairs[0]
         raise UserError(report.comparison_refusal(rows[a], rows[b], family[0].n_prompts))
-    lines = report.family_header(family) if len(pairs) > 1 else []
+    lines = report.family_header(family, measure) if len(pairs) > 1 else []
     for (a, b), compared, (got_a, got_b) in zip(pairs, family, sampled, strict=True):
-        lines += report.comparison_lines(rows[a], rows[b], compared, len(got_a), len(got_b))
-    for line in lines:
-        console.print(line, markup=False)
-    return EXIT_OK
+        lines += report.comparison_lines(
+            rows[a], rows[b], compared, len(got_a), len(got_b), measure
+        )
+    return lines

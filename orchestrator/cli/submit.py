@@ -13,6 +13,7 @@ from rich.console import Console
 from orchestrator.analysis import report
 from orchestrator.analysis.costs import estimate
 from orchestrator.analysis.costs.estimate import SweepEstimate
+from orchestrator.analysis.holdout import SweepSamples, holdout_splits
 from orchestrator.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -176,7 +177,10 @@ def handle(args: argparse.Namespace, console: Console) -> int:
             )
             return EXIT_INTERRUPTED
         rows = store.trials(spec.name)
-    return report_run(console, result.summary, rows, args.sweep, shown)
+        measured = SweepSamples(
+            store.trials_sample_speeds(row.trial_id for row in rows), holdout_splits(spec)
+        )
+    return report_run(console, result.summary, rows, args.sweep, shown, measured)
 
 
 def report_run(
@@ -185,9 +189,14 @@ def report_run(
     rows: Sequence[StoredTrial],
     sweep_file: str,
     shown_url: str,
+    measured: SweepSamples | None = None,
 ) -> int:
-    """Print the end-of-run table, the one-line summary and any failures; return the exit code."""
-    _print_results(console, rows, summary.sweep)
+    """Print the end-of-run table, the one-line summary and any failures; return the exit code.
+
+    ``measured``: the trials' samples and the sweep's dev/test splits, for the best settings
+    (without it, the best stored speedups, chosen and measured on the same prompts).
+    """
+    _print_results(console, rows, summary.sweep, measured)
     for line in getattr(summary, "provenance_notes", []):
         console.print(line, markup=False)
     if summary.ran == 0 and summary.already_done == summary.planned:
@@ -266,11 +275,21 @@ def _nothing_to_run(n_trials: int, sweep: str, shown_url: str) -> str:
     return f"nothing to run: all {n_trials} trials of sweep {sweep} are already in DB ({shown_url})"
 
 
-def _print_results(console: Console, rows: Sequence[StoredTrial], sweep: str) -> None:
-    """Print the end-of-run summary table of a sweep's trial rows."""
+def _print_results(
+    console: Console,
+    rows: Sequence[StoredTrial],
+    sweep: str,
+    measured: SweepSamples | None,
+) -> None:
+    """Print the end-of-run summary table of a sweep's trial rows, then how its best settings
+    were chosen."""
+    summary = report.summary_rows(rows, measured=measured)
     print_table(
         console,
-        report.summary_rows(rows),
+        summary,
         report.SUMMARY_COLUMNS,
-        f"sweep {sweep}: means over done trials (speedup vs the AR baseline)",
+        f"sweep {sweep}: means over done trials (speedups vs the AR baseline; decode-only "
+        "excludes prefill, e2e includes it)",
     )
+    for note in dict.fromkeys(row["best_note"] for row in summary if row["best_note"]):
+        console.print(f"best speedup: {note}", markup=False)

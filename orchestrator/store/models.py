@@ -158,6 +158,18 @@ class TrialRow(Base):
     mean_accepted_high: Mapped[float | None] = mapped_column(Float)
     #: The ``runs`` row (provenance) of the sweep run that measured this trial.
     run_id: Mapped[int | None] = mapped_column(BigId, index=True)
+    #: Prefill and decode apart (revision 0008; None for trials stored before): the samples'
+    #: summed prefill and decode seconds, decode-only tokens/s (generated tokens over decode
+    #: seconds, the headline) and its speedup over the baseline's decode-only tokens/s, with
+    #: their 95% intervals. ``tokens_per_s`` and ``speedup`` above are end to end.
+    prefill_seconds: Mapped[float | None] = mapped_column(Float)
+    decode_seconds: Mapped[float | None] = mapped_column(Float)
+    decode_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    decode_speedup: Mapped[float | None] = mapped_column(Float)
+    decode_tokens_per_s_low: Mapped[float | None] = mapped_column(Float)
+    decode_tokens_per_s_high: Mapped[float | None] = mapped_column(Float)
+    decode_speedup_low: Mapped[float | None] = mapped_column(Float)
+    decode_speedup_high: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (
         _status_check("ck_trials_status", TRIAL_STATUSES),
@@ -182,9 +194,15 @@ TRIAL_METRIC_COLUMNS = (
     "n_draft_forwards",
     "draft_seconds",
     "verify_seconds",
+    "prefill_seconds",
+    "decode_seconds",
+    "decode_tokens_per_s",
 )
-#: The headline figures of a trial (people filter and plot these): TrialMetrics' and speedup.
+#: The headline figures of a trial (people filter and plot these): TrialMetrics' and the
+#: speedups, decode-only first (the seed papers' measure), then end to end.
 HEADLINE_METRICS = (
+    "decode_tokens_per_s",
+    "decode_speedup",
     "tokens_per_s",
     "speedup",
     "acceptance_rate",
@@ -194,7 +212,16 @@ HEADLINE_METRICS = (
     "verification_rate",
 )
 #: Figures stored with a 95% interval as ``<name>_low`` / ``<name>_high`` columns.
-INTERVAL_FIGURES = ("tokens_per_s", "speedup", "acceptance_rate", "mean_accepted")
+INTERVAL_FIGURES = (
+    "decode_tokens_per_s",
+    "decode_speedup",
+    "tokens_per_s",
+    "speedup",
+    "acceptance_rate",
+    "mean_accepted",
+)
+#: The speedups among them: the store computes them against the baseline (not TrialMetrics).
+SPEEDUP_FIGURES = ("decode_speedup", "speedup")
 INTERVAL_COLUMNS = tuple(
     f"{figure}_{end}" for figure in INTERVAL_FIGURES for end in ("low", "high")
 )
@@ -227,6 +254,12 @@ class SampleResultRow(Base):
     #: generated tokens / seconds of this sample, and that over the AR baseline's same prompt.
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     speedup: Mapped[float | None] = mapped_column(Float)
+    #: ``seconds`` split into prefill and decode (revision 0008; None for older samples), and
+    #: the decode-only tokens/s and speedup (``tokens_per_s`` and ``speedup`` are end to end).
+    prefill_seconds: Mapped[float | None] = mapped_column(Float)
+    decode_seconds: Mapped[float | None] = mapped_column(Float)
+    decode_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    decode_speedup: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("trial_id", "sample_index", name="uq_sample_results"),)
 

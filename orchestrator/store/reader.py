@@ -135,6 +135,15 @@ class StoreReader(StoreBase):
         """
         return records_frame(StoredTrial, self.trials(sweep))
 
+    def sweep_specs(self, names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Return {sweep name: its stored spec (the validated spec as JSON data)} of these
+        sweeps (all without ``names``)."""
+        query = select(SweepRow.name, SweepRow.spec)
+        if names is not None:
+            query = query.where(SweepRow.name.in_(list(names)))
+        with self._transaction() as session:
+            return {name: spec for name, spec in session.execute(query)}
+
     def sweep_names(self) -> list[str]:
         """Return the names of the stored sweeps, oldest first."""
         with self._transaction() as session:
@@ -202,6 +211,16 @@ class StoreReader(StoreBase):
         with self._transaction() as session:
             speeds, _ids = trial_sample_speeds(session, [trial_id])
         return sorted(speeds.get(trial_id, []), key=lambda sample: sample.sample_index)
+
+    def trials_sample_speeds(self, trial_ids: Iterable[str]) -> dict[str, list[SampleSpeed]]:
+        """Return {trial id: its samples (prompt, tokens, seconds, decode seconds)} in sample
+        order, for the trials that have samples."""
+        with self._transaction() as session:
+            speeds, _ids = trial_sample_speeds(session, trial_ids)
+        return {
+            trial_id: sorted(samples, key=lambda sample: sample.sample_index)
+            for trial_id, samples in speeds.items()
+        }
 
     def position_acceptance(self, trial_ids: Iterable[str]) -> pd.DataFrame:
         """Return trial_id, position, drafted, accepted, rate of these trials, by trial and

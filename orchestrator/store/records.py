@@ -117,6 +117,14 @@ class StoredTrial:
     mean_accepted_low: float | None
     mean_accepted_high: float | None
     run_id: int | None
+    prefill_seconds: float | None
+    decode_seconds: float | None
+    decode_tokens_per_s: float | None
+    decode_speedup: float | None
+    decode_tokens_per_s_low: float | None
+    decode_tokens_per_s_high: float | None
+    decode_speedup_low: float | None
+    decode_speedup_high: float | None
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,10 @@ class StoredSample:
     stopped_on_eos: bool
     tokens_per_s: float | None
     speedup: float | None
+    prefill_seconds: float | None
+    decode_seconds: float | None
+    decode_tokens_per_s: float | None
+    decode_speedup: float | None
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,9 @@ def _refresh_trial(session: Session, row: TrialRow) -> None:
     )
     intervals = trial_intervals(
         [
-            SampleCounts(s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds)
+            SampleCounts(
+                s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds, s.decode_seconds
+            )
             for s in samples
         ]
     )
@@ -85,6 +87,8 @@ def _refresh_trial(session: Session, row: TrialRow) -> None:
         setattr(row, f"{name}_high", interval.high if interval else None)
     for sample in samples:
         sample.tokens_per_s = ratio(sample.generated_tokens, sample.seconds)
+        if sample.decode_seconds is not None:
+            sample.decode_tokens_per_s = ratio(sample.generated_tokens, sample.decode_seconds)
     rounds = list(session.scalars(select(RoundRow).where(RoundRow.trial_id == row.trial_id)))
     stored = (row.metrics or {}).get("accepted_length_histogram", {})
     lengths = (

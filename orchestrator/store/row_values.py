@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.analysis.metrics import sample_tokens_per_s
+from orchestrator.analysis.metrics import sample_decode_tokens_per_s, sample_tokens_per_s
 from workers.records import GenerationResult
 
 if TYPE_CHECKING:
@@ -110,6 +110,9 @@ def sample_values(
         "n_rounds": len(result.rounds),
         "stopped_on_eos": result.stopped_on_eos,
         "tokens_per_s": sample_tokens_per_s(result),
+        "prefill_seconds": result.prefill_seconds,
+        "decode_seconds": result.decode_seconds,
+        "decode_tokens_per_s": sample_decode_tokens_per_s(result),
     }
 
 

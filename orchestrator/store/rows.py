@@ -10,9 +10,15 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from orchestrator.analysis.metrics import PositionAcceptance, speedup
-from orchestrator.analysis.pairing import SampleSpeed, paired_ratio, sample_speedups
+from orchestrator.analysis.pairing import (
+    SampleSpeed,
+    decode_speeds,
+    paired_ratio,
+    sample_speedups,
+)
 from orchestrator.store.models import (
     INTERVAL_FIGURES,
+    SPEEDUP_FIGURES,
     AcceptedLengthRow,
     Base,
     PositionAcceptanceRow,
@@ -24,7 +30,7 @@ ID_CHUNK = 500
 
 
 #: TrialMetrics intervals stored as ``<name>_low`` / ``<name>_high`` trial columns.
-INTERVAL_COLUMNS = tuple(name for name in INTERVAL_FIGURES if name != "speedup")
+INTERVAL_COLUMNS = tuple(name for name in INTERVAL_FIGURES if name not in SPEEDUP_FIGURES)
 
 
 def insert_ignore(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
@@ -55,28 +61,33 @@ def trial_sample_speeds(
         SampleResultRow.prompt_id,
         SampleResultRow.generated_tokens,
         SampleResultRow.seconds,
+        SampleResultRow.decode_seconds,
     )
     for start in range(0, len(wanted), ID_CHUNK):
         query = select(*columns).where(
             SampleResultRow.trial_id.in_(wanted[start : start + ID_CHUNK])
         )
-        for row_id, trial_id, index, prompt, tokens, seconds in session.execute(query):
-            speeds.setdefault(trial_id, []).append(SampleSpeed(prompt, index, tokens, seconds))
+        for row_id, trial_id, index, prompt, tokens, seconds, decode in session.execute(query):
+            sample = SampleSpeed(prompt, index, tokens, seconds, decode)
+            speeds.setdefault(trial_id, []).append(sample)
             ids[(trial_id, index)] = row_id
     return speeds, ids
 
 
 def apply_speedups(session: Session, condition: ColumnElement[bool]) -> int:
-    """Set ``speedup`` and its paired interval on done trials matching ``condition``, and each
-    of their samples' speedup; return how many trials were updated."""
+    """Set the end-to-end and decode-only speedups and their paired intervals on done trials
+    matching ``condition``, and each of their samples' speedups; return how many trials were
+    updated. A decode-only figure is None where a side has no decode seconds."""
     baseline = aliased(TrialRow)
     query = (
         select(
             TrialRow.trial_id,
             TrialRow.tokens_per_s,
+            TrialRow.decode_tokens_per_s,
             TrialRow.is_baseline,
             baseline.trial_id,
             baseline.tokens_per_s,
+            baseline.decode_tokens_per_s,
         )
         .outerjoin(
             baseline,
@@ -85,33 +96,58 @@ def apply_speedups(session: Session, condition: ColumnElement[bool]) -> int:
         .where(TrialRow.status == "done", condition)
     )
     found = list(session.execute(query))
-    wanted = {trial_id for trial_id, *_ in found} | {row[3] for row in found if row[3]}
+    wanted = {row[0] for row in found} | {row[4] for row in found if row[4]}
     samples, sample_ids = trial_sample_speeds(session, wanted)
     updates, sample_updates = [], []
-    for trial_id, tokens_per_s, is_baseline, baseline_id, baseline_tps in found:
+    for trial_id, tps, decode_tps, is_baseline, baseline_id, base_tps, base_decode in found:
         base_id = trial_id if is_baseline else baseline_id
-        values: dict[str, Any] = {"trial_id": trial_id, "speedup_low": None, "speedup_high": None}
-        values["speedup"] = speedup(tokens_per_s, tokens_per_s if is_baseline else baseline_tps)
-        per_sample: dict[int, float | None] = {}
-        if base_id is not None:
-            compared = paired_ratio(samples.get(trial_id, []), samples.get(base_id, []))
-            if compared.ratio is not None:
-                values["speedup_low"] = compared.ratio.low
-                values["speedup_high"] = compared.ratio.high
-            per_sample = sample_speedups(samples.get(trial_id, []), samples.get(base_id, []))
+        mine, theirs = samples.get(trial_id, []), samples.get(base_id, []) if base_id else None
+        values: dict[str, Any] = {"trial_id": trial_id}
+        end_to_end = _speedup_values("speedup", tps, tps if is_baseline else base_tps, mine, theirs)
+        decode = _speedup_values(
+            "decode_speedup",
+            decode_tps,
+            decode_tps if is_baseline else base_decode,
+            decode_speeds(mine),
+            decode_speeds(theirs) if theirs is not None else None,
+        )
+        values.update(end_to_end[0], **decode[0])
         updates.append(values)
         sample_updates += [
             {
                 "id": sample_ids[(trial_id, sample.sample_index)],
-                "speedup": per_sample.get(sample.sample_index),
+                "speedup": end_to_end[1].get(sample.sample_index),
+                "decode_speedup": decode[1].get(sample.sample_index),
             }
-            for sample in samples.get(trial_id, [])
+            for sample in mine
         ]
     if updates:
         session.execute(update(TrialRow), updates)
     if sample_updates:
         session.execute(update(SampleResultRow), sample_updates)
     return len(updates)
+
+
+def _speedup_values(
+    name: str,
+    tokens_per_s: float | None,
+    baseline_tokens_per_s: float | None,
+    samples: Sequence[SampleSpeed] | None,
+    baseline: Sequence[SampleSpeed] | None,
+) -> tuple[dict[str, Any], dict[int, float | None]]:
+    """Return a trial's ``name`` speedup columns (estimate, paired interval) and its per-sample
+    speedups, from its tokens/s and samples and its baseline's (samples None: not paired)."""
+    values: dict[str, Any] = {
+        name: speedup(tokens_per_s, baseline_tokens_per_s),
+        f"{name}_low": None,
+        f"{name}_high": None,
+    }
+    if samples is None or baseline is None:
+        return values, {}
+    compared = paired_ratio(samples, baseline)
+    if compared.ratio is not None:
+        values[f"{name}_low"], values[f"{name}_high"] = compared.ratio.low, compared.ratio.high
+    return values, sample_speedups(samples, baseline)
 
 
 def replace_position_rows(

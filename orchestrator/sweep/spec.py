@@ -167,13 +167,25 @@ class PairSpec(_Frozen):
         return _model_ref_shorthand(value)
 
 
+class HoldoutSpec(_Frozen):
+    """A dataset entry's split of its prompts into dev prompts (where a best setting is
+    chosen) and disjoint test prompts (where it is measured): a seeded permutation of the
+    prompt positions, its first round(samples · dev_fraction) dev. Analysis only: trials run
+    every prompt and their ids do not depend on it (``orchestrator.analysis.holdout``)."""
+
+    dev_fraction: float = Field(gt=0.0, lt=1.0)
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+
+
 class DatasetEntry(_Frozen):
     """A prompt set: dataset name, split (None = the dataset's default), size and output length.
 
     The name is stored in its canonical form (``openai/gsm8k`` becomes ``gsm8k``).
     ``chat_template``: give each prompt to the target as one user turn through its tokenizer's
     chat template (followed by the assistant header); None (default) does so when the tokenizer
-    has a chat template, False never, True requires one.
+    has a chat template, False never, True requires one. ``holdout``: dev and test prompts
+    (:class:`HoldoutSpec`); None (default) chooses and measures best settings on the same
+    prompts.
     """
 
     name: str = Field(min_length=1)
@@ -182,11 +194,26 @@ class DatasetEntry(_Frozen):
     max_new_tokens: int = Field(128, ge=1, le=MAX_NEW_TOKENS_LIMIT)
     local_path: str | None = None
     chat_template: bool | None = None
+    holdout: HoldoutSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _name_shorthand(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _holdout_needs_two_prompts(self) -> DatasetEntry:
+        if self.holdout is not None and self.samples < 2:
+            raise LocatedProblems(
+                [
+                    (
+                        ("holdout",),
+                        f"a dev/test split needs at least 2 samples, this entry has "
+                        f"{self.samples}: raise samples or remove holdout",
+                    )
+                ]
+            )
+        return self
 
     @field_validator("name")
     @classmethod

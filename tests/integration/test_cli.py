@@ -457,8 +457,9 @@ def test_submit_when_everything_is_done_says_so(
     assert fake_runner.calls == ["preflight"]
     summary = [line for line in out.splitlines() if "│ static" in line]
     cells = [cell.strip() for cell in summary[0].split("│")[1:-1]]
-    # pair, dataset, temp, policy, max DL, trials, done, tokens/s, speedup, best, CI, acceptance
-    # (the interval of a trial whose two samples are identical is a point)
+    # pair, dataset, temp, policy, max DL, trials, done, decode tokens/s, decode speedup, e2e
+    # tokens/s, e2e speedup, best, CI, best's prompts, acceptance (results without decode
+    # seconds: no decode-only figures; the interval of two identical samples is a point)
     assert cells == [
         "demo",
         "builtin:code",
@@ -467,12 +468,16 @@ def test_submit_when_everything_is_done_says_so(
         "4",
         "1",
         "1",
+        "-",
+        "-",
         "32",
         "2",
         "2",
         "[2, 2]",
+        "same 2",
         "0.5",
     ]
+    assert "best speedup: best chosen and measured on the same 2 prompts (end-to-end)" in out
     with open_store(url, read_only=True) as store:
         assert [sweep.name for sweep in store.sweeps()] == ["done"]
 
@@ -509,7 +514,7 @@ def test_submit_with_failed_trials_exits_1_and_says_how_to_retry(
     svip = [line for line in out.splitlines() if "│ svip" in line]
     cells = [cell.strip() for cell in svip[0].split("│")[1:-1]]
     # both SVIP settings in one group: one done (32 tokens/s, speedup 2), one failed
-    assert cells[3:] == ["svip", "4", "2", "1", "32", "2", "2", "[2, 2]", "0.5"]
+    assert cells[3:] == ["svip", "4", "2", "1", "-", "-", "32", "2", "2", "[2, 2]", "same 2", "0.5"]
 
 
 @pytest.mark.slow

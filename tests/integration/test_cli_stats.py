@@ -4,6 +4,7 @@ CLI on real SQLite stores filled with hand-made results)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 from pathlib import Path
 
@@ -226,3 +227,38 @@ def test_recorded_torch_threads_are_what_a_worker_actor_runs_with(ray_local) -> 
     probe = Probe.remote()
     assert ray.get(probe.threads.remote()) == worker_torch_threads()
     ray.kill(probe)
+
+
+def test_compare_leads_with_decode_only_where_both_trials_stored_it(tmp_path, capsys) -> None:
+    """A prefill of 0.3 s a prompt on both sides, static decoding in a third of AR's time:
+    decode-only static is 3x AR, end to end less; the decode-only comparison comes first."""
+    sweep_file = cli_sweeps.write_sweep(tmp_path / "cli.yaml", cli_sweeps.SWEEP.replace("2,", "6,"))
+    spec = load_sweep(sweep_file)
+    plan = plan_sweep(spec)
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    decode = [0.6 + 0.05 * i for i in range(6)]
+
+    def split(results, scale):
+        return [
+            dataclasses.replace(
+                r, seconds=0.3 + d * scale, prefill_seconds=0.3, decode_seconds=d * scale
+            )
+            for r, d in zip(results, decode, strict=True)
+        ]
+
+    ar = split(_results(decode, 0), 1.0)
+    static = split(_results(decode, 0), 1 / 3)
+    with open_store(url) as store:
+        store.register_sweep(spec, plan)
+        for name, results in (("ar", ar), ("static", static)):
+            store.record_trial(cli_sweeps.trial_of(plan, name), results, trial_metrics(results))
+    ids = [cli_sweeps.trial_of(plan, "static").trial_id, cli_sweeps.trial_of(plan, "ar").trial_id]
+    assert cli.main(["--db", url, "compare", *ids]) == 0
+    out = capsys.readouterr().out
+    first = re.search(r"decode-only tokens/s A / B = (\S+),", out)
+    second = re.search(r"end-to-end tokens/s A / B = (\S+),", out)
+    assert first is not None and second is not None and first.start() < second.start()
+    assert float(first.group(1)) == pytest.approx(3.0, rel=1e-6)
+    expected = sum(0.3 + d for d in decode) / sum(0.3 + d / 3 for d in decode)
+    assert float(second.group(1)) == pytest.approx(expected, rel=1e-3)
+    assert "verdict: A is faster than B (decode-only)" in out

@@ -121,20 +121,29 @@ def test_frontiers_page_draws_a_frontier_per_policy(synthetic_url, monkeypatch) 
 
 def test_tables_page_shows_each_paper_table_with_csv(synthetic_url, monkeypatch) -> None:
     app = open_app(synthetic_url, monkeypatch, TABLES)
-    # AdaEDL at K 2 and K 4, SpecDec++, SVIP, AdaSPEC, trials with intervals; provenance.
-    assert len(app.dataframe) == 7
-    assert len(app.download_button) == 6
-    intervals = app.dataframe[5].value
+    # Best settings (dev/test); AdaEDL at K 2 and K 4, SpecDec++, SVIP, AdaSPEC, trials with
+    # intervals; provenance.
+    assert len(app.dataframe) == 8
+    assert len(app.download_button) == 7
+    # stored without decode seconds and without a holdout: end to end, chosen on all prompts
+    assert [radio.options for radio in app.radio] == [["end-to-end"]]
+    assert any("without decode seconds" in info.value for info in app.info)
+    best = app.dataframe[0].value
+    assert set(best["best_on"].dropna()) == {"same 2"}
+    assert best["decode_speedup"].isna().all() and best["e2e_speedup"].notna().any()
+    drafting = best[best["policy"] != "ar"]
+    assert (drafting["best_speedup"] > 0).all() and (drafting["best_setting"] != "").all()
+    intervals = app.dataframe[6].value
     done = intervals.dropna(subset=["speedup low"])
     assert len(done) > 0
     assert (done["speedup low"] <= done["speedup"]).all()
     assert (done["speedup"] <= done["speedup high"]).all()
-    runs = app.dataframe[6].value
+    runs = app.dataframe[7].value
     assert runs["sweep"].tolist() == ["synthetic-a"] and runs["torch_threads"].item() >= 1
-    adaedl_k2 = app.dataframe[0].value
+    adaedl_k2 = app.dataframe[1].value
     assert list(adaedl_k2.columns) == ["policy", "builtin:code", "builtin:math"]
     assert adaedl_k2["policy"].iloc[0] == "ar"
-    kd = app.dataframe[4].value
+    kd = app.dataframe[5].value
     assert set(kd["method"]) == {"none (base draft)", "adaspec"}
     assert set(kd["draft"]) == {"zoo:micro/draft-s", "kd-adaspec"}
     assert not any("No knowledge-distilled drafts" in info.value for info in app.info)
@@ -145,7 +154,7 @@ def test_sidebar_filter_narrows_the_tables(synthetic_url, monkeypatch) -> None:
     dataset = next(m for m in app.sidebar.multiselect if m.label == "Dataset")
     dataset.set_value(["builtin:math"]).run()
     assert not app.exception
-    assert list(app.dataframe[1].value.columns) == ["policy", "builtin:math"]
+    assert list(app.dataframe[2].value.columns) == ["policy", "builtin:math"]
 
 
 def test_robustness_page(synthetic_url, monkeypatch) -> None:
@@ -188,7 +197,12 @@ def test_acceptance_page_plots_positions_and_lengths(synthetic_url, monkeypatch)
 def test_compare_trials_page_gives_a_verdict(synthetic_url, monkeypatch) -> None:
     app = open_app(synthetic_url, monkeypatch, COMPARE_TRIALS)
     shown = {metric.label: metric.value for metric in app.metric}
-    assert set(shown) == {"tokens/s A / B", "95% interval", "verdict"}
+    # the synthetic trials were stored without decode seconds: end-to-end only
+    assert set(shown) == {
+        "end-to-end tokens/s A / B",
+        "end-to-end: 95% interval",
+        "end-to-end: verdict",
+    }
     ids = app.main.selectbox[0].options
     assert len(ids) > 2
 
@@ -256,7 +270,15 @@ def test_every_page_renders_on_a_real_sweep(real_url, monkeypatch) -> None:
 
     app.switch_page(TABLES).run()
     assert not app.exception
-    assert len(app.dataframe) == 7 and len(app.download_button) == 6  # K 2, K 4, 4 more
+    # best settings, K 2, K 4, 4 more; a live sweep: decode-only first, and the best by it
+    assert len(app.dataframe) == 8 and len(app.download_button) == 7
+    assert [radio.options for radio in app.radio] == [["decode-only", "end-to-end"]]
+    best = app.dataframe[0].value
+    assert best["decode_speedup"].notna().all()
+    assert set(best["best_note"].dropna()) == {
+        f"best chosen and measured on the same {n} prompts (decode-only)"
+        for n in set(best["best_on"].dropna().str.removeprefix("same ").astype(int))
+    }
     assert any("No knowledge-distilled drafts" in info.value for info in app.info)
 
     app.switch_page(ROBUSTNESS).run()

@@ -355,3 +355,17 @@ def test_near_tie_check_accepts_feature_noise_and_nothing_more():
     assert _near_tie_explains(recorded, noisy_live, "svip", params, 4, 0)
     other_live = _rounds("svip", _hand_trace(entropy_after_detour=4.0), 4, **params)
     assert not _near_tie_explains(recorded, other_live, "svip", params, 4, 0)
+
+
+def test_replayed_results_put_the_overhead_in_prefill_and_the_rounds_in_decode():
+    from orchestrator.analysis.costs.model import RoundCostFit
+    from orchestrator.analysis.costs.replay import GroupFit, replayed_results
+
+    trace = _hand_trace()
+    rounds = replay(make_policy("static", 3), trace, 3, seed=0)
+    fit = RoundCostFit(0.01, 0.1, 0.02, 1.0, 1.0, 1.0, 10)
+    (result,) = replayed_results([rounds], [trace], GroupFit(fit, 0.5, 1))
+    # static K = 3 here: (3, 2), (3, 2), (1, 1) drafted/accepted, one forward per draft token
+    assert result.prefill_seconds == 0.5
+    assert result.decode_seconds == pytest.approx(7 * 0.01 + 3 * 0.1 + 7 * 0.02)
+    assert result.seconds == pytest.approx(result.prefill_seconds + result.decode_seconds)

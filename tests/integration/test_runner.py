@@ -74,6 +74,17 @@ def test_sweep_runs_on_actors_matches_in_process_and_resumes(zoo_env, ray_local,
     for row in rows.values():
         assert row.tokens_per_s_low <= row.tokens_per_s <= row.tokens_per_s_high
         assert row.speedup_low <= row.speedup <= row.speedup_high
+        # prefill and decode apart, on actors: they add up to the request's seconds, and
+        # decode-only is faster than end to end
+        assert row.decode_tokens_per_s_low <= row.decode_tokens_per_s
+        assert row.decode_tokens_per_s <= row.decode_tokens_per_s_high
+        assert row.decode_tokens_per_s > row.tokens_per_s and row.decode_speedup is not None
+        assert row.prefill_seconds > 0
+        assert row.prefill_seconds + row.decode_seconds == pytest.approx(row.seconds)
+        for sample in store.sample_outputs(row.trial_id):
+            assert sample.prefill_seconds > 0 and sample.decode_seconds > 0
+            total = sample.prefill_seconds + sample.decode_seconds
+            assert total == pytest.approx(sample.seconds)
     drafting = [row.trial_id for row in rows.values() if row.n_drafted]
     assert drafting
     positions = list(store.position_acceptance(drafting).itertuples(index=False))

@@ -24,6 +24,8 @@ from support.dashboard_seed import (
 
 from dashboard import acceptance, data, fits, tables, trial_compare
 from orchestrator.analysis.costs.model import CostModelError, fit_cost_model, r_squared
+from orchestrator.analysis.holdout import PromptSplit, SweepSamples
+from orchestrator.analysis.pairing import SampleSpeed
 
 NAN = math.nan
 #: (trial_id, pair, dataset, temperature, policy, threshold, K, tokens/s, speedup,
@@ -508,3 +510,68 @@ def test_urls_for_messages() -> None:
     assert data.db_argument(["--x", "1", "--db=sqlite:///b.db"]) == "sqlite:///b.db"
     assert data.db_argument(["--db"]) is None
     assert data.db_argument([]) is None
+
+
+# --- decode-only and end-to-end; best settings chosen on dev, measured on test ---------------
+
+
+def _held_out_trials() -> tuple[pd.DataFrame, SweepSamples]:
+    """AR and two AdaEDL thresholds on 4 prompts of ``code``: 0.3 is the faster on dev
+    prompts 0-1 (decode-only), 0.6 on test prompts 2-3."""
+    rows = [r for r in ROWS if r[0] in ("b1", "a1", "a3")]
+    trials = make_trials(rows).assign(
+        samples=4,
+        max_new_tokens=8,
+        baseline_id=lambda frame: ["b1" if p != "ar" else None for p in frame["policy"]],
+        decode_tokens_per_s=[12.5, 20.0, 21.0],
+        decode_speedup=[1.0, 1.6, 1.7],
+    )
+
+    def speeds(decode: list[float]) -> list[SampleSpeed]:
+        return [SampleSpeed(f"p{i}", i, 10, d + 0.2, d) for i, d in enumerate(decode)]
+
+    samples = {
+        "b1": speeds([0.8] * 4),
+        "a1": speeds([0.4, 0.4, 0.8, 0.8]),
+        "a3": speeds([0.8, 0.8, 0.3, 0.3]),
+    }
+    split = PromptSplit(dev=(0, 1), test=(2, 3))
+    return trials, SweepSamples(samples, {("code", None, 4, 8): split})
+
+
+def test_best_setting_table_chooses_on_dev_and_measures_on_test() -> None:
+    trials, measured = _held_out_trials()
+    table = data.best_setting_table(trials, measured)
+    adaedl = row(table, policy="adaedl")
+    assert adaedl["best_trial"] == "a1" and adaedl["best_setting"].startswith("K 4")
+    assert adaedl["best_speedup"] == pytest.approx(1.0)  # a1 on prompts 2-3: 0.8 s as AR
+    assert adaedl["best_on"] == "dev 2, test 2"
+    assert (
+        adaedl["best_note"] == "chosen on 2 dev prompts, measured on 2 test prompts (decode-only)"
+    )
+    assert adaedl["decode_speedup"] == pytest.approx((1.6 + 1.7) / 2)
+    assert adaedl["e2e_speedup"] == pytest.approx((1.6 + 1.7) / 2)
+    no_split = data.best_setting_table(trials, SweepSamples(measured.samples, {}))
+    same = row(no_split, policy="adaedl")
+    assert same["best_trial"] == "a3" and same["best_on"] == "same 4"
+
+
+def test_speeds_offer_decode_only_first_when_every_done_trial_has_it() -> None:
+    trials, _ = _held_out_trials()
+    assert data.speeds(trials) == [data.DECODE_ONLY, data.END_TO_END]
+    older = trials.assign(decode_tokens_per_s=[12.5, NAN, 21.0])
+    assert data.speeds(older) == [data.END_TO_END]
+    table = tables.best_throughput_table(trials, data.DECODE_ONLY)
+    assert row(table, policy="adaedl")["code"] == 21.0
+    assert row(table, policy="ar")["code"] == 12.5
+    assert row(tables.best_throughput_table(trials), policy="adaedl")["code"] == 17.0
+
+
+def test_load_sweep_samples_reads_samples_and_no_split_without_holdout(synthetic_url) -> None:
+    trials = data.load_trials(synthetic_url, "synthetic-a")
+    done = data.done_trials(trials)
+    measured = data.load_sweep_samples(synthetic_url, ("synthetic-a",), tuple(done["trial_id"]))
+    assert set(measured.samples) == set(done["trial_id"]) and measured.splits == {}
+    assert all(len(samples) == 2 for samples in measured.samples.values())
+    table = data.best_setting_table(trials, measured)
+    assert set(table["best_on"].dropna()) == {"same 2"}

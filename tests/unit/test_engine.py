@@ -324,3 +324,50 @@ def test_a_policy_keeping_every_candidate_is_not_asked_and_drafts_the_same(pair)
         assert skipped.output_ids == asked.output_ids
         rounds = [(r.drafted, r.accepted, r.draft_forwards) for r in skipped.rounds]
         assert rounds == [(r.drafted, r.accepted, r.draft_forwards) for r in asked.rounds]
+
+
+class _Clock:
+    """A stand-in ``perf_counter``: time moves only when a model works (100 s a prefill, 1 s a
+    verification), so the split of a request's time is exact and not timed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _ClockedTarget(LocalTarget):
+    """The tiny target, advancing ``clock`` by 100 s a prefill and 1 s a scoring forward."""
+
+    def __init__(self, lm: CachedLM, clock: _Clock) -> None:
+        super().__init__(lm)
+        self.clock = clock
+
+    def prefill(self, prompt_ids, sampling, seed) -> None:
+        super().prefill(prompt_ids, sampling, seed)
+        self.clock.now += 100.0
+
+    def _score(self, request):
+        self.clock.now += 1.0
+        return super()._score(request)
+
+
+def test_prefill_and_decode_split_the_request_time(pair, monkeypatch) -> None:
+    """Prefill ends when the prompt is processed; decode is every round after it (one clocked
+    second per verification), and the two add up to the request's seconds, for both paths."""
+    draft, target = pair
+    clock = _Clock()
+    monkeypatch.setattr("workers.engine.time", clock)
+    monkeypatch.setattr("workers.target._now", clock.perf_counter)
+    clocked = _ClockedTarget(target.lm, clock)
+    prompt = prompts(1, seed=3)[0]
+    spec = speculative_generate(
+        draft, clocked, make_policy("static", 3), prompt, RequestSettings(GREEDY), 3
+    )
+    ar = autoregressive_generate(clocked, prompt, RequestSettings(GREEDY))
+    for result in (spec, ar):
+        assert result.prefill_seconds == 100.0
+        assert result.decode_seconds == float(len(result.rounds))
+        assert result.prefill_seconds + result.decode_seconds == result.seconds
+    assert ar.decode_seconds == ar.n_generated

@@ -13,6 +13,8 @@ from support.paths import REPO
 from support.store_records import stored_trial
 
 from orchestrator.analysis import report
+from orchestrator.analysis.holdout import PromptSplit, SweepSamples
+from orchestrator.analysis.pairing import SampleSpeed
 from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import load_sweep, parse_sweep
@@ -61,13 +63,17 @@ def test_summary_rows_average_done_trials_per_group() -> None:
         ("xsum", "svip"),
     ]
     baseline, svip, pending = summary
-    assert baseline["acceptance_rate"] is None and baseline["speedup"] == 1.0
+    assert baseline["acceptance_rate"] is None and baseline["e2e_speedup"] == 1.0
     assert (svip["trials"], svip["done"]) == (3, 2)
-    assert svip["tokens_per_s"] == pytest.approx((12.0 + 18.0) / 2)
-    assert svip["speedup"] == pytest.approx((1.2 + 1.8) / 2)
+    assert svip["e2e_tokens_per_s"] == pytest.approx((12.0 + 18.0) / 2)
+    assert svip["e2e_speedup"] == pytest.approx((1.2 + 1.8) / 2)
+    # stored without decode seconds: no decode-only figure, the best one end to end
+    assert svip["decode_tokens_per_s"] is None and svip["decode_speedup"] is None
     assert svip["best_speedup"] == 1.8
+    assert svip["best_note"] == "best chosen and measured on the same prompts (end-to-end)"
+    assert svip["best_on"] == "same"
     assert svip["acceptance_rate"] == pytest.approx((0.4 + 0.7) / 2)
-    assert (pending["trials"], pending["done"], pending["tokens_per_s"]) == (1, 0, None)
+    assert (pending["trials"], pending["done"], pending["e2e_tokens_per_s"]) == (1, 0, None)
 
 
 def test_summary_rows_group_by_fewer_keys() -> None:
@@ -76,8 +82,73 @@ def test_summary_rows_group_by_fewer_keys() -> None:
         _row(temperature=1.0, max_draft_len=16, speedup=3.0),
     ]
     (only,) = report.summary_rows(rows, group_by=("dataset", "policy"))
-    assert only["trials"] == 2 and only["speedup"] == pytest.approx(2.0)
-    assert set(only) == {"dataset", "policy", *report.SUMMARY_COLUMNS[5:]}
+    assert only["trials"] == 2 and only["e2e_speedup"] == pytest.approx(2.0)
+    shown = {"dataset", "policy", *report.SUMMARY_COLUMNS[5:]}
+    assert set(only) == shown | {"best_trial", "best_note"}
+
+
+def _speeds(seconds: list[float], decode: list[float]) -> list[SampleSpeed]:
+    pairs = enumerate(zip(seconds, decode, strict=True))
+    return [SampleSpeed(f"p{i}", i, 10, s, d) for i, (s, d) in pairs]
+
+
+def test_summary_leads_with_decode_only_and_picks_the_best_on_dev_measured_on_test() -> None:
+    """svip at 0.3 is the faster on dev prompts 0-1 and at 0.5 on test prompts 2-3: the summary
+    reports 0.3, measured on 2-3, and says how it chose."""
+    common = {"dataset": "gsm8k", "split": None, "samples": 4, "max_new_tokens": 8}
+    trial = {**common, "baseline_id": "ar", "is_baseline": False}
+    rows = [
+        _row(
+            trial_id="ar",
+            policy="ar",
+            max_draft_len=0,
+            is_baseline=True,
+            **common,
+            decode_tokens_per_s=12.5,
+            decode_speedup=1.0,
+            tokens_per_s=10.0,
+            speedup=1.0,
+        ),
+        _row(
+            trial_id="a",
+            threshold=0.3,
+            decode_tokens_per_s=16.0,
+            decode_speedup=1.3,
+            tokens_per_s=12.0,
+            speedup=1.2,
+            **trial,
+        ),
+        _row(
+            trial_id="b",
+            threshold=0.5,
+            decode_tokens_per_s=18.0,
+            decode_speedup=1.5,
+            tokens_per_s=13.0,
+            speedup=1.3,
+            **trial,
+        ),
+    ]
+    base = _speeds([1.0] * 4, [0.8] * 4)
+    samples = {
+        "ar": base,
+        "a": _speeds([0.6, 0.6, 1.0, 1.0], [0.4, 0.4, 0.8, 0.8]),
+        "b": _speeds([1.0, 1.0, 0.5, 0.5], [0.8, 0.8, 0.3, 0.3]),
+    }
+    split = PromptSplit(dev=(0, 1), test=(2, 3))
+    measured = SweepSamples(samples, {("gsm8k", None, 4, 8): split})
+    _, svip = report.summary_rows(rows, measured=measured)
+    assert svip["decode_tokens_per_s"] == pytest.approx(17.0)
+    assert svip["decode_speedup"] == pytest.approx(1.4)
+    assert (svip["best_trial"], svip["best_speedup"]) == ("a", pytest.approx(1.0))
+    assert svip["best_note"] == "chosen on 2 dev prompts, measured on 2 test prompts (decode-only)"
+    assert svip["best_on"] == "dev 2, test 2"
+    assert svip["best_speedup_ci"] != report.MISSING
+    columns = list(report.SUMMARY_COLUMNS)
+    assert columns.index("decode_speedup") < columns.index("e2e_speedup")
+    _, same = report.summary_rows(rows, measured=SweepSamples(samples, {}))
+    assert (same["best_trial"], same["best_speedup"]) == ("b", pytest.approx(0.8 / 0.55))
+    assert same["best_note"] == "best chosen and measured on the same 4 prompts (decode-only)"
+    assert same["best_on"] == "same 4"
 
 
 def test_mean_or_none_skips_missing() -> None:
@@ -238,3 +309,22 @@ def test_render_table_headers_alignment_and_plain_text() -> None:
     assert "tokens/s" in text and "[bold]svip[/bold]" in text and "12.5" in text
     raw = _text(report.render_table(rows, ["tokens_per_s"], headers={}))
     assert "tokens_per_s" in raw and "tokens/s" not in raw
+
+
+def test_the_committed_demo_database_summarises_without_decode_figures() -> None:
+    """docs/demo-results.db predates prefill/decode timing: its summary shows no decode-only
+    figure, end-to-end ones, and best trials chosen and measured on the same 6 prompts."""
+    from orchestrator.analysis.holdout import holdout_splits
+    from orchestrator.store import open_store
+
+    spec = load_sweep(DEMO)
+    db = REPO / "docs" / "demo-results.db"
+    with open_store(f"sqlite:///{db}", read_only=True) as store:
+        rows = store.trials(spec.name)
+        samples = store.trials_sample_speeds(row.trial_id for row in rows)
+    summary = report.summary_rows(rows, measured=SweepSamples(samples, holdout_splits(spec)))
+    assert summary and all(r["decode_speedup"] is None for r in summary)
+    assert all(r["e2e_speedup"] is not None for r in summary)
+    assert {r["best_on"] for r in summary} == {"same 6"}
+    notes = {r["best_note"] for r in summary}
+    assert notes == {"best chosen and measured on the same 6 prompts (end-to-end)"}

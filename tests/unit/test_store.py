@@ -147,6 +147,44 @@ def test_replay_migration_keeps_every_row_both_ways(db_url: str) -> None:
         assert store.cost_fits() == []
 
 
+def test_prefill_decode_migration_keeps_rows_and_leaves_old_ones_without_a_split(
+    db_url: str,
+) -> None:
+    """0008 adds nullable columns: a trial stored at 0007 reads back after the upgrade with its
+    end-to-end figures and no decode-only ones; a downgrade drops them and keeps every row."""
+    spec, plan = spec_and_plan()
+    config = alembic_config()
+    with open_store(db_url) as store:
+        store.register_sweep(spec, plan)
+        with store.engine.connect() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0007")
+            connection.commit()
+        assert "decode_seconds" not in {
+            c["name"] for c in inspect(store.engine).get_columns("trials")
+        }
+        with store.engine.begin() as connection:  # a shard stored by the 0007 code
+            trial_id = plan.trials[1].trial_id
+            connection.exec_driver_sql(
+                "UPDATE trials SET status = 'done', tokens_per_s = 8.0, speedup = 1.5 "
+                f"WHERE trial_id = '{trial_id}'"
+            )
+            connection.exec_driver_sql(
+                "INSERT INTO sample_results (trial_id, sample_index, prompt_id, prompt_len, "
+                "generated_tokens, seconds, output_ids, drafted, accepted, n_rounds, "
+                f"stopped_on_eos) VALUES ('{trial_id}', 0, 'p0', 3, 8, 1.0, '[]', 4, 2, 2, "
+                "false)"
+            )
+    with open_store(db_url) as store:  # a writer migrates to head
+        assert current_revision(store.engine) == head_revision()
+        (row,) = store.trial_rows([trial_id])
+        assert (row.tokens_per_s, row.speedup) == (8.0, 1.5)
+        assert row.decode_tokens_per_s is None and row.decode_speedup is None
+        (sample,) = store.sample_outputs(trial_id)
+        assert sample.seconds == 1.0 and sample.decode_seconds is None
+        assert store.trials_sample_speeds([trial_id])[trial_id][0].decode_seconds is None
+
+
 def _fit_values() -> dict[str, object]:
     """Return a cost_fits row of made-up numbers."""
     return {
@@ -474,8 +512,8 @@ def test_the_shared_column_lists_name_trials_columns_and_metrics_fields() -> Non
     assert set(TRIAL_METRIC_COLUMNS) | set(HEADLINE_METRICS) | set(INTERVAL_COLUMNS) <= columns
     metric_fields = {field.name for field in fields(TrialMetrics)}
     assert set(TRIAL_METRIC_COLUMNS) <= metric_fields
-    # speedup is the store's (it divides by the baseline), every other headline is measured
-    assert set(HEADLINE_METRICS) - metric_fields == {"speedup"}
+    # the speedups are the store's (they divide by the baseline), every other headline is measured
+    assert set(HEADLINE_METRICS) - metric_fields == {"speedup", "decode_speedup"}
 
 
 def test_display_url_hides_the_password_and_fills_the_default(

@@ -82,6 +82,56 @@ def test_intervals_and_sample_speedups_are_stored(store: Store) -> None:
     assert base_row.speedup == 1.0 and base_row.acceptance_rate_low is None
 
 
+def _split(results: list[GenerationResult], prefill: list[float]) -> list[GenerationResult]:
+    """The results with their seconds split: ``prefill[i]`` of sample i, the rest decode."""
+    return [
+        dataclasses.replace(r, prefill_seconds=p, decode_seconds=r.seconds - p)
+        for r, p in zip(results, prefill, strict=True)
+    ]
+
+
+def test_decode_only_and_end_to_end_speedups_are_stored_apart(store: Store) -> None:
+    """Prefill weighs on AR's end-to-end time here: decode-only speedups are larger, and each
+    is the paired ratio of its own seconds; a trial stored without the split has none."""
+    baseline, trial = _trials(store)
+    base_seconds, spec_seconds = [1.0, 2.0, 4.0, 0.5], [0.5, 1.2, 1.9, 0.3]
+    prefill = [0.2, 0.4, 0.3, 0.1]
+    base_results = _split(_ar(base_seconds), prefill)
+    spec_results = _split(_samples(spec_seconds, SPEC_ROUNDS), prefill)
+    store.record_trial(baseline, base_results, trial_metrics(base_results))
+    store.record_trial(trial, spec_results, trial_metrics(spec_results))
+    row = store.trial_rows([trial.trial_id])[0]
+    decode = [s - p for s, p in zip(spec_seconds, prefill, strict=True)]
+    base_decode = [s - p for s, p in zip(base_seconds, prefill, strict=True)]
+    expected = paired_speed_ratio([8] * 4, decode, [8] * 4, base_decode)
+    assert expected is not None
+    assert row.decode_speedup == pytest.approx(expected.estimate)
+    assert (row.decode_speedup_low, row.decode_speedup_high) == pytest.approx(
+        (expected.low, expected.high)
+    )
+    assert row.decode_tokens_per_s == pytest.approx(32 / sum(decode))
+    assert row.decode_tokens_per_s_low <= row.decode_tokens_per_s <= row.decode_tokens_per_s_high
+    assert row.prefill_seconds == pytest.approx(sum(prefill))
+    assert row.speedup == pytest.approx(sum(base_seconds) / sum(spec_seconds))
+    assert row.decode_speedup > row.speedup
+    samples = store.sample_outputs(trial.trial_id)
+    assert [s.decode_tokens_per_s for s in samples] == pytest.approx([8 / d for d in decode])
+    assert [s.decode_speedup for s in samples] == pytest.approx(
+        [b / d for d, b in zip(decode, base_decode, strict=True)]
+    )
+    _, plan = store_db.spec_and_plan()
+    older = next(
+        t
+        for t in plan.trials
+        if t.baseline_id == baseline.trial_id and t.trial_id != trial.trial_id
+    )
+    unsplit = _samples(spec_seconds, SPEC_ROUNDS)
+    store.record_trial(older, unsplit, trial_metrics(unsplit))
+    row = store.trial_rows([older.trial_id])[0]
+    assert row.decode_speedup is None and row.decode_tokens_per_s is None
+    assert row.decode_speedup_low is None and row.speedup is not None
+
+
 def test_position_acceptance_and_accepted_lengths_are_queryable(store: Store) -> None:
     _baseline, trial = _trials(store)
     results = _samples([1.0] * 4, SPEC_ROUNDS)

@@ -147,9 +147,10 @@ def replayed_results(
     """Return per-prompt results of replayed ``rounds``, timed by the group's per-step model.
 
     Each round's seconds are the model's prediction at the round's context for a policy with
-    these step ``demands``; a sample's seconds add the model's overhead for its prompt length.
-    The output is the target's greedy output up to the tokens the rounds emitted (cut after
-    EOS, as the engine cuts it).
+    these step ``demands``: the sample's decode seconds. Its prefill seconds are the model's
+    per-sample overhead for its prompt length (prefill and bookkeeping, outside the rounds); its
+    seconds their sum. The output is the target's greedy output up to the tokens the rounds
+    emitted (cut after EOS, as the engine cuts it).
     """
     steps = group.steps
     results = []
@@ -172,13 +173,16 @@ def replayed_results(
         output = list(trace.reference[:emitted])
         stopped = trace.eos_token_id is not None and trace.eos_token_id in output
         seconds = sum(r.draft_seconds + r.verify_seconds for r in records)
+        overhead = steps.sample_overhead(len(trace.prompt_ids))
         results.append(
             GenerationResult(
                 prompt_ids=list(trace.prompt_ids),
                 output_ids=output,
                 rounds=records,
-                seconds=seconds + steps.sample_overhead(len(trace.prompt_ids)),
+                seconds=overhead + seconds,
                 stopped_on_eos=stopped,
+                prefill_seconds=overhead,
+                decode_seconds=seconds,
             )
         )
     return results

@@ -1,8 +1,8 @@
 """Per-step cost model and out-of-sample checks (``cost_fits.step_model``, ``checks``,
 ``out_of_sample_error``): what replay projects with and its measured error on live checks.
 
-Revision ID: 0011
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
