@@ -360,12 +360,28 @@ def test_near_tie_check_accepts_feature_noise_and_nothing_more():
 def test_replayed_results_put_the_overhead_in_prefill_and_the_rounds_in_decode():
     from orchestrator.analysis.costs.model import RoundCostFit
     from orchestrator.analysis.costs.replay import GroupFit, replayed_results
+    from orchestrator.analysis.costs.step_costs import StepCostFit, StepDemands
 
     trace = _hand_trace()
     rounds = replay(make_policy("static", 3), trace, 3, seed=0)
     fit = RoundCostFit(0.01, 0.1, 0.02, 1.0, 1.0, 1.0, 10)
-    (result,) = replayed_results([rounds], [trace], GroupFit(fit, 0.5, 1))
+    steps = StepCostFit(
+        t_draft=0.01,
+        t_feature=0.0,
+        t_ask=0.0,
+        draft_per_context=0.0,
+        verify_table=((0, 0.1), (1, 0.12), (3, 0.16)),
+        verify_per_context=0.0,
+        overhead=0.5,
+        overhead_per_prompt_token=0.0,
+        r2_draft=1.0,
+        r2_verify=1.0,
+        n_rounds=10,
+        n_samples=1,
+    )
+    group = GroupFit(fit, 0.5, 1, steps)
+    (result,) = replayed_results([rounds], [trace], group, StepDemands())
     # static K = 3 here: (3, 2), (3, 2), (1, 1) drafted/accepted, one forward per draft token
     assert result.prefill_seconds == 0.5
-    assert result.decode_seconds == pytest.approx(7 * 0.01 + 3 * 0.1 + 7 * 0.02)
+    assert result.decode_seconds == pytest.approx(7 * 0.01 + 0.16 + 0.16 + 0.12)
     assert result.seconds == pytest.approx(result.prefill_seconds + result.decode_seconds)
