@@ -75,8 +75,8 @@ class ServedPair:
     draft_job_id: str | None = None
     draft_trust_remote_code: bool = False
 
-    def models(self) -> dict[str, Any]:
-        """Return what the models' outputs depend on: both models and the target's serving."""
+    def _serving(self) -> dict[str, Any]:
+        """Return the entries every projection of the pair shares."""
         return {
             "target": self.target,
             "backend": self.backend,
@@ -84,8 +84,12 @@ class ServedPair:
             "dtype": self.dtype,
             "trust_remote_code": self.trust_remote_code,
             "draft": self.draft,
-            "draft_job_id": self.draft_job_id,
         }
+
+    def models(self) -> dict[str, Any]:
+        """Return what the models' outputs depend on: both models (a job-made draft by its job's
+        id) and how the target is served."""
+        return {**self._serving(), "draft_job_id": self.draft_job_id}
 
     def identity(self) -> dict[str, Any]:
         """Return the pair's part of a trial id: :meth:`models`, and the draft's trust flag
@@ -95,15 +99,7 @@ class ServedPair:
 
     def columns(self) -> dict[str, Any]:
         """Return the pair's named values in the store's trial record."""
-        return {
-            "target": self.target,
-            "backend": self.backend,
-            "tp_size": self.tp_size,
-            "dtype": self.dtype,
-            "trust_remote_code": self.trust_remote_code,
-            "draft": self.draft,
-            "draft_job": self.draft_job,
-        }
+        return {**self._serving(), "draft_job": self.draft_job}
 
 
 @dataclass(frozen=True)
