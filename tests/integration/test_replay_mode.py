@@ -262,7 +262,7 @@ def test_mixed_mode_replays_greedy_replayable_trials_and_runs_the_rest_live() ->
         t.trial_id for t in replay_only.trials if t.mode == REPLAY_MODE
     }
     (group,) = replay_groups(plan)
-    assert len(group.checks) == 1 and group.checks[0].temperature == 0
+    assert len(group.checks) == 1 and group.checks[0].sampling.temperature == 0
     assert _problems(text.replace("mode: mixed}", "mode: mixed, record_rounds: false}")) == [
         "bad.yaml:23: execution.record_rounds: mode: mixed fits its cost model on the stored "
         "rounds of the live trials; set record_rounds: true"
