@@ -62,6 +62,7 @@ def speculative_generate(
     policy: DraftPolicy,
     prompt_ids: torch.Tensor,
     settings: RequestSettings,
+    *,
     reference: list[int] | None = None,
     on_round: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
@@ -69,8 +70,10 @@ def speculative_generate(
 
     ``reference`` is the target's greedy output, required by policies with ``needs_reference``
     (the oracle). Each round's cap is the policy's ``round_cap`` (bounded by the max draft length
-    the policy was built with). ``on_round`` is called with the full sequence after every round
-    (tests use it to check the caches).
+    the policy was built with), so there is no cap argument; ``reference`` and ``on_round`` are
+    keyword-only, so a call still passing a cap fails instead of taking it for a reference.
+    ``on_round`` is called with the full sequence after every round (tests use it to check the
+    caches).
     """
     sampling = settings.sampling
     if policy.greedy_only and not sampling.greedy:
