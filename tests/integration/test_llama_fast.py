@@ -89,7 +89,7 @@ def test_speculative_rounds_are_identical_on_both_paths() -> None:
             target_side = LocalTarget(CachedLM(target, fast=fast))
             results.append(
                 speculative_generate(
-                    draft_lm, target_side, make_policy("svip", {}), prompt, settings
+                    draft_lm, target_side, make_policy("svip", 4), prompt, settings
                 )
             )
         fast_result, slow_result = results
