@@ -347,7 +347,7 @@ def _decode_ours(
     """Decode ``prompt`` with our engine: target-only AR for ``k`` = 0, else static K."""
     if k == 0:
         return autoregressive_generate(target, prompt, settings)
-    return speculative_generate(draft, target, make_policy("static", k), prompt, settings, k)
+    return speculative_generate(draft, target, make_policy("static", k), prompt, settings)
 
 
 def _decode_bare(

@@ -238,7 +238,7 @@ def run_live(
         for config in configs:
             policy = make_policy(config.policy, config.max_draft_len, **config.params)
             results[config.label].append(
-                speculative_generate(draft, target, policy, prompt, settings, config.max_draft_len)
+                speculative_generate(draft, target, policy, prompt, settings)
             )
     return {label: LiveRun(runs, sum(r.seconds for r in runs)) for label, runs in results.items()}
 
@@ -252,7 +252,6 @@ def _replay_all(
         replay(
             make_policy(config.policy, config.max_draft_len, **config.params),
             trace,
-            config.max_draft_len,
             seed,
         )
         for seed, trace in enumerate(traces)

@@ -79,11 +79,10 @@ class DraftStep:
 
 @dataclass(frozen=True)
 class RoundOutcome:
-    """The verified result of one round: tokens proposed, how many the target accepted, the cap."""
+    """The verified result of one round: tokens proposed and how many the target accepted."""
 
     n_drafted: int
     n_accepted: int
-    max_draft_len: int
 
 
 @dataclass(frozen=True)
@@ -95,14 +94,17 @@ class RequestContext:
     """
 
     prompt_len: int
-    max_draft_len: int
     seed: int
     reference: tuple[int, ...] | None = None
 
 
 @dataclass
 class DraftPolicy(ABC):
-    """Base class of all draft-length policies (see the module docstring for the protocol)."""
+    """Base class of all draft-length policies (see the module docstring for the protocol).
+
+    ``max_draft_len`` is the cap the policy is built with, the one way the cap reaches a policy;
+    the engine bounds each round by ``round_cap()``, which never exceeds it.
+    """
 
     name: ClassVar[str] = ""
     features: ClassVar[frozenset[str]] = frozenset()
@@ -115,7 +117,6 @@ class DraftPolicy(ABC):
 
     def reset(self, context: RequestContext) -> None:
         """Start a new request: reseed the policy's randomness and clear per-request state."""
-        self.max_draft_len = context.max_draft_len
         self.rng = np.random.default_rng(context.seed)
         self._reset_state(context)
 

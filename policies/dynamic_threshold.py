@@ -48,8 +48,10 @@ def update_dynamic_threshold(
     state: DynamicThresholdState,
     outcome: RoundOutcome,
     config: DynamicThresholdConfig,
+    max_draft_len: int,
 ) -> DynamicThresholdState:
-    """Return the controller state after one verified round (the rule in the module docstring).
+    """Return the controller state after one verified round (the rule in the module docstring);
+    ``max_draft_len`` is the policy's cap L.
 
     Pure so that the λ trajectory can be tested against hand arithmetic and shared by every
     threshold policy.
@@ -62,7 +64,7 @@ def update_dynamic_threshold(
         )
         if acceptance_rate < config.target_acceptance:
             proposed = state.threshold + config.threshold_step
-        elif outcome.n_accepted != outcome.max_draft_len:
+        elif outcome.n_accepted != max_draft_len:
             proposed = state.threshold - config.threshold_step
         else:
             proposed = state.threshold
@@ -130,5 +132,5 @@ class ThresholdPolicy(DraftPolicy):
         """Move λ by the dynamic rule when ``dynamic``; a fixed threshold ignores outcomes."""
         if self.dynamic:
             self._controller = update_dynamic_threshold(
-                self._controller, outcome, self.controller_config()
+                self._controller, outcome, self.controller_config(), self.max_draft_len
             )

@@ -122,8 +122,8 @@ class ReplayedRound:
         return self.accepted + 1
 
 
-def check_replayable(policy: DraftPolicy, trace: GreedyTrace, max_draft_len: int) -> None:
-    """Raise ValueError if ``policy`` at ``max_draft_len`` cannot be replayed over ``trace``.
+def check_replayable(policy: DraftPolicy, trace: GreedyTrace) -> None:
+    """Raise ValueError if ``policy`` (at its max draft length) cannot be replayed over ``trace``.
 
     Exists so that a policy reading hidden states, or a cap the trace was not recorded for,
     fails with a message naming the cause instead of replaying something that is not exact.
@@ -134,16 +134,14 @@ def check_replayable(policy: DraftPolicy, trace: GreedyTrace, max_draft_len: int
             f"policy {policy.name!r} reads {', '.join(missing)}, which a greedy trace does not "
             f"store; run it live instead"
         )
-    if max_draft_len > trace.cap:
+    if policy.max_draft_len > trace.cap:
         raise ValueError(
-            f"max draft length {max_draft_len} exceeds the trace's recorded cap {trace.cap}; "
-            f"record the trace with cap >= {max_draft_len}"
+            f"max draft length {policy.max_draft_len} exceeds the trace's recorded cap "
+            f"{trace.cap}; record the trace with cap >= {policy.max_draft_len}"
         )
 
 
-def replay(
-    policy: DraftPolicy, trace: GreedyTrace, max_draft_len: int, seed: int
-) -> list[ReplayedRound]:
+def replay(policy: DraftPolicy, trace: GreedyTrace, seed: int) -> list[ReplayedRound]:
     """Return the rounds greedy ``speculative_generate`` would run for ``policy`` on ``trace``.
 
     Mirrors the engine step by step: ``reset`` with the request seed (and the reference for
@@ -153,12 +151,11 @@ def replay(
     ``update``, and the stop after the round that emits EOS. Raises ValueError for policies
     ``check_replayable`` rejects.
     """
-    check_replayable(policy, trace, max_draft_len)
+    check_replayable(policy, trace)
     reference = trace.reference
     policy.reset(
         RequestContext(
             prompt_len=len(trace.prompt_ids),
-            max_draft_len=max_draft_len,
             seed=seed,
             reference=reference if policy.needs_reference else None,
         )
@@ -172,7 +169,7 @@ def replay(
             raise ValueError(f"policy {policy.name!r} asked for a round of {cap} > trace cap")
         proposed, forwards = _draft_round(policy, trace, generated, cap)
         accepted = _accepted(proposed, trace.target_tokens, generated)
-        policy.update(RoundOutcome(len(proposed), accepted, max_draft_len))
+        policy.update(RoundOutcome(len(proposed), accepted))
         entropies = [p.entropy for p in proposed] if wants_features else []
         rounds.append(
             ReplayedRound(

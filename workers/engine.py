@@ -62,15 +62,18 @@ def speculative_generate(
     policy: DraftPolicy,
     prompt_ids: torch.Tensor,
     settings: RequestSettings,
-    max_draft_len: int,
+    *,
     reference: list[int] | None = None,
     on_round: Callable[[list[int]], None] | None = None,
 ) -> GenerationResult:
     """Generate up to ``settings.sampling.max_new_tokens`` tokens by speculative decoding.
 
     ``reference`` is the target's greedy output, required by policies with ``needs_reference``
-    (the oracle). ``on_round`` is called with the full sequence after every round (tests use it
-    to check the caches).
+    (the oracle). Each round's cap is the policy's ``round_cap`` (bounded by the max draft length
+    the policy was built with), so there is no cap argument; ``reference`` and ``on_round`` are
+    keyword-only, so a call still passing a cap fails instead of taking it for a reference.
+    ``on_round`` is called with the full sequence after every round (tests use it to check the
+    caches).
     """
     sampling = settings.sampling
     if policy.greedy_only and not sampling.greedy:
@@ -79,7 +82,7 @@ def speculative_generate(
         raise ValueError(f"policy {policy.name!r} needs the target's greedy output as reference")
     start = time.perf_counter()
     prompt = prompt_ids.to(torch.long).cpu()
-    generator = _start_request(draft, target, policy, prompt, settings, max_draft_len, reference)
+    generator = _start_request(draft, target, policy, prompt, settings, reference)
     prefilled = time.perf_counter()
     sequence = prompt.tolist()
     output: list[int] = []
@@ -102,7 +105,7 @@ def speculative_generate(
         draft.crop(len(sequence) + n_accepted)  # a no-op when the draft holds no more
         sequence.extend(new_tokens)
         output.extend(new_tokens)
-        policy.update(RoundOutcome(len(block.tokens), n_accepted, max_draft_len))
+        policy.update(RoundOutcome(len(block.tokens), n_accepted))
         rounds.append(_round_record(block, n_accepted, round_start, drafted_at))
         output, stopped_on_eos = truncate_at_eos(output, settings.eos_token_id)
         if on_round is not None:
@@ -124,7 +127,6 @@ def _start_request(
     policy: DraftPolicy,
     prompt: torch.Tensor,
     settings: RequestSettings,
-    max_draft_len: int,
     reference: list[int] | None,
 ) -> torch.Generator:
     """Prefill both models and reset the policy for a request; return the draft's generator."""
@@ -135,7 +137,6 @@ def _start_request(
     policy.reset(
         RequestContext(
             prompt_len=prompt.numel(),
-            max_draft_len=max_draft_len,
             seed=settings.seed,
             reference=tuple(reference) if reference is not None else None,
         )

@@ -73,5 +73,5 @@ def compare_static_k(
         ar.append(autoregressive_generate(target, prompt, settings))
         for (name, k), runs in static.items():
             policy = make_policy("static", k)
-            runs.append(speculative_generate(drafts[name], target, policy, prompt, settings, k))
+            runs.append(speculative_generate(drafts[name], target, policy, prompt, settings))
     return StaticComparison(ar=ar, static=static)

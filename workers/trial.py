@@ -145,6 +145,4 @@ def _decode(
     reference = None
     if policy.needs_reference:
         reference = autoregressive_generate(target, prompt_ids, settings).output_ids
-    return speculative_generate(
-        draft, target, policy, prompt_ids, settings, request.max_draft_len, reference=reference
-    )
+    return speculative_generate(draft, target, policy, prompt_ids, settings, reference=reference)

@@ -27,6 +27,7 @@ from orchestrator.analysis.costs.run_fit import TrialCounts, round_fit_seconds
 from orchestrator.analysis.holdout import Candidate, SweepSamples, best_setting, dataset_key
 from orchestrator.analysis.stats import MIN_PROMPTS, too_few_prompts
 from orchestrator.sweep.planner import Plan
+from orchestrator.sweep.trial import Trial
 
 if TYPE_CHECKING:
     from orchestrator.analysis.pairing import Comparison
@@ -453,12 +454,14 @@ def plan_group_rows(plan: Plan) -> list[dict[str, Any]]:
     ``settings`` counts distinct parameter settings and ``max_draft_lens`` lists the caps.
     Exists for ``plan`` without ``--all``: the grid's shape without one line per trial.
     """
+    groups: dict[tuple[str, str, float, str], list[Trial]] = {}
+    for trial in plan.trials:
+        key = (trial.pair, trial.prompts.dataset, trial.sampling.temperature, trial.setting.policy)
+        groups.setdefault(key, []).append(trial)
     result = []
-    for (pair, dataset, temperature, policy), members in group_rows(
-        plan.trials, ("pair", "dataset", "temperature", "policy")
-    ).items():
-        settings = {json.dumps(member.params_dict, sort_keys=True) for member in members}
-        caps = sorted({member.max_draft_len for member in members})
+    for (pair, dataset, temperature, policy), members in groups.items():
+        settings = {json.dumps(m.setting.params_dict, sort_keys=True) for m in members}
+        caps = sorted({member.setting.max_draft_len for member in members})
         result.append(
             {
                 "pair": pair,
@@ -479,11 +482,11 @@ def plan_trial_rows(plan: Plan) -> list[dict[str, Any]]:
         {
             "trial_id": trial.trial_id,
             "pair": trial.pair,
-            "dataset": trial.dataset,
-            "temperature": trial.temperature,
-            "policy": trial.policy,
-            "params": format_params(trial.params_dict),
-            "max_draft_len": trial.max_draft_len,
+            "dataset": trial.prompts.dataset,
+            "temperature": trial.sampling.temperature,
+            "policy": trial.setting.policy,
+            "params": format_params(trial.setting.params_dict),
+            "max_draft_len": trial.setting.max_draft_len,
             "seed": trial.seed,
             "requires_jobs": ", ".join(trial.requires_jobs) or MISSING,
         }

@@ -17,8 +17,9 @@ from orchestrator.analysis.costs.estimate import (
 )
 from orchestrator.analysis.costs.model import HardwareProfile
 from orchestrator.store import Store, StoredTrial
-from orchestrator.sweep.planner import Plan, Trial
+from orchestrator.sweep.planner import Plan
 from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.trial import ServedPair
 
 #: (target, backend, tp_size, dtype, draft): the models a cost fit belongs to.
 ModelsKey = tuple[str, str, int, str, str]
@@ -35,10 +36,10 @@ class StoredFit:
     n_rounds: int
 
 
-def models_key(trial: Trial | StoredTrial) -> ModelsKey:
-    """Return the models of a trial (a planned Trial or a stored trial record)."""
-    draft = trial.draft if trial.draft is not None else f"job:{trial.draft_job}"
-    return (trial.target, trial.backend, int(trial.tp_size), trial.dtype, draft)
+def models_key(models: ServedPair | StoredTrial) -> ModelsKey:
+    """Return the models of a trial (a planned trial's served pair or a stored trial record)."""
+    draft = models.draft if models.draft is not None else f"job:{models.draft_job}"
+    return (models.target, models.backend, int(models.tp_size), models.dtype, draft)
 
 
 def fitted_profile(name: str, fits: Sequence[StoredFit]) -> HardwareProfile:
@@ -73,7 +74,7 @@ def match_fits(
         by_models.setdefault(key, []).append(fit)
     result: dict[str, HardwareProfile] = {}
     for trial in plan.trials:
-        found = by_models.get(models_key(trial))
+        found = by_models.get(models_key(trial.served))
         if found and trial.pair not in result:
             result[trial.pair] = fitted_profile(f"stored fit of {trial.pair}", found)
     return result

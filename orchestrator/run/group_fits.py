@@ -16,8 +16,11 @@ from orchestrator.analysis.costs.replay import GroupFit, fit_group
 from orchestrator.analysis.costs.run_fit import TrialCounts, compare_fits
 from orchestrator.analysis.costs.validation import LiveTrial, live_trial
 from orchestrator.store import Store
+from orchestrator.store.models import CostFitRow
+from orchestrator.store.row_values import table_values
 from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key
 from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.trial import fit_group_identity
 
 
 def store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:
@@ -81,8 +84,8 @@ def run_fit_columns(store: Store, trials: Sequence[Trial], group: GroupFit) -> d
 def group_label(trial: Trial) -> str:
     """Return a short name of a trial's group for messages."""
     return (
-        f"{trial.pair} {trial.dataset} (temperature {trial.temperature:g}, "
-        f"{trial.max_new_tokens} new tokens)"
+        f"{trial.pair} {trial.prompts.dataset} (temperature {trial.sampling.temperature:g}, "
+        f"{trial.sampling.max_new_tokens} new tokens)"
     )
 
 
@@ -118,12 +121,7 @@ def fit_values(sweep: str, key: str, trial: Trial, group: GroupFit) -> dict[str,
     return {
         "sweep": sweep,
         "group_key": key,
-        "pair": trial.pair,
-        "dataset": trial.dataset,
-        "split": trial.split,
-        "samples": trial.samples,
-        "max_new_tokens": trial.max_new_tokens,
-        "temperature": trial.temperature,
+        **table_values(CostFitRow, fit_group_identity(trial)),
         "t_draft": fit.t_draft,
         "t_target": fit.t_target,
         "t_per_verified": fit.t_per_verified,

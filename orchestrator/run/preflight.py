@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
-from orchestrator.sweep.planner import Plan, Trial
+from orchestrator.sweep.planner import Plan, prompt_set
 from orchestrator.sweep.spec import (
     MAX_DRAFT_LEN_LIMIT,
     DatasetEntry,
@@ -24,12 +24,12 @@ from orchestrator.sweep.spec import (
     SweepSpec,
     job_base_reference,
 )
+from orchestrator.sweep.trial import PromptKey, Trial
 from training.gguf_import import GGUFImportError
 from training.zoo.refs import is_model_ref, resolve_model_ref
 from workers.datasets import DatasetSpec, DatasetUnavailable, Prompt, UnknownDataset, load_prompts
 from workers.prompt_format import encode_prompts, uses_chat_template
 
-PromptKey = tuple[str, str | None, int, str | None]
 #: The fewest tokens a left-trimmed prompt keeps (``PreparedInputs.token_ids``).
 MIN_PROMPT_TOKENS = 8
 #: Positions a trimmed prompt leaves free beyond the output: the largest verify block
@@ -155,15 +155,16 @@ def _check_pair(
 def _load_trial_prompts(plan: Plan, inputs: PreparedInputs, problems: list[str]) -> None:
     """Load the prompts of every trial's dataset into ``inputs`` (once per dataset)."""
     for trial in plan.trials:
-        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
+        prompts = trial.prompts
+        key = prompts.key
         if key in inputs.prompts or any(p.startswith(f"dataset {key[0]}") for p in problems):
             continue
         try:
             inputs.prompts[key] = load_prompts(
-                DatasetSpec(trial.dataset, trial.split, trial.samples, 0, trial.local_path)
+                DatasetSpec(prompts.dataset, prompts.split, prompts.samples, 0, prompts.local_path)
             )
         except (DatasetUnavailable, UnknownDataset, OSError, ValueError) as exc:
-            problems.append(f"dataset {trial.dataset}: {exc}")
+            problems.append(f"dataset {prompts.dataset}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def context_problems(
     for index, dataset in enumerate(spec.datasets):
         for pair in spec.pairs:
             drafts = [
-                trial.max_draft_len
+                trial.setting.max_draft_len
                 for trial in plan.trials
                 if trial.pair == pair.name and _same_dataset(trial, dataset)
             ]
@@ -237,12 +238,9 @@ def _context_problem(
 
 
 def _same_dataset(trial: Trial, dataset: DatasetEntry) -> bool:
-    """True when ``trial`` runs on the prompt set of sweep entry ``dataset``."""
-    return (trial.dataset, trial.split, trial.samples, trial.local_path, trial.max_new_tokens) == (
-        dataset.name,
-        dataset.split,
-        dataset.samples,
-        dataset.local_path,
+    """True when ``trial`` runs on the prompt set and output length of sweep entry ``dataset``."""
+    return (trial.prompts, trial.sampling.max_new_tokens) == (
+        prompt_set(dataset),
         dataset.max_new_tokens,
     )
 
@@ -272,11 +270,15 @@ def _check_chat_templates(plan: Plan, inputs: PreparedInputs, problems: list[str
     """Record a problem for each dataset that asks for a chat template its target lacks."""
     for trial in plan.trials:
         tokenizer = inputs.tokenizers.get(trial.pair)
-        if not trial.chat_template or tokenizer is None or uses_chat_template(tokenizer, None):
+        if (
+            not trial.prompts.chat_template
+            or tokenizer is None
+            or uses_chat_template(tokenizer, None)
+        ):
             continue
         problem = (
-            f"dataset {trial.dataset}: chat_template is true but the target of pair "
-            f"{trial.pair} ({trial.target}) has no chat template"
+            f"dataset {trial.prompts.dataset}: chat_template is true but the target of pair "
+            f"{trial.pair} ({trial.served.target}) has no chat template"
         )
         if problem not in problems:
             problems.append(problem)

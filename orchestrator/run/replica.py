@@ -139,9 +139,7 @@ class GroupReplica:
             raise
         seconds = time.perf_counter() - start
         self.warmed.add(trial.trial_id)
-        prepared = self.inputs.prompts[
-            (trial.dataset, trial.split, trial.samples, trial.local_path)
-        ]
+        prepared = self.inputs.prompts[trial.prompts.key]
         tokenizer = self.inputs.tokenizer(trial.pair)
         return ShardOutput(
             shard=unit.shard,
@@ -191,12 +189,14 @@ class GroupReplica:
         if stored is not None:
             return [trace_from_json(t) for t in stored.traces], False
         trial = group.trials[0]
-        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        prompts = self.inputs.token_ids(trial.pair, key, trial.max_new_tokens, trial.chat_template)
+        new_tokens = trial.sampling.max_new_tokens
+        prompts = self.inputs.token_ids(
+            trial.pair, trial.prompts.key, new_tokens, trial.prompts.chat_template
+        )
         eos = self.inputs.tokenizer(trial.pair).eos_token_id
         draft = self._draft(trial.pair)
         start = time.perf_counter()
-        traces = ray.get(draft.record_traces.remote(prompts, trial.max_new_tokens, group.cap, eos))
+        traces = ray.get(draft.record_traces.remote(prompts, new_tokens, group.cap, eos))
         seconds = time.perf_counter() - start
         self.store.record_traces(
             group.trace_key, group.cap, [trace_to_json(t) for t in traces], seconds
@@ -228,7 +228,8 @@ class GroupReplica:
                 check_error=result.error,
             )
         return (
-            f"cross-check {label} {check.policy} L={check.max_draft_len}: replay reproduces "
+            f"cross-check {label} {check.setting.policy} L={check.setting.max_draft_len}: "
+            "replay reproduces "
             f"{result.same_rounds:.1%} of the live rounds; projected "
             f"{result.projected_tokens_per_s:.2f} vs measured {result.tokens_per_s:.2f} tokens/s "
             f"({result.error:+.1%} with it in the fit, {out_of_sample} out of sample)"
@@ -255,9 +256,7 @@ class GroupReplica:
             error = describe_failure(exc)
             self.store.record_failure(trial, error, attempts=1)
             return error
-        prepared = self.inputs.prompts[
-            (trial.dataset, trial.split, trial.samples, trial.local_path)
-        ]
+        prepared = self.inputs.prompts[trial.prompts.key]
         tokenizer = self.inputs.tokenizer(trial.pair)
         metrics = trial_metrics(results)
         widened = widen(metrics.tokens_per_s_interval, fit.out_of_sample_error)
@@ -277,24 +276,24 @@ class GroupReplica:
         The trial's ``warmup_samples`` (of these prompts) run only on the replica's first shard
         of the trial; the replica's own warm-up ran when its actors started.
         """
-        key = (trial.dataset, trial.split, trial.samples, trial.local_path)
-        all_ids = self.inputs.token_ids(trial.pair, key, trial.max_new_tokens, trial.chat_template)
+        prompts, sampling, setting = trial.prompts, trial.sampling, trial.setting
+        all_ids = self.inputs.token_ids(
+            trial.pair, prompts.key, sampling.max_new_tokens, prompts.chat_template
+        )
         indices = tuple(range(len(all_ids))) if indices is None else tuple(indices)
         token_ids = [all_ids[index] for index in indices]
         warmup = 0 if trial.trial_id in self.warmed else trial.warmup_samples
         return TrialRequest(
             prompts=token_ids,
             indices=indices,
-            sampling=SamplingConfig(
-                trial.temperature, trial.top_k, trial.top_p, trial.max_new_tokens
-            ),
-            policy=trial.policy,
-            params=trial.params_dict,
-            max_draft_len=trial.max_draft_len,
+            sampling=sampling,
+            policy=setting.policy,
+            params=setting.params_dict,
+            max_draft_len=setting.max_draft_len,
             seed=trial.seed,
             warmup_samples=min(warmup, len(token_ids)),
             eos_token_id=self.inputs.tokenizer(trial.pair).eos_token_id,
-            artifact_path=self.artifacts[trial.policy_job] if trial.policy_job else None,
+            artifact_path=self.artifacts[setting.job] if setting.job else None,
         )
 
     def _draft(self, pair: str) -> Any:

@@ -268,8 +268,9 @@ class _SweepRun:
         size = self.spec.execution.shard_prompts
         units: list[WorkUnit] = []
         for trial in live:
-            ordered = bool(trial.params_dict.get("persist_across_requests"))
-            shards = trial_units(trial.trial_id, group, trial.samples, size, ordered=ordered)
+            ordered = bool(trial.setting.params_dict.get("persist_across_requests"))
+            samples = trial.prompts.samples
+            shards = trial_units(trial.trial_id, group, samples, size, ordered=ordered)
             left = missing_units(shards, stored.get(trial.trial_id, set()))
             if not left:
                 self.finish_if_complete(trial)
@@ -376,7 +377,7 @@ class _SweepRun:
     def finish_if_complete(self, trial: Trial) -> None:
         """Mark ``trial`` done, with metrics from all its samples, once every shard is stored."""
         found = self.store.shard_results(trial.trial_id)
-        if len(found) < trial.samples:
+        if len(found) < trial.prompts.samples:
             return
         if self.store.finish_trial(trial, trial_metrics([result for _, result in found])):
             self.count(trial, None)
@@ -412,7 +413,7 @@ class _SweepRun:
             self.summary.ran += 1
             if error is not None:
                 self.summary.failed += 1
-                self.summary.failures.append(f"{trial.trial_id} ({trial.policy}): {error}")
+                self.summary.failures.append(f"{trial.trial_id} ({trial.setting.policy}): {error}")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.analysis.metrics import sample_decode_tokens_per_s, sample_tokens_per_s
+from orchestrator.store.models import Base, TrialRow
 from workers.records import GenerationResult
 
 if TYPE_CHECKING:
@@ -22,38 +23,17 @@ def prompt_id(prompt_ids: Sequence[int]) -> str:
 
 
 def trial_values(trial: Trial) -> dict[str, Any]:
-    """Return the trials-table values of a new (pending) trial."""
-    config = trial.to_dict()
-    config.pop("sweep", None)
-    return {
-        "trial_id": trial.trial_id,
-        "pair": trial.pair,
-        "target": trial.target,
-        "draft": trial.draft,
-        "draft_job": trial.draft_job,
-        "backend": trial.backend,
-        "tp_size": trial.tp_size,
-        "dtype": trial.dtype,
-        "dataset": trial.dataset,
-        "split": trial.split,
-        "samples": trial.samples,
-        "max_new_tokens": trial.max_new_tokens,
-        "temperature": trial.temperature,
-        "top_k": trial.top_k,
-        "top_p": trial.top_p,
-        "policy": trial.policy,
-        "threshold": trial.threshold,
-        "max_draft_len": trial.max_draft_len,
-        "seed": trial.seed,
-        "is_baseline": trial.is_baseline,
-        "mode": trial.mode,
-        "baseline_id": trial.baseline_id,
-        "code_version": trial.code_version,
-        "params": trial.params_dict,
-        "config": config,
-        "status": "pending",
-        "attempts": 0,
-    }
+    """Return the trials-table values of a new (pending) trial: the columns the table shares
+    with the trial's record (``Trial.columns``), the record itself as ``config``."""
+    config = trial.columns()
+    config.pop("sweep")
+    return {**table_values(TrialRow, config), "config": config, "status": "pending", "attempts": 0}
+
+
+def table_values(table: type[Base], values: dict[str, Any]) -> dict[str, Any]:
+    """Return the entries of ``values`` that ``table`` has a column of, in the table's order."""
+    columns = (column.key for column in table.__table__.columns)
+    return {name: values[name] for name in columns if name in values}
 
 
 def job_values(job: TrainingJob) -> dict[str, Any]:

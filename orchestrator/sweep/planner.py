@@ -1,5 +1,9 @@
 """Expand a validated sweep into trials and training jobs (pure; no I/O, no models).
 
+Each (pair, dataset, temperature, seed) cell of the grid builds its trials' parts once (the
+served pair, the prompt set, the ``SamplingConfig`` the worker receives unchanged) and one
+policy setting per trial; :mod:`orchestrator.sweep.trial` composes them and derives every id.
+
 Identity: a trial's id is the first 16 hex digits of the sha256 of the canonical JSON of
 everything that affects its measurement: the models and how they are served (target ref,
 backend, tp_size, dtype, trust_remote_code; draft ref or the *id* of the training job producing
@@ -18,11 +22,10 @@ worker processes. Each trial carries its baseline's id.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.sweep.spec import (
@@ -34,37 +37,24 @@ from orchestrator.sweep.spec import (
     TrainingJobSpec,
     job_base_reference,
 )
+from orchestrator.sweep.trial import (
+    CODE_VERSION,
+    LIVE_MODE,
+    REPLAY_MODE,
+    ParamItems,
+    PolicySetting,
+    PromptSet,
+    ServedPair,
+    Trial,
+    canonical_json,
+    config_id,
+    fit_group_key,
+    trace_key,
+)
 from policies import POLICIES
-from workers.records import BASELINE_POLICY
+from workers.records import BASELINE_POLICY, SamplingConfig
 
-#: Bump when a change to the engine, workers or metrics changes what a trial measures; it is
-#: part of every trial and job id, so old results are then no longer reused.
-CODE_VERSION = "2"
-ID_LENGTH = 16
-LIVE_MODE = "live"
-REPLAY_MODE = "replay"
 MIXED_MODE = "mixed"
-
-#: The parameter reported in the store's ``threshold`` column: every threshold policy
-#: (max_confidence λ, adaedl λ, svip h, specdecpp h) names its main threshold so.
-THRESHOLD_PARAMETER = "threshold"
-
-ParamItems = tuple[tuple[str, Any], ...]
-
-
-def canonical_json(value: Any) -> str:
-    """Return JSON with sorted keys, no spaces and shortest round-trip floats.
-
-    Exists so that equal configs hash equally whatever the key order or number spelling.
-    """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-
-
-def config_id(config: dict[str, Any]) -> str:
-    """Return the short sha256 of ``config``'s canonical JSON (trial and job identity)."""
-    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:ID_LENGTH]
 
 
 @dataclass(frozen=True)
@@ -87,64 +77,6 @@ class TrainingJob:
     def config(self) -> dict[str, Any]:
         """Return the kind-specific settings as a fresh dict."""
         return json.loads(self.config_json)
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One measurement: a pair, a prompt set, sampling settings, a policy setting, a cap, a seed.
-
-    ``draft`` is the draft's model ref, or None when ``draft_job`` (a training job *name*) makes
-    it; ``policy_job`` names the job whose artifact a trained-head policy loads. ``requires_jobs``
-    lists the job names this trial waits for; ``job_ids`` their ids (part of the identity).
-    ``is_check`` marks a replaying group's live check (not part of the identity).
-    """
-
-    trial_id: str
-    sweep: str
-    pair: str
-    target: str
-    backend: str
-    tp_size: int
-    dtype: str
-    trust_remote_code: bool
-    draft: str | None
-    draft_job: str | None
-    dataset: str
-    split: str | None
-    samples: int
-    local_path: str | None
-    max_new_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    policy: str
-    params: ParamItems
-    policy_job: str | None
-    max_draft_len: int
-    seed: int
-    warmup_samples: int
-    is_baseline: bool
-    baseline_id: str | None
-    requires_jobs: tuple[str, ...]
-    job_ids: tuple[str, ...]
-    threshold: float | None
-    code_version: str = CODE_VERSION
-    mode: str = LIVE_MODE
-    chat_template: bool | None = None
-    is_check: bool = False
-
-    @property
-    def params_dict(self) -> dict[str, Any]:
-        """Return the policy parameters (defaults filled in) as a fresh dict."""
-        return dict(self.params)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the trial as JSON-ready plain data (params as a mapping)."""
-        data = asdict(self)
-        data["params"] = self.params_dict
-        data["requires_jobs"] = list(self.requires_jobs)
-        data["job_ids"] = list(self.job_ids)
-        return data
 
 
 @dataclass(frozen=True)
@@ -234,10 +166,14 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     trials: dict[str, Trial] = {}
     skipped: list[SkippedGroup] = []
     for pair in spec.pairs:
-        for dataset, sampling, seed in itertools.product(
+        served = _served_pair(pair, job_ids)
+        for dataset, temperature, seed in itertools.product(
             spec.datasets, spec.temperatures, sorted(set(spec.seeds))
         ):
-            group = _TrialGroup(spec, pair, dataset, _normalised_sampling(sampling), seed, job_ids)
+            sampling = _sampling(temperature, dataset.max_new_tokens)
+            group = _TrialGroup(
+                spec, pair.name, served, prompt_set(dataset), sampling, seed, job_ids
+            )
             baseline = group.baseline()
             trials.setdefault(baseline.trial_id, baseline)
             if group.replays:
@@ -261,11 +197,40 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     )
 
 
-def _normalised_sampling(sampling: TemperatureSpec) -> tuple[float, int, float]:
-    """Return (temperature, top_k, top_p); greedy decoding ignores top-k and top-p."""
+def _served_pair(pair: PairSpec, job_ids: dict[str, str]) -> ServedPair:
+    """Return the served-pair part of ``pair``'s trials (a job-made draft by its job's id)."""
+    target, draft = pair.target, pair.draft
+    return ServedPair(
+        target=target.model,
+        backend=target.backend,
+        tp_size=target.tp_size,
+        dtype=target.dtype,
+        trust_remote_code=target.trust_remote_code,
+        draft=draft.model,
+        draft_job=draft.job,
+        draft_job_id=job_ids[draft.job] if draft.job else None,
+        draft_trust_remote_code=draft.trust_remote_code,
+    )
+
+
+def prompt_set(dataset: DatasetEntry) -> PromptSet:
+    """Return the prompt-set part of ``dataset``'s trials."""
+    return PromptSet(
+        dataset=dataset.name,
+        split=dataset.split,
+        samples=dataset.samples,
+        local_path=dataset.local_path,
+        chat_template=dataset.chat_template,
+    )
+
+
+def _sampling(sampling: TemperatureSpec, max_new_tokens: int) -> SamplingConfig:
+    """Return the decoding settings of a group; greedy decoding ignores top-k and top-p."""
     if sampling.temperature <= 0:
-        return 0.0, 0, 1.0
-    return float(sampling.temperature), sampling.top_k, float(sampling.top_p)
+        return SamplingConfig(max_new_tokens=max_new_tokens)
+    return SamplingConfig(
+        float(sampling.temperature), sampling.top_k, float(sampling.top_p), max_new_tokens
+    )
 
 
 def _policy_applies(policy: PolicySpec, pair: str, temperature: float) -> bool:
@@ -329,19 +294,20 @@ def _sorted_items(settings: list[dict[str, Any]]) -> list[ParamItems]:
 
 @dataclass(frozen=True)
 class _TrialGroup:
-    """One (pair, dataset, sampling, seed) cell of the grid; builds its trials."""
+    """One (pair, dataset, sampling, seed) cell of the grid; builds its trials from its parts."""
 
     spec: SweepSpec
-    pair: PairSpec
-    dataset: DatasetEntry
-    sampling: tuple[float, int, float]
+    pair: str
+    served: ServedPair
+    prompts: PromptSet
+    sampling: SamplingConfig
     seed: int
     job_ids: dict[str, str]
 
     @property
     def temperature(self) -> float:
         """The group's temperature (0 = greedy)."""
-        return self.sampling[0]
+        return self.sampling.temperature
 
     @property
     def replays(self) -> bool:
@@ -352,101 +318,44 @@ class _TrialGroup:
             return self.temperature == 0 and any(p.replayable() for p in self.spec.policies)
         return mode == REPLAY_MODE
 
-    def _identity(self) -> dict[str, Any]:
-        """Return the identity fields shared by every trial in this group."""
-        target, draft = self.pair.target, self.pair.draft
-        return {
-            "target": target.model,
-            "backend": target.backend,
-            "tp_size": target.tp_size,
-            "dtype": target.dtype,
-            "trust_remote_code": target.trust_remote_code,
-            "draft": draft.model,
-            "draft_job_id": self.job_ids.get(draft.job) if draft.job else None,
-            "dataset": self.dataset.name,
-            "split": self.dataset.split,
-            "samples": self.dataset.samples,
-            "local_path": self.dataset.local_path,
-            "max_new_tokens": self.dataset.max_new_tokens,
-            "temperature": self.sampling[0],
-            "top_k": self.sampling[1],
-            "top_p": self.sampling[2],
-            "seed": self.seed,
-            "warmup_samples": self.spec.execution.warmup_samples,
-            "code_version": CODE_VERSION,
-            **_prompt_format(self.dataset.chat_template),
-            **_draft_trust(draft.trust_remote_code),
-        }
-
     def _trial(
         self,
-        policy: str,
-        params: ParamItems,
-        max_draft_len: int,
+        setting: PolicySetting,
         baseline_id: str | None,
-        policy_job: str | None,
         mode: str = LIVE_MODE,
     ) -> Trial:
-        """Return one trial of this group with its id computed from the identity fields.
-
-        The mode enters the identity only when it is not ``live``, so live trial ids are the
-        same as before replay mode existed.
-        """
-        requires = tuple(name for name in (self.pair.draft.job, policy_job) if name is not None)
-        job_ids = tuple(self.job_ids[name] for name in requires)
-        identity = {
-            **self._identity(),
-            "policy": policy,
-            "params": dict(params),
-            "policy_job_id": self.job_ids[policy_job] if policy_job else None,
-            "max_draft_len": max_draft_len,
-        }
-        if mode != LIVE_MODE:
-            identity["mode"] = mode
-        threshold = dict(params).get(THRESHOLD_PARAMETER)
+        """Return one trial of this group with ``setting`` (its id hashes every part)."""
         return Trial(
-            trial_id=config_id(identity),
             sweep=self.spec.name,
-            pair=self.pair.name,
-            target=self.pair.target.model,
-            backend=self.pair.target.backend,
-            tp_size=self.pair.target.tp_size,
-            dtype=self.pair.target.dtype,
-            trust_remote_code=self.pair.target.trust_remote_code,
-            draft=self.pair.draft.model,
-            draft_job=self.pair.draft.job,
-            dataset=self.dataset.name,
-            split=self.dataset.split,
-            samples=self.dataset.samples,
-            local_path=self.dataset.local_path,
-            max_new_tokens=self.dataset.max_new_tokens,
-            temperature=self.sampling[0],
-            top_k=self.sampling[1],
-            top_p=self.sampling[2],
-            policy=policy,
-            params=params,
-            policy_job=policy_job,
-            max_draft_len=max_draft_len,
+            pair=self.pair,
+            served=self.served,
+            prompts=self.prompts,
+            sampling=self.sampling,
+            setting=setting,
             seed=self.seed,
             warmup_samples=self.spec.execution.warmup_samples,
-            is_baseline=baseline_id is None,
             baseline_id=baseline_id,
-            requires_jobs=requires,
-            job_ids=job_ids,
-            threshold=float(threshold) if threshold is not None else None,
             mode=mode,
-            chat_template=self.dataset.chat_template,
         )
+
+    def _setting(
+        self, policy: str, params: ParamItems, max_draft_len: int, job: str | None = None
+    ) -> PolicySetting:
+        """Return a policy setting, a trained artifact's job by its id too."""
+        job_id = self.job_ids[job] if job else None
+        return PolicySetting(policy, params, max_draft_len, job, job_id)
 
     def baseline(self) -> Trial:
         """Return the target-only AR baseline of this group."""
-        return self._trial(BASELINE_POLICY, (), 0, None, None)
+        return self._trial(self._setting(BASELINE_POLICY, (), 0), None)
 
     def live_checks(self, baseline_id: str) -> list[Trial]:
         """Return the group's live check trials of a replaying sweep (``spec.live_checks``)."""
         return [
             replace(
-                self._trial(policy, _sorted_items([settings])[0], length, baseline_id, None),
+                self._trial(
+                    self._setting(policy, _sorted_items([settings])[0], length), baseline_id
+                ),
                 is_check=True,
             )
             for policy, settings, length in self.spec.live_checks()
@@ -456,16 +365,16 @@ class _TrialGroup:
         """Return the trials of one policy entry: parameter settings × max draft lengths."""
         mode = REPLAY_MODE if self.replays and policy.replayable() else LIVE_MODE
         return [
-            self._trial(policy.name, params, max_draft_len, baseline_id, policy.job, mode)
+            self._trial(self._setting(policy.name, params, length, policy.job), baseline_id, mode)
             for params in _sorted_items(policy.settings())
-            for max_draft_len in self.spec.policy_max_draft_lens(policy)
+            for length in self.spec.policy_max_draft_lens(policy)
         ]
 
     def skip(self, policy: str, n_trials: int, reason: str) -> SkippedGroup:
         """Return the record of this group's trials of ``policy`` that are not planned."""
         return SkippedGroup(
-            pair=self.pair.name,
-            dataset=self.dataset.name,
+            pair=self.pair,
+            dataset=self.prompts.dataset,
             temperature=self.temperature,
             seed=self.seed,
             policy=policy,
@@ -506,73 +415,6 @@ class ReplayGroup:
         return tuple(trial for trial in self.live if trial.is_check)
 
 
-def fit_group_key(trial: Trial) -> str:
-    """Return the id of the trial's cost-fit group: pair, prompt set, output length, sampling.
-
-    Seeds and policies share a group: the cost of a forward depends on neither.
-    """
-    return config_id(
-        {
-            "pair": trial.pair,
-            "dataset": trial.dataset,
-            "split": trial.split,
-            "samples": trial.samples,
-            "local_path": trial.local_path,
-            "max_new_tokens": trial.max_new_tokens,
-            "temperature": trial.temperature,
-            "top_k": trial.top_k,
-            "top_p": trial.top_p,
-            **_prompt_format(trial.chat_template),
-        }
-    )
-
-
-def _draft_trust(trust_remote_code: bool) -> dict[str, bool]:
-    """Return the identity entry of a draft that runs its repository's code (none when it does
-    not, so the ids of trials that existed before drafts had their own flag are unchanged)."""
-    return {"draft_trust_remote_code": True} if trust_remote_code else {}
-
-
-def _prompt_format(chat_template: bool | None) -> dict[str, bool]:
-    """Return the identity entry of an explicit ``chat_template`` setting (none for the default).
-
-    The default (None: the template is used when the target's tokenizer has one) adds nothing,
-    so the ids of trials that existed before the setting are unchanged.
-    """
-    return {} if chat_template is None else {"chat_template": chat_template}
-
-
-def trace_key(trial: Trial, cap: int) -> str:
-    """Return the id of the greedy traces ``trial``'s prompts have at ``cap``.
-
-    Hashes what a trace depends on: both models and how the target is served, the prompt set,
-    the output length, the cap and ``CODE_VERSION``.
-    """
-    draft_job_id = None
-    if trial.draft_job is not None:
-        draft_job_id = trial.job_ids[trial.requires_jobs.index(trial.draft_job)]
-    return config_id(
-        {
-            "kind": "greedy-trace",
-            "target": trial.target,
-            "backend": trial.backend,
-            "tp_size": trial.tp_size,
-            "dtype": trial.dtype,
-            "trust_remote_code": trial.trust_remote_code,
-            "draft": trial.draft,
-            "draft_job_id": draft_job_id,
-            "dataset": trial.dataset,
-            "split": trial.split,
-            "samples": trial.samples,
-            "local_path": trial.local_path,
-            "max_new_tokens": trial.max_new_tokens,
-            "cap": cap,
-            "code_version": trial.code_version,
-            **_prompt_format(trial.chat_template),
-        }
-    )
-
-
 def replay_groups(plan: Plan) -> list[ReplayGroup]:
     """Return the plan's groups that hold replayed trials, in plan order (empty when live)."""
     grouped: dict[str, list[Trial]] = {}
@@ -582,6 +424,6 @@ def replay_groups(plan: Plan) -> list[ReplayGroup]:
     for key, members in grouped.items():
         if not any(trial.mode == REPLAY_MODE for trial in members):
             continue
-        cap = max(trial.max_draft_len for trial in members)
+        cap = max(trial.setting.max_draft_len for trial in members)
         groups.append(ReplayGroup(key, trace_key(members[0], cap), cap, tuple(members)))
     return groups

@@ -177,10 +177,31 @@ class HoldoutSpec(_Frozen):
     seed: int = Field(0, ge=0, le=2**63 - 1)
 
 
-class DatasetEntry(_Frozen):
-    """A prompt set: dataset name, split (None = the dataset's default), size and output length.
+class _DataSource(_Frozen):
+    """A dataset by name, split (None = the dataset's default) and optional local path.
 
-    The name is stored in its canonical form (``openai/gsm8k`` becomes ``gsm8k``).
+    The name is stored in its canonical form (``openai/gsm8k`` becomes ``gsm8k``); a bare
+    string is the name.
+    """
+
+    name: str = Field(min_length=1)
+    split: str | None = None
+    local_path: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return validate_dataset_name(value)
+
+
+class DatasetEntry(_DataSource):
+    """A prompt set: a dataset (name, split, local path), its size and the output length.
+
     ``chat_template``: give each prompt to the target as one user turn through its tokenizer's
     chat template (followed by the assistant header); None (default) does so when the tokenizer
     has a chat template, False never, True requires one. ``holdout``: dev and test prompts
@@ -188,18 +209,10 @@ class DatasetEntry(_Frozen):
     prompts.
     """
 
-    name: str = Field(min_length=1)
-    split: str | None = None
     samples: int = Field(64, ge=1, le=MAX_SAMPLES)
     max_new_tokens: int = Field(128, ge=1, le=MAX_NEW_TOKENS_LIMIT)
-    local_path: str | None = None
     chat_template: bool | None = None
     holdout: HoldoutSpec | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _name_shorthand(cls, value: Any) -> Any:
-        return {"name": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _holdout_needs_two_prompts(self) -> DatasetEntry:
@@ -214,11 +227,6 @@ class DatasetEntry(_Frozen):
                 ]
             )
         return self
-
-    @field_validator("name")
-    @classmethod
-    def _known_dataset(cls, value: str) -> str:
-        return validate_dataset_name(value)
 
 
 class TemperatureSpec(_Frozen):
@@ -369,23 +377,11 @@ def coerce_param_value(default: Any, value: Any) -> Any:
     return value
 
 
-class TrainingDataSpec(_Frozen):
-    """The data a training job learns from."""
+class TrainingDataSpec(_DataSource):
+    """The data a training job learns from: a dataset (name, split, local path) and how many
+    of its rows."""
 
-    name: str = Field(min_length=1)
-    split: str | None = None
     samples: int = Field(1000, ge=1, le=MAX_SAMPLES)
-    local_path: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _name_shorthand(cls, value: Any) -> Any:
-        return {"name": value} if isinstance(value, str) else value
-
-    @field_validator("name")
-    @classmethod
-    def _known_dataset(cls, value: str) -> str:
-        return validate_dataset_name(value)
 
 
 class TrainingJobSpec(_Frozen):

@@ -364,7 +364,7 @@ def _check_exported(rows: list[dict[str, Any]], filled: FilledStore) -> None:
     assert float(static["tokens_per_s"]) == pytest.approx(32.0)
     assert float(static["speedup"]) == pytest.approx(2.0)
     assert float(static["acceptance_rate"]) == pytest.approx(0.5)
-    assert json.loads(static["params"]) == trial_of(filled.plan, "static").params_dict
+    assert json.loads(static["params"]) == trial_of(filled.plan, "static").setting.params_dict
     failed = by_policy[("svip", 0.3)]
     assert failed["status"] == "failed" and failed["error"] == OOM_TRACEBACK
     assert by_policy[("svip", 0.5)]["status"] == "pending"

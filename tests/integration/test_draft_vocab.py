@@ -139,7 +139,7 @@ def test_greedy_output_equals_target_only(dirs, target, draft, name, params) -> 
         settings = RequestSettings(SamplingConfig(max_new_tokens=MAX_NEW), index, dirs.eos)
         reference = autoregressive_generate(target, prompt, settings).output_ids
         result = speculative_generate(
-            draft, target, make_policy(name, 4, **params), prompt, settings, 4
+            draft, target, make_policy(name, 4, **params), prompt, settings
         )
         assert result.output_ids == reference, f"prompt {index} differs under {name}"
         emitted.update(reference)
@@ -160,9 +160,9 @@ def test_replayed_trace_of_a_restricted_draft_equals_live_rounds(dirs, target, d
         assert all(math.isfinite(p.entropy) and math.isfinite(p.margin) for p in predictions)
         settings = RequestSettings(SamplingConfig(max_new_tokens=MAX_NEW), index, dirs.eos)
         live = speculative_generate(
-            draft, target, make_policy("adaedl", 4, threshold=0.3), prompt, settings, 4
+            draft, target, make_policy("adaedl", 4, threshold=0.3), prompt, settings
         )
-        replayed = replay(make_policy("adaedl", 4, threshold=0.3), trace, 4, seed=index)
+        replayed = replay(make_policy("adaedl", 4, threshold=0.3), trace, seed=index)
         assert [(r.drafted, r.accepted, r.bonus, r.draft_forwards) for r in live.rounds] == [
             (r.drafted, r.accepted, r.bonus, r.draft_forwards) for r in replayed
         ]
@@ -207,7 +207,7 @@ def test_sampled_first_token_follows_the_target_and_a_wrong_residual_would_not(
     runs = 1500
     for seed in range(runs):
         result = speculative_generate(
-            draft, target, make_policy("static", 1), prompt, RequestSettings(sampling, seed=seed), 1
+            draft, target, make_policy("static", 1), prompt, RequestSettings(sampling, seed=seed)
         )
         counts[result.output_ids[0]] += 1
     assert _g_test(counts, p) > 0.001, "the first token does not follow the target"
@@ -221,7 +221,7 @@ def test_sampled_runs_with_entropy_policies_stay_finite(dirs, target, draft) -> 
         for seed, prompt in enumerate(prompts(6, seed=13, vocab=VOCAB)):
             settings = RequestSettings(sampling, seed, dirs.eos)
             result = speculative_generate(
-                draft, target, make_policy(name, 4, **params), prompt, settings, 4
+                draft, target, make_policy(name, 4, **params), prompt, settings
             )
             assert result.output_ids and all(0 <= t < VOCAB for t in result.output_ids)
             drafted += result.n_drafted

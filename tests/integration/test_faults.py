@@ -105,7 +105,7 @@ def test_killed_draft_and_target_actors_are_replaced_and_every_trial_is_stored_o
 ) -> None:
     spec = parse_sweep(FAULT_SWEEP, "faults.yaml")
     plan, store = registered_sweep(FAULT_SWEEP, "faults", tmp_path)
-    assert [t.policy for t in plan.trials] == ["ar", "static", "svip", "svip", "adaedl"]
+    assert [t.setting.policy for t in plan.trials] == ["ar", "static", "svip", "svip", "adaedl"]
     hit = {trial.trial_id: fault for trial, fault in zip(plan.trials[1:], FAULTS, strict=True)}
     injector = FaultInjector(hit)
     injector.install(monkeypatch)

@@ -436,7 +436,7 @@ def test_cali_pairs_are_the_states_the_engine_shows_the_predictor(micro_models, 
         policy = CaliTSPolicy(max_draft_len=6, predictor=recorder)
         prompt_ids = torch.tensor(prompt)
         result = speculative_generate(
-            draft, target, policy, prompt_ids, RequestSettings(SamplingConfig(), seed=seed), 6
+            draft, target, policy, prompt_ids, RequestSettings(SamplingConfig(), seed=seed)
         )
         sequence = torch.tensor([*prompt, *result.output_ids])[None]
         states = cali_job.cali_states(

@@ -89,7 +89,7 @@ def test_speculative_rounds_are_identical_on_both_paths() -> None:
             target_side = LocalTarget(CachedLM(target, fast=fast))
             results.append(
                 speculative_generate(
-                    draft_lm, target_side, make_policy("svip", {}), prompt, settings, 4
+                    draft_lm, target_side, make_policy("svip", 4), prompt, settings
                 )
             )
         fast_result, slow_result = results
@@ -221,7 +221,6 @@ def test_a_padded_one_token_step_equals_the_plain_step(fast: bool) -> None:
         make_policy("static", 3),
         prompt,
         settings,
-        3,
     )
     assert result.output_ids == outputs[0]
 
@@ -317,7 +316,7 @@ def test_every_plan_decodes_greedily_as_the_transformers_forward(
         assert ours == reference
         for k in (1, 3, 7):
             result = speculative_generate(
-                draft_lm, LocalTarget(lm), make_policy("static", k), prompt, settings, k
+                draft_lm, LocalTarget(lm), make_policy("static", k), prompt, settings
             )
             assert result.output_ids == reference, f"static K={k} under {plan}"
 

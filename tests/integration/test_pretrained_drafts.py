@@ -140,7 +140,7 @@ def test_speculative_greedy_with_the_drafts_equals_target_only(
     expected = autoregressive_generate(target, ids, settings).output_ids
     for name in TINY_DRAFTS.names:
         draft = CachedLM(AutoModelForCausalLM.from_pretrained(manifest.model_path(name)))
-        result = speculative_generate(draft, target, make_policy("static", 3), ids, settings, 3)
+        result = speculative_generate(draft, target, make_policy("static", 3), ids, settings)
         assert result.output_ids == expected
 
 

@@ -129,7 +129,7 @@ def _live_rounds(pair: Pair, index: int, name, params, cap) -> tuple[list[tuple]
     if policy.needs_reference:
         reference = autoregressive_generate(pair.target, ids, settings).output_ids
     result = speculative_generate(
-        pair.draft, pair.target, policy, ids, settings, cap, reference=reference
+        pair.draft, pair.target, policy, ids, settings, reference=reference
     )
     rounds = [(r.drafted, r.accepted, r.bonus, r.draft_forwards) for r in result.rounds]
     return rounds, result.output_ids
@@ -164,7 +164,7 @@ def _near_tie_explains(trace: GreedyTrace, live: list[tuple], name, params, cap,
     if min(margins) < NEAR_TIE:
         return True
     return any(
-        _key(replay(make_policy(name, cap, **params), _shifted(trace, shift), cap, seed)) == live
+        _key(replay(make_policy(name, cap, **params), _shifted(trace, shift), seed)) == live
         for shift in (FEATURE_NOISE, -FEATURE_NOISE)
     )
 
@@ -207,7 +207,7 @@ def test_every_disagreement_has_its_detour_at_every_cap(pair):
             checked += len(left)
             for name, params in (("svip", {"threshold": 1.0}), ("static", {})):
                 policy = make_policy(name, cap, **params)
-                replayed = replay(policy, trace, cap, seed=0)
+                replayed = replay(policy, trace, seed=0)
                 assert sum(r.accepted + 1 for r in replayed) >= len(trace.reference)
         assert checked > 0
 
@@ -222,7 +222,7 @@ def test_replay_equals_live_rounds_for_every_replayable_policy(pair):
         for cap in CAPS:
             for index, trace in enumerate(pair.traces):
                 live, output = _live_rounds(pair, index, name, params, cap)
-                replayed = _key(replay(make_policy(name, cap, **params), trace, cap, index))
+                replayed = _key(replay(make_policy(name, cap, **params), trace, index))
                 total += len(live)
                 detours += sum(r[0] > r[1] + 1 for r in live)
                 lengths.update(r[0] for r in live)
@@ -262,7 +262,7 @@ def _hand_trace(eos: int | None = None, entropy_after_detour: float = 0.1) -> Gr
 
 
 def _rounds(name: str, trace: GreedyTrace, cap: int, **params: Any) -> list[tuple]:
-    return _key(replay(make_policy(name, cap, **params), trace, cap, seed=0))
+    return _key(replay(make_policy(name, cap, **params), trace, seed=0))
 
 
 def test_hand_made_trace_static_and_oracle():
@@ -318,11 +318,11 @@ def test_replay_with_state_across_requests_equals_live_requests_in_order(pair, n
     live, replayed, fresh = [], [], []
     for index, (ids, trace) in enumerate(zip(pair.prompts, pair.traces, strict=True)):
         result = speculative_generate(
-            pair.draft, pair.target, live_policy, ids, pair.settings(seed=index), cap
+            pair.draft, pair.target, live_policy, ids, pair.settings(seed=index)
         )
         live.append([(r.drafted, r.accepted, r.bonus, r.draft_forwards) for r in result.rounds])
-        replayed.append(_key(replay(replay_policy, trace, cap, index)))
-        fresh.append(_key(replay(make_policy(name, cap, **params), trace, cap, index)))
+        replayed.append(_key(replay(replay_policy, trace, index)))
+        fresh.append(_key(replay(make_policy(name, cap, **params), trace, index)))
     assert replayed == live
     assert fresh != live
 
@@ -336,9 +336,9 @@ def test_replay_refuses_hidden_state_policies_and_uncovered_caps():
     ]
     for policy in refused:
         with pytest.raises(ValueError, match="does not store"):
-            replay(policy, trace, 4, seed=0)
+            replay(policy, trace, seed=0)
     with pytest.raises(ValueError, match="exceeds the trace's recorded cap 4"):
-        replay(make_policy("static", 6), trace, 6, seed=0)
+        replay(make_policy("static", 6), trace, seed=0)
 
 
 def test_near_tie_check_accepts_feature_noise_and_nothing_more():

@@ -208,7 +208,7 @@ def test_replay_plan_has_the_default_live_checks_per_group_and_mode_in_replayed_
     plan = plan_sweep(spec)
     live_plan = plan_sweep(parse_sweep(SWEEP.replace(", mode: replay", "")))
     live = [t for t in plan.trials if t.mode == "live"]
-    assert [(t.policy, t.max_draft_len, t.is_baseline) for t in live] == [
+    assert [(t.setting.policy, t.setting.max_draft_len, t.is_baseline) for t in live] == [
         ("ar", 0, True),
         ("static", 2, False),
         ("static", 4, False),
@@ -225,8 +225,12 @@ def test_replay_plan_has_the_default_live_checks_per_group_and_mode_in_replayed_
     live_ids = {t.trial_id for t in live_plan.trials}
     assert {live[0].trial_id, live[1].trial_id} <= live_ids
     assert not {t.trial_id for t in replayed} & live_ids
-    by_config = {(t.policy, t.params, t.max_draft_len): t for t in live_plan.trials}
-    assert all((t.policy, t.params, t.max_draft_len) in by_config for t in replayed)
+    by_config = {
+        (t.setting.policy, t.setting.params, t.setting.max_draft_len): t for t in live_plan.trials
+    }
+    assert all(
+        (t.setting.policy, t.setting.params, t.setting.max_draft_len) in by_config for t in replayed
+    )
     assert all(t.baseline_id == live[0].trial_id for t in replayed)
     (group,) = replay_groups(plan)
     assert group.cap == 4 and group.checks == tuple(live[1:])
@@ -239,7 +243,9 @@ def test_replay_plan_has_the_default_live_checks_per_group_and_mode_in_replayed_
         )
     )
     check = [t for t in plan_sweep(named).trials if t.mode == "live" and not t.is_baseline]
-    assert [(c.policy, c.threshold, c.max_draft_len) for c in check] == [("svip", 2.0, 3)]
+    assert [(c.setting.policy, c.setting.threshold, c.setting.max_draft_len) for c in check] == [
+        ("svip", 2.0, 3)
+    ]
 
 
 def test_mixed_mode_replays_greedy_replayable_trials_and_runs_the_rest_live() -> None:
@@ -251,21 +257,21 @@ def test_mixed_mode_replays_greedy_replayable_trials_and_runs_the_rest_live() ->
         "     teacher: zoo:micro/target, dataset: builtin:code}\n"
     )
     plan = plan_sweep(parse_sweep(text, "mixed.yaml"))
-    greedy = [t for t in plan.trials if t.temperature == 0]
-    sampled = [t for t in plan.trials if t.temperature > 0]
+    greedy = [t for t in plan.trials if t.sampling.temperature == 0]
+    sampled = [t for t in plan.trials if t.sampling.temperature > 0]
     assert {t.mode for t in sampled} == {"live"}
-    assert not any(t.policy == "specdecpp" and t.mode == REPLAY_MODE for t in plan.trials)
-    assert {t.mode for t in greedy if t.policy == "specdecpp"} == {"live"}
+    assert not any(t.setting.policy == "specdecpp" and t.mode == REPLAY_MODE for t in plan.trials)
+    assert {t.mode for t in greedy if t.setting.policy == "specdecpp"} == {"live"}
     replayed = [t for t in greedy if t.mode == REPLAY_MODE]
-    assert replayed and {t.policy for t in replayed} == {
-        t.policy for t in greedy if t.policy not in ("ar", "specdecpp")
+    assert replayed and {t.setting.policy for t in replayed} == {
+        t.setting.policy for t in greedy if t.setting.policy not in ("ar", "specdecpp")
     }
     replay_only = plan_sweep(parse_sweep(SWEEP))
     assert {t.trial_id for t in replayed} == {
         t.trial_id for t in replay_only.trials if t.mode == REPLAY_MODE
     }
     (group,) = replay_groups(plan)
-    assert len(group.checks) == 4 and {c.temperature for c in group.checks} == {0}
+    assert len(group.checks) == 4 and {c.sampling.temperature for c in group.checks} == {0}
     assert _problems(text.replace("mode: mixed}", "mode: mixed, record_rounds: false}")) == [
         "bad.yaml:23: execution.record_rounds: mode: mixed fits its cost model on the stored "
         "rounds of the live trials; set record_rounds: true"
@@ -279,7 +285,7 @@ def test_replay_demo_sweep_plans_hundreds_of_replayed_configs() -> None:
     live = [t for t in plan.trials if t.mode == "live"]
     assert len(replayed) >= 200
     assert len(live) == 2 * len(spec.datasets)
-    assert {t.policy for t in replayed} >= {
+    assert {t.setting.policy for t in replayed} >= {
         "static",
         "svip",
         "adaedl",
@@ -422,12 +428,21 @@ def test_replayed_trials_equal_live_ones_and_traces_are_recorded_once(zoo_env, r
         assert {rows[t.trial_id].mode for t in replayed} == {"replay"}
         assert all(rows[t.trial_id].tokens_per_s > 0 for t in replayed)
         assert all(rows[t.trial_id].speedup is not None for t in replayed)
-        by_config = {(t.policy, t.params, t.max_draft_len): t for t in live_plan.trials}
+        by_config = {
+            (t.setting.policy, t.setting.params, t.setting.max_draft_len): t
+            for t in live_plan.trials
+        }
         for trial in replayed:
-            twin = by_config[(trial.policy, trial.params, trial.max_draft_len)]
+            twin = by_config[
+                (trial.setting.policy, trial.setting.params, trial.setting.max_draft_len)
+            ]
             ours = _round_key(store.rounds([trial.trial_id]))
             theirs = _round_key(store.rounds([twin.trial_id]))
-            assert ours == theirs, (trial.policy, trial.params, trial.max_draft_len)
+            assert ours == theirs, (
+                trial.setting.policy,
+                trial.setting.params,
+                trial.setting.max_draft_len,
+            )
             outputs = [s.output_ids for s in store.sample_outputs(trial.trial_id)]
             assert outputs == [s.output_ids for s in store.sample_outputs(twin.trial_id)]
             live_row = store.trial_rows([twin.trial_id])[0]

@@ -256,7 +256,7 @@ def test_a_node_removed_inside_a_round_of_a_shard_loses_and_duplicates_nothing(
     assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
 
     _assert_each_sample_once(store, plan)
-    static = next(t for t in plan.trials if t.policy == "static")
+    static = next(t for t in plan.trials if t.setting.policy == "static")
     shards = {s.shard: s for s in store.trial_shards([static.trial_id])}
     hit = PAUSE_SAMPLE // SHARD_PROMPTS
     assert shards[hit].attempts == 2 and shards[hit].node_id != node

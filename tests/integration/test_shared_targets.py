@@ -136,7 +136,7 @@ def _check_outputs_and_births(plan: Any, store: Any, births: list[tuple[str, str
         (row,) = store.trial_rows([trial.trial_id])
         assert row.status == "done", row.error
         assert len(outputs[trial.trial_id]) == SAMPLES
-        assert outputs[trial.trial_id] == baselines[trial.pair], trial.policy
+        assert outputs[trial.trial_id] == baselines[trial.pair], trial.setting.policy
     roles = Counter(role for role, _ in births)
     assert roles["target"] == REPLICAS  # the target loads once per replica, not once per pair
     assert len({path for role, path in births if role == "target"}) == 1

@@ -76,7 +76,7 @@ def test_smollm2_speculative_greedy_equals_target_only(smol: Path) -> None:
     for name, draft_model in drafts.items():
         draft = CachedLM(draft_model)
         assert draft.fast_path
-        result = speculative_generate(draft, target, make_policy("static", 4), ids, settings, 4)
+        result = speculative_generate(draft, target, make_policy("static", 4), ids, settings)
         assert result.output_ids == expected, name
         assert result.n_drafted > 0
         if name == "self":

@@ -143,7 +143,7 @@ def test_a_shard_whose_target_hangs_is_retried_on_a_fresh_group_after_the_stall_
 
     def request(runner: Any, trial: Trial, indices: Any = None) -> Any:
         made = built(runner, trial, indices)
-        if trial.policy == "static" and not hung:
+        if trial.setting.policy == "static" and not hung:
             pid = ray.get(runner.ranks[0].__ray_call__.remote(hang_verify))
             hung.append((trial.trial_id, pid))
         return made

@@ -132,7 +132,6 @@ def unsharded(workdir: Path) -> dict:
             make_policy("static", MAX_DRAFT_LEN),
             prompt,
             RequestSettings(sampled, seed=index),
-            MAX_DRAFT_LEN,
         )
         reference["sampled_spec"].append(sampled_spec.output_ids)
     return reference

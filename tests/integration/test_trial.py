@@ -4,17 +4,15 @@ prompt to the next, live (``workers.trial.run_trial``) and replayed
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from support.tiny_models import build_tiny_pair, prompts
 
 from orchestrator.analysis.costs.replay import replay_rounds
 from orchestrator.run.replica import group_warmup_seconds
-from orchestrator.sweep.planner import Trial
 from orchestrator.sweep.spec import PairSpec
 from orchestrator.sweep.target_sets import solo
+from orchestrator.sweep.trial import PolicySetting, PromptSet, ServedPair, Trial
 from policies import make_policy
 from policies.replay import replay
 from workers.engine import RequestSettings, speculative_generate
@@ -64,7 +62,6 @@ def _by_hand(pair, request: TrialRequest) -> list[list[tuple[int, int]]]:
             policy,
             torch.tensor(prompt),
             RequestSettings(request.sampling, seed=sample_seed(request.seed, index)),
-            request.max_draft_len,
         )
         for index, prompt in enumerate(request.prompts)
     ]
@@ -101,22 +98,27 @@ def test_replay_stage_carries_state_across_a_trial_like_the_live_trial(pair):
     replayed = [[(r.drafted, r.accepted) for r in rs] for rs in replay_rounds(trial, traces)]
     assert replayed == live
     fresh = [
-        [(r.drafted, r.accepted) for r in replay(make_policy("hf_heuristic", 6), t, 6, i)]
+        [(r.drafted, r.accepted) for r in replay(make_policy("hf_heuristic", 6), t, i)]
         for i, t in enumerate(traces)
     ]
     assert replayed != fresh
 
 
 def _trial(request: TrialRequest) -> Trial:
-    """A planner Trial with the request's policy, cap and seed (the other fields unused here)."""
-    fields = {f.name: None for f in dataclasses.fields(Trial) if f.init}
-    fields.update(
-        policy=request.policy,
-        params=tuple(sorted(request.params.items())),
-        max_draft_len=request.max_draft_len,
+    """A planner Trial with the request's sampling, policy, cap and seed (the rest unused here)."""
+    return Trial(
+        sweep="by-hand",
+        pair="tiny",
+        served=ServedPair("tiny-target", "hf", 1, "float32", False, "tiny-draft"),
+        prompts=PromptSet("builtin:code", None, len(request.prompts), None),
+        sampling=request.sampling,
+        setting=PolicySetting(
+            request.policy, tuple(sorted(request.params.items())), request.max_draft_len
+        ),
         seed=request.seed,
+        warmup_samples=0,
+        baseline_id="baseline",
     )
-    return Trial(**fields)
 
 
 def test_the_baseline_of_a_remote_target_runs_its_token_loop_inside_the_worker(

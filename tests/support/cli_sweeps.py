@@ -74,4 +74,6 @@ def write_sweep(path: Path, text: str) -> Path:
 
 def trial_of(plan: Plan, policy: str, threshold: float | None = None) -> Trial:
     """Return the trial of ``plan`` with this policy and threshold."""
-    return next(t for t in plan.trials if t.policy == policy and t.threshold == threshold)
+    return next(
+        t for t in plan.trials if t.setting.policy == policy and t.setting.threshold == threshold
+    )

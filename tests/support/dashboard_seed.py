@@ -164,7 +164,7 @@ def seed_synthetic_sweeps(url: str) -> dict[str, list[Trial]]:
             store.register_sweep(spec, plan)
             store.record_run(spec.name, collect_provenance())
             for trial in plan.trials:
-                if (trial.policy, trial.threshold) == SYNTHETIC_FAILED:
+                if (trial.setting.policy, trial.setting.threshold) == SYNTHETIC_FAILED:
                     store.record_failure(trial, "synthetic failure", attempts=1)
                     continue
                 results = [synthetic_result(trial, sample, scale) for sample in range(2)]
@@ -182,15 +182,19 @@ def synthetic_rounds(trial: Trial, sample: int) -> list[tuple[int, int]]:
     """
     rounds: list[tuple[int, int]] = []
     emitted = 0
-    while emitted < trial.max_new_tokens:
+    while emitted < trial.sampling.max_new_tokens:
         if trial.is_baseline:
             drafted = accepted = 0
-        elif trial.policy == "oracle":
-            drafted = accepted = min(trial.max_draft_len, 2)
+        elif trial.setting.policy == "oracle":
+            drafted = accepted = min(trial.setting.max_draft_len, 2)
         else:
-            cut = 0 if trial.threshold is None else int(10 * trial.threshold) % trial.max_draft_len
-            drafted = max(1, trial.max_draft_len - cut)
-            accepted = (drafted + len(rounds) + sample + int(trial.temperature == 0)) // 2
+            cut = (
+                0
+                if trial.setting.threshold is None
+                else int(10 * trial.setting.threshold) % trial.setting.max_draft_len
+            )
+            drafted = max(1, trial.setting.max_draft_len - cut)
+            accepted = (drafted + len(rounds) + sample + int(trial.sampling.temperature == 0)) // 2
             accepted = min(accepted, drafted)
         rounds.append((drafted, accepted))
         emitted += accepted + 1

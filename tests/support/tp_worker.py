@@ -69,7 +69,6 @@ def run_rank(rank: int, world_size: int, port: int, workdir: Path) -> dict:
             make_policy("static", max_draft_len),
             prompt,
             RequestSettings(greedy, seed=index),
-            max_draft_len,
         )
         sampled_spec = speculative_generate(
             draft,
@@ -77,7 +76,6 @@ def run_rank(rank: int, world_size: int, port: int, workdir: Path) -> dict:
             make_policy("static", max_draft_len),
             prompt,
             RequestSettings(sampled, seed=index),
-            max_draft_len,
         )
         results["greedy_ar"].append(ar.output_ids)
         results["greedy_spec"].append(spec.output_ids)

@@ -117,7 +117,7 @@ def test_explicit_setting_enters_trial_ids_and_trace_keys() -> None:
     assert ids[None].isdisjoint(ids[False])
     traces = {s: replay_groups(plan)[0].trace_key for s, plan in plans.items()}
     assert len(set(traces.values())) == 3
-    assert {t.chat_template for t in plans[False].trials} == {False}
+    assert {t.prompts.chat_template for t in plans[False].trials} == {False}
 
 
 def test_preflight_reports_a_required_template_the_target_lacks(chat_tokenizer) -> None:

@@ -63,9 +63,7 @@ def test_greedy_output_equals_target_only_for_every_policy(pair, greedy_referenc
     for index, (prompt, reference) in enumerate(greedy_references):
         settings = RequestSettings(GREEDY, seed=index)
         policy = _policy(policy_name, max_draft_len=6)
-        result = speculative_generate(
-            draft, target, policy, prompt, settings, max_draft_len=6, reference=reference
-        )
+        result = speculative_generate(draft, target, policy, prompt, settings, reference=reference)
         assert result.output_ids == reference, f"prompt {index} differs under {policy_name}"
         assert sum(r.emitted for r in result.rounds) == len(result.output_ids)
         assert all(r.drafted <= 6 for r in result.rounds)
@@ -79,7 +77,7 @@ def test_oracle_discards_nothing_and_needs_one_target_call_per_disagreement(pair
         settings = RequestSettings(GREEDY)
         reference = autoregressive_generate(target, prompt, settings).output_ids
         result = speculative_generate(
-            draft, target, make_policy("oracle", 64), prompt, settings, 64, reference=reference
+            draft, target, make_policy("oracle", 64), prompt, settings, reference=reference
         )
         assert result.output_ids == reference
         assert result.n_drafted == result.n_accepted
@@ -113,13 +111,12 @@ def test_kv_rollback_matches_from_scratch_forward(pair):
                 make_policy(policy_name, 5),
                 prompt,
                 RequestSettings(GREEDY),
-                5,
                 on_round=check,
             )
     sampled = RequestSettings(SamplingConfig(temperature=1.0, max_new_tokens=24), seed=5)
     for prompt in prompts(4, seed=4):
         speculative_generate(
-            draft, target, make_policy("static", 5), prompt, sampled, 5, on_round=check
+            draft, target, make_policy("static", 5), prompt, sampled, on_round=check
         )
     assert len(checked) > 40
 
@@ -129,13 +126,13 @@ def test_max_new_tokens_and_eos(pair):
     prompt = prompts(1, seed=7)[0]
     for limit in (1, 2, 7, 13):
         settings = RequestSettings(SamplingConfig(max_new_tokens=limit))
-        result = speculative_generate(draft, target, make_policy("static", 8), prompt, settings, 8)
+        result = speculative_generate(draft, target, make_policy("static", 8), prompt, settings)
         assert len(result.output_ids) == limit
     long_output = autoregressive_generate(target, prompt, RequestSettings(GREEDY)).output_ids
     eos = long_output[5]
     settings = RequestSettings(GREEDY, eos_token_id=eos)
     expected = long_output[: long_output.index(eos) + 1]
-    result = speculative_generate(draft, target, make_policy("static", 8), prompt, settings, 8)
+    result = speculative_generate(draft, target, make_policy("static", 8), prompt, settings)
     assert result.output_ids == expected
     assert result.stopped_on_eos
     assert autoregressive_generate(target, prompt, settings).output_ids == expected
@@ -222,7 +219,7 @@ def test_speculative_sampling_matches_target_distribution(temperature):
     accepted = 0
     for seed in range(runs):
         result = speculative_generate(
-            draft, target, make_policy("static", 2), prompt, RequestSettings(sampling, seed=seed), 2
+            draft, target, make_policy("static", 2), prompt, RequestSettings(sampling, seed=seed)
         )
         key = tuple(result.output_ids)
         assert key in counts, f"sampled {key}, which has zero probability under the target"
@@ -252,7 +249,6 @@ def test_sampling_is_reproducible_per_seed(pair):
             make_policy("beta_ts", 4),
             prompt,
             RequestSettings(sampling, seed=seed),
-            4,
         ).output_ids
         for seed in (1, 1, 2)
     ]
@@ -272,7 +268,7 @@ def test_policy_sees_entropy_of_the_distribution_it_drafts_from(pair):
 
     policy.decide = spy
     prompt = prompts(1, seed=9)[0]
-    speculative_generate(draft, target, policy, prompt, RequestSettings(GREEDY), 4)
+    speculative_generate(draft, target, policy, prompt, RequestSettings(GREEDY))
     first = seen[0]
     expected = entropy(CachedLM(draft.model).full_logits(prompt)[-1].softmax(-1))
     assert math.isclose(first.entropy, float(expected), rel_tol=1e-4)
@@ -287,11 +283,11 @@ def test_a_stop_after_a_kept_candidate_costs_no_further_draft_forward(pair):
     draft, target = pair
     prompt = prompts(1, seed=10)[0]
     keep_stop = make_policy("specdecpp", 6, constant_logit=math.log(4.0), threshold=0.3)
-    result = speculative_generate(draft, target, keep_stop, prompt, RequestSettings(GREEDY), 6)
+    result = speculative_generate(draft, target, keep_stop, prompt, RequestSettings(GREEDY))
     full = result.rounds[:-1]
     assert full and all((r.drafted, r.draft_forwards) == (3, 3) for r in full)
     svip = make_policy("svip", 6, threshold=0.0)
-    result = speculative_generate(draft, target, svip, prompt, RequestSettings(GREEDY), 6)
+    result = speculative_generate(draft, target, svip, prompt, RequestSettings(GREEDY))
     generated, stopped = 0, []
     for r in result.rounds:
         cap = min(6, GREEDY.max_new_tokens - generated - 1)
@@ -319,8 +315,8 @@ def test_a_policy_keeping_every_candidate_is_not_asked_and_drafts_the_same(pair)
     draft, target = pair
     settings = RequestSettings(GREEDY)
     for prompt in prompts(8, seed=5):
-        asked = speculative_generate(draft, target, _AskedStatic(4), prompt, settings, 4)
-        skipped = speculative_generate(draft, target, _NeverAsked(4), prompt, settings, 4)
+        asked = speculative_generate(draft, target, _AskedStatic(4), prompt, settings)
+        skipped = speculative_generate(draft, target, _NeverAsked(4), prompt, settings)
         assert skipped.output_ids == asked.output_ids
         rounds = [(r.drafted, r.accepted, r.draft_forwards) for r in skipped.rounds]
         assert rounds == [(r.drafted, r.accepted, r.draft_forwards) for r in asked.rounds]

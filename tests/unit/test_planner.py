@@ -66,9 +66,11 @@ def test_counts_follow_the_grid_formula() -> None:
 
 def test_greedy_only_policy_is_skipped_with_a_reason() -> None:
     plan = _plan()
-    assert {(t.policy, t.temperature) for t in plan.trials if t.policy == "oracle"} == {
-        ("oracle", 0.0)
-    }
+    assert {
+        (t.setting.policy, t.sampling.temperature)
+        for t in plan.trials
+        if t.setting.policy == "oracle"
+    } == {("oracle", 0.0)}
     assert {group.policy for group in plan.skipped} == {"oracle"}
     assert all(group.temperature == 0.8 for group in plan.skipped)
     assert all("greedy-only" in group.reason for group in plan.skipped)
@@ -80,19 +82,28 @@ def test_greedy_only_policy_is_skipped_with_a_reason() -> None:
 def test_baselines_one_per_group_and_linked() -> None:
     plan = _plan()
     baselines = {t.trial_id: t for t in plan.trials if t.is_baseline}
-    keys = {(t.pair, t.dataset, t.temperature, t.seed) for t in baselines.values()}
+    keys = {(t.pair, t.prompts.dataset, t.sampling.temperature, t.seed) for t in baselines.values()}
     assert len(keys) == len(baselines) == 16
     for baseline in baselines.values():
-        assert (baseline.policy, baseline.max_draft_len, baseline.params) == ("ar", 0, ())
+        assert (
+            baseline.setting.policy,
+            baseline.setting.max_draft_len,
+            baseline.setting.params,
+        ) == ("ar", 0, ())
         assert baseline.baseline_id is None
     for trial in plan.trials:
         if trial.is_baseline:
             continue
         baseline = baselines[trial.baseline_id]
-        assert (baseline.pair, baseline.dataset, baseline.temperature, baseline.seed) == (
+        assert (
+            baseline.pair,
+            baseline.prompts.dataset,
+            baseline.sampling.temperature,
+            baseline.seed,
+        ) == (
             trial.pair,
-            trial.dataset,
-            trial.temperature,
+            trial.prompts.dataset,
+            trial.sampling.temperature,
             trial.seed,
         )
 
@@ -101,7 +112,7 @@ def test_order_groups_pairs_and_puts_baselines_first() -> None:
     plan = _plan()
     pair_runs = [name for name, _ in itertools.groupby(t.pair for t in plan.trials)]
     assert pair_runs == ["p1", "p2"]
-    group_key = lambda t: (t.pair, t.dataset, t.temperature, t.seed)  # noqa: E731
+    group_key = lambda t: (t.pair, t.prompts.dataset, t.sampling.temperature, t.seed)  # noqa: E731
     seen_groups = []
     for key, group in itertools.groupby(plan.trials, key=group_key):
         trials = list(group)
@@ -113,14 +124,20 @@ def test_order_groups_pairs_and_puts_baselines_first() -> None:
 
 def test_params_have_defaults_and_threshold_column() -> None:
     plan = _plan()
-    adaedl = [t for t in plan.trials if t.policy == "adaedl"]
-    assert {t.threshold for t in adaedl} == {0.2, 0.4, 0.6}
-    assert all(t.params_dict["gamma"] == 0.2 for t in adaedl)
-    assert all(t.params_dict["dynamic"] is True for t in adaedl)
-    svip = [t for t in plan.trials if t.policy == "svip"]
-    assert all(t.params_dict == {"threshold": t.threshold, "length_cap": 30} for t in svip)
-    assert all(t.threshold is None for t in plan.trials if t.policy in ("static", "oracle", "ar"))
-    assert all(list(t.params) == sorted(t.params) for t in plan.trials)
+    adaedl = [t for t in plan.trials if t.setting.policy == "adaedl"]
+    assert {t.setting.threshold for t in adaedl} == {0.2, 0.4, 0.6}
+    assert all(t.setting.params_dict["gamma"] == 0.2 for t in adaedl)
+    assert all(t.setting.params_dict["dynamic"] is True for t in adaedl)
+    svip = [t for t in plan.trials if t.setting.policy == "svip"]
+    assert all(
+        t.setting.params_dict == {"threshold": t.setting.threshold, "length_cap": 30} for t in svip
+    )
+    assert all(
+        t.setting.threshold is None
+        for t in plan.trials
+        if t.setting.policy in ("static", "oracle", "ar")
+    )
+    assert all(list(t.setting.params) == sorted(t.setting.params) for t in plan.trials)
 
 
 def test_config_id_is_sha256_of_canonical_json() -> None:
@@ -184,7 +201,7 @@ def test_greedy_ignores_top_k_and_duplicates_are_dropped() -> None:
 def test_top_k_matters_when_sampling() -> None:
     both = _plan(BASE.replace("[0, 0.8]", "[0.8, {temperature: 0.8, top_k: 50}]"))
     plain = _plan(BASE.replace("[0, 0.8]", "[0.8]"))
-    sampled = [t for t in both.trials if t.policy == "static" and t.top_k == 50]
+    sampled = [t for t in both.trials if t.setting.policy == "static" and t.sampling.top_k == 50]
     assert len(sampled) == 2 * 2 * 2 * 2  # pairs × datasets × lengths × seeds
     assert len(both.trials) == 2 * len(plain.trials)
 
@@ -216,10 +233,10 @@ def test_jobs_and_requirements() -> None:
     assert jobs["kd_draft"].config == {"divergence": "forward_kl"}
     assert jobs["head"].samples == 32
     for trial in plan.trials:
-        expected = ("kd_draft", "head") if trial.policy == "specdecpp" else ("kd_draft",)
+        expected = ("kd_draft", "head") if trial.setting.policy == "specdecpp" else ("kd_draft",)
         assert trial.requires_jobs == expected
         assert trial.job_ids == tuple(jobs[name].job_id for name in expected)
-        assert trial.draft is None and trial.draft_job == "kd_draft"
+        assert trial.served.draft is None and trial.served.draft_job == "kd_draft"
     assert len(plan.trials) == 1 + 1 + 2
 
 
@@ -258,8 +275,10 @@ def test_demo_sweep_plan() -> None:
     assert counts["baselines"] == 2 * 2
     live = [t for t in plan.trials if t.mode == "live"]
     assert len(live) == 2 * (2 + 1 + 11)  # AR x 2 temperatures, the check, the sampled trials
-    assert {t.max_draft_len for t in live if t.policy == "svip"} == {16}
-    assert not [t for t in plan.trials if t.policy == "specdecpp" and t.temperature > 0]
+    assert {t.setting.max_draft_len for t in live if t.setting.policy == "svip"} == {16}
+    assert not [
+        t for t in plan.trials if t.setting.policy == "specdecpp" and t.sampling.temperature > 0
+    ]
     assert all(t.code_version == CODE_VERSION for t in plan.trials)
 
 
@@ -297,7 +316,7 @@ def test_policy_pairs_restrict_a_policy_to_its_pairs() -> None:
     )
     plan = _plan(text)
     by_pair = {
-        pair: sorted(t.policy for t in plan.trials if t.pair == pair)
+        pair: sorted(t.setting.policy for t in plan.trials if t.pair == pair)
         for pair in ("distilled", "zoo")
     }
     assert by_pair == {
@@ -316,16 +335,16 @@ def test_policy_temperatures_restrict_a_policy_to_those_temperatures() -> None:
     thresholds = {
         temperature: sorted(
             {
-                t.threshold
+                t.setting.threshold
                 for t in plan.trials
-                if t.policy == "adaedl" and t.temperature == temperature
+                if t.setting.policy == "adaedl" and t.sampling.temperature == temperature
             }
         )
         for temperature in (0.0, 0.8)
     }
     assert thresholds == {0.0: [0.2, 0.4, 0.6], 0.8: [0.4]}
-    unrestricted = {t.trial_id for t in _plan().trials if t.policy != "adaedl"}
-    assert unrestricted == {t.trial_id for t in plan.trials if t.policy != "adaedl"}
+    unrestricted = {t.trial_id for t in _plan().trials if t.setting.policy != "adaedl"}
+    assert unrestricted == {t.trial_id for t in plan.trials if t.setting.policy != "adaedl"}
     with pytest.raises(SweepError, match=r"no temperature 0.5"):
         _spec(BASE.replace("  - name: static\n", "  - name: static\n    temperatures: [0.5]\n"))
 
@@ -333,9 +352,9 @@ def test_policy_temperatures_restrict_a_policy_to_those_temperatures() -> None:
 def test_policy_max_draft_lens_replace_the_sweeps_for_that_entry() -> None:
     text = BASE.replace("  - name: static\n", "  - name: static\n    max_draft_lens: [2, 16, 2]\n")
     plan = _plan(text)
-    caps = {t.max_draft_len for t in plan.trials if t.policy == "static"}
+    caps = {t.setting.max_draft_len for t in plan.trials if t.setting.policy == "static"}
     assert caps == {2, 16}
-    assert {t.max_draft_len for t in plan.trials if t.policy == "adaedl"} == {4, 8}
+    assert {t.setting.max_draft_len for t in plan.trials if t.setting.policy == "adaedl"} == {4, 8}
     assert plan.counts()["trials"] == _plan().counts()["trials"]  # 2 caps instead of 2 caps
     assert _spec(text).grid_size() == _spec().grid_size()
     with pytest.raises(SweepError):

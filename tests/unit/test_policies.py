@@ -33,12 +33,8 @@ from workers.target import LocalTarget
 
 
 def start(policy: DraftPolicy, seed: int = 0, reference: tuple[int, ...] | None = None) -> None:
-    """Reset ``policy`` for a request with its own max draft length."""
-    policy.reset(
-        RequestContext(
-            prompt_len=4, max_draft_len=policy.max_draft_len, seed=seed, reference=reference
-        )
-    )
+    """Reset ``policy`` for a request (its cap is the one it was built with)."""
+    policy.reset(RequestContext(prompt_len=4, seed=seed, reference=reference))
 
 
 def drafted_count(policy: DraftPolicy, steps: list[DraftStep]) -> int:
@@ -169,14 +165,14 @@ def test_dynamic_threshold_trajectory_matches_hand_arithmetic() -> None:
     for (drafted, accepted), want_lambda, want_ar in zip(
         ROUNDS, EXPECTED_LAMBDA, EXPECTED_AR, strict=True
     ):
-        state = update_dynamic_threshold(state, RoundOutcome(drafted, accepted, 8), config)
+        state = update_dynamic_threshold(state, RoundOutcome(drafted, accepted), config, 8)
         assert state.threshold == pytest.approx(want_lambda, abs=1e-12)
         assert state.acceptance_rate == pytest.approx(want_ar, abs=1e-12)
 
 
 def test_dynamic_threshold_lowers_lambda_after_an_empty_round() -> None:
     state = DynamicThresholdState(threshold=0.8, acceptance_rate=0.3)
-    state = update_dynamic_threshold(state, RoundOutcome(0, 0, 8), DynamicThresholdConfig())
+    state = update_dynamic_threshold(state, RoundOutcome(0, 0), DynamicThresholdConfig(), 8)
     # AR unchanged, λ' = 0.79, λ = 0.9·0.8 + 0.1·0.79 = 0.799
     assert state.acceptance_rate == pytest.approx(0.3)
     assert state.threshold == pytest.approx(0.799)
@@ -190,7 +186,7 @@ def test_adaedl_lambda_trajectory_and_decisions() -> None:
     assert math.isclose(1 - math.sqrt(0.2 * probe[0].entropy), 0.5015)
     decisions = []
     for (drafted, accepted), want in zip(ROUNDS, EXPECTED_LAMBDA, strict=True):
-        policy.update(RoundOutcome(drafted, accepted, 8))
+        policy.update(RoundOutcome(drafted, accepted))
         assert policy.current_threshold == pytest.approx(want, abs=1e-12)
         decisions.append(drafted_count(policy, probe))
     # λ = 0.501 → 0.5015 ≥ λ: propose; λ ≥ 0.502 → stop.
@@ -213,7 +209,7 @@ def test_max_confidence_fixed_versus_dynamic() -> None:
     for policy in (fixed, dynamic):
         start(policy)
         assert drafted_count(policy, probe) == 1
-        policy.update(RoundOutcome(8, 8, 8))
+        policy.update(RoundOutcome(8, 8))
     assert fixed.current_threshold == 0.5
     assert drafted_count(fixed, probe) == 1
     assert dynamic.current_threshold == pytest.approx(0.501)
@@ -252,7 +248,7 @@ def test_hf_heuristic_schedule() -> None:
     ks = [policy.draft_len]
     # K: 5 →(all 5 accepted) 7 →(3 of 6) 6 →(all 6) 8 →(0 of 6) 7
     for drafted, accepted in [(5, 5), (6, 3), (6, 6), (6, 0)]:
-        policy.update(RoundOutcome(drafted, accepted, 6))
+        policy.update(RoundOutcome(drafted, accepted))
         ks.append(policy.draft_len)
         caps.append(policy.round_cap())
     assert ks == [5, 7, 6, 8, 7]
@@ -264,7 +260,7 @@ def test_hf_heuristic_floor_and_persistence() -> None:
     transient = make_policy("hf_heuristic", 8, initial_draft_len=2)
     start(transient)
     for _ in range(3):
-        transient.update(RoundOutcome(2, 0, 8))
+        transient.update(RoundOutcome(2, 0))
     assert transient.draft_len == 1
     assert transient.round_cap() == 1
     start(transient)
@@ -272,7 +268,7 @@ def test_hf_heuristic_floor_and_persistence() -> None:
 
     persistent = make_policy("hf_heuristic", 8, persist_across_requests=True)
     start(persistent)
-    persistent.update(RoundOutcome(5, 5, 8))
+    persistent.update(RoundOutcome(5, 5))
     start(persistent, seed=1)
     assert persistent.draft_len == 7
 
@@ -290,14 +286,14 @@ def test_beta_ts_posterior_after_rounds() -> None:
     # (0, 0):             r = 0, n = 0 → unchanged
     expected = [(3.0, 2.0), (7.0, 2.0), (7.0, 3.0), (7.0, 3.0)]
     for (drafted, accepted), want in zip([(5, 2), (4, 4), (3, 0), (0, 0)], expected, strict=True):
-        policy.update(RoundOutcome(drafted, accepted, 8))
+        policy.update(RoundOutcome(drafted, accepted))
         assert policy.posterior == want
     start(policy)
     assert policy.posterior == (1.0, 1.0)
 
     persistent = make_policy("beta_ts", 8, persist_across_requests=True)
     start(persistent)
-    persistent.update(RoundOutcome(5, 2, 8))
+    persistent.update(RoundOutcome(5, 2))
     start(persistent, seed=3)
     assert persistent.posterior == (3.0, 2.0)
 
@@ -372,7 +368,7 @@ def test_cali_ts_posterior_after_verifications() -> None:
     assert (mean, std) == pytest.approx((0.7, 0.2))  # n = 0: the prior
     # ratios 2/4, 5/5, 1/2 → θ̂ = (0.5 + 1 + 0.5) / 3 = 2/3, n = 3; the empty round is skipped.
     for drafted, accepted in [(4, 2), (5, 5), (0, 0), (2, 1)]:
-        policy.update(RoundOutcome(drafted, accepted, 8))
+        policy.update(RoundOutcome(drafted, accepted))
     assert policy.n_verifications == 3
     assert policy.observed_acceptance == pytest.approx(2 / 3)
     # μ = (0.25·0.7 + 3·0.04·(2/3)) / (3·0.04 + 0.25) = (0.175 + 0.08) / 0.37
@@ -442,7 +438,7 @@ def test_specdecpp_stop_index_from_head_logits() -> None:
     assert list(1 - products[:4] > 0.7) == [False, False, False, True]
     assert drafted_count(policy, paper_steps(head_outputs)) == 5
     # the product restarts with the next round
-    policy.update(RoundOutcome(5, 5, 16))
+    policy.update(RoundOutcome(5, 5))
     assert drafted_count(policy, paper_steps(head_outputs)[:4]) == 4
     assert policy.acceptance_product == pytest.approx(products[2])
 
@@ -712,7 +708,7 @@ def test_specdecpp_through_the_engine_drafts_as_algorithm_2_round_by_round(
     for seed, prompt in enumerate(tiny_prompts(3, seed=3)):
         policy = make_policy("specdecpp", cap, head=lambda e: float(head_of_token[int(e[0])]))
         settings = RequestSettings(SamplingConfig(max_new_tokens=max_new), seed=seed)
-        result = speculative_generate(TokenStateDraft(draft), target, policy, prompt, settings, cap)
+        result = speculative_generate(TokenStateDraft(draft), target, policy, prompt, settings)
         generated = 0
         for record in result.rounds:
             context = [*prompt.tolist(), *result.output_ids[:generated]]

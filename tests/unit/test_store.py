@@ -254,8 +254,8 @@ def test_register_sweep_stores_pending_trials_in_plan_order(store: Store) -> Non
     first = rows[1]
     trial = plan.trials[1]
     assert (first.policy, first.max_draft_len, first.baseline_id) == (
-        trial.policy,
-        trial.max_draft_len,
+        trial.setting.policy,
+        trial.setting.max_draft_len,
         plan.trials[0].trial_id,
     )
     assert store.sweeps()[0].n_trials == len(plan.trials)

@@ -173,11 +173,11 @@ def test_trials_depend_on_the_jobs_they_name(path: Path) -> None:
         policy_jobs.setdefault(policy["name"], set()).add(policy.get("job"))
     for trial in sweep.plan.trials:
         needed = [draft_job[trial.pair]]
-        assert trial.draft_job == draft_job[trial.pair]
-        assert (trial.draft is None) == (draft_job[trial.pair] is not None)
+        assert trial.served.draft_job == draft_job[trial.pair]
+        assert (trial.served.draft is None) == (draft_job[trial.pair] is not None)
         if not trial.is_baseline:
-            assert trial.policy_job in policy_jobs[trial.policy]
-            needed.append(trial.policy_job)
+            assert trial.setting.job in policy_jobs[trial.setting.policy]
+            needed.append(trial.setting.job)
         names = tuple(name for name in needed if name is not None)
         assert trial.requires_jobs == names
         assert trial.job_ids == tuple(job_ids[name] for name in names)
@@ -253,21 +253,21 @@ def test_table1_halves_together_cover_the_whole_grid() -> None:
     assert {"specdecpp_head", "cali_ts_predictor"} <= kinds
     greedy = planned(REPO / "sweeps" / "table1.yaml")
     assert greedy.spec.execution.mode == "mixed"
-    assert {t.temperature for t in greedy.plan.trials} == {0.0}
+    assert {t.sampling.temperature for t in greedy.plan.trials} == {0.0}
     # Every policy runs greedy too: the trained heads live, on the pair their head was trained on.
-    assert {t.policy for t in greedy.plan.trials if not t.is_baseline} == set(POLICIES)
-    heads = [t for t in trials if t.policy_job is not None]
+    assert {t.setting.policy for t in greedy.plan.trials if not t.is_baseline} == set(POLICIES)
+    heads = [t for t in trials if t.setting.job is not None]
     assert {t.mode for t in heads} == {"live"}
     assert {t.pair for t in heads} == {"llama2-70b-chat__llama2-7b-chat"}
-    assert {(t.temperature, t.top_k) for t in trials} == {
+    assert {(t.sampling.temperature, t.sampling.top_k) for t in trials} == {
         (0.0, 0),
         (0.7, 0),
         (1.0, 50),
         (1.3, 0),
     }
-    assert {t.max_draft_len for t in trials if not t.is_baseline} == {3, 7, 16, 40}
-    assert {t.policy for t in trials if not t.is_baseline} == set(POLICIES)
-    assert {t.dataset for t in trials} == {
+    assert {t.setting.max_draft_len for t in trials if not t.is_baseline} == {3, 7, 16, 40}
+    assert {t.setting.policy for t in trials if not t.is_baseline} == set(POLICIES)
+    assert {t.prompts.dataset for t in trials} == {
         "alpaca",
         "humaneval",
         "gsm8k",
@@ -278,13 +278,15 @@ def test_table1_halves_together_cover_the_whole_grid() -> None:
     }
     assert thresholds(trials, "svip") == {0.2, 0.3, 0.4, 0.5}
     assert thresholds(trials, "specdecpp") == {0.1, 0.3, 0.5, 0.7, 0.9}
-    dynamic = {t.params_dict["dynamic"] for t in trials if t.policy == "max_confidence"}
+    dynamic = {
+        t.setting.params_dict["dynamic"] for t in trials if t.setting.policy == "max_confidence"
+    }
     assert dynamic == {True, False}
 
 
 def thresholds(trials: tuple[Trial, ...], policy: str) -> set[float | None]:
     """Return the thresholds the plan runs ``policy`` with."""
-    return {trial.threshold for trial in trials if trial.policy == policy}
+    return {trial.setting.threshold for trial in trials if trial.setting.policy == policy}
 
 
 @dataclass(frozen=True)
@@ -388,18 +390,18 @@ def test_paper_sweep_reproduces_the_published_setup(name: str) -> None:
     assert f"arXiv {setup.arxiv}" in header
     trials = planned(path).plan.trials
     policy_trials = [t for t in trials if not t.is_baseline]
-    assert {(t.dataset, t.samples) for t in trials} == set(setup.datasets.items())
-    assert {(t.temperature, t.top_k) for t in trials} == setup.sampling
-    assert {t.max_draft_len for t in policy_trials} == setup.max_draft_lens
-    assert {t.policy for t in policy_trials} == setup.policies
-    assert {(t.target, t.tp_size, t.dtype) for t in trials} == setup.targets
+    assert {(t.prompts.dataset, t.prompts.samples) for t in trials} == set(setup.datasets.items())
+    assert {(t.sampling.temperature, t.sampling.top_k) for t in trials} == setup.sampling
+    assert {t.setting.max_draft_len for t in policy_trials} == setup.max_draft_lens
+    assert {t.setting.policy for t in policy_trials} == setup.policies
+    assert {(t.served.target, t.served.tp_size, t.served.dtype) for t in trials} == setup.targets
     for policy, expected in setup.thresholds.items():
         assert thresholds(trials, policy) == expected
     for policy, expected_params in setup.params.items():
-        for trial in (t for t in trials if t.policy == policy):
-            assert expected_params.items() <= trial.params_dict.items()
+        for trial in (t for t in trials if t.setting.policy == policy):
+            assert expected_params.items() <= trial.setting.params_dict.items()
     if setup.max_new_tokens is not None:
-        assert {t.max_new_tokens for t in trials} == {setup.max_new_tokens}
+        assert {t.sampling.max_new_tokens for t in trials} == {setup.max_new_tokens}
     jobs = planned(path).plan.jobs
     for kind, settings in setup.job_settings.items():
         of_kind = [job for job in jobs if job.kind == kind]

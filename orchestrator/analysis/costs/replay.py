@@ -128,8 +128,7 @@ def replay_rounds(trial: Trial, traces: Sequence[GreedyTrace]) -> list[list[Repl
     """
     policy = make_policy(trial.policy, trial.max_draft_len, **trial.params_dict)
     return [
-        replay(policy, trace, trial.max_draft_len, sample_seed(trial.seed, index))
-        for index, trace in enumerate(traces)
+        replay(policy, trace, sample_seed(trial.seed, index)) for index, trace in enumerate(traces)
     ]
 
 

@@ -1,0 +1,317 @@
+"""A planned trial, composed of typed parts, and the projections its ids and keys hash.
+
+A :class:`Trial` is a served pair (:class:`ServedPair`), a prompt set (:class:`PromptSet`), the
+decoding settings the worker receives unchanged (``workers.records.SamplingConfig``: temperature,
+top-k, top-p and the output length ``max_new_tokens``), a policy setting (:class:`PolicySetting`),
+a seed and the warm-up. Each part has one ``identity()`` (what it adds to an id) and one
+``columns()`` (its named values for the store); the trial id, the cost-fit group key, the trace
+key and the store's trial columns are combinations of those, never a retyped field list.
+
+``max_new_tokens`` lives in the sampling part, not the prompt set: the worker stops decoding by
+it as it warps by the temperature, so the planner hands the worker one ``SamplingConfig`` and
+the worker needs nothing else of the trial to decode a prompt.
+
+Entries that appeared after ids were first committed (a draft's ``trust_remote_code``, a
+prompt set's ``chat_template``, a non-live ``mode``) enter an identity only when they differ
+from their default, so older ids are unchanged (``tests/unit/test_trial_identity.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import Any
+
+from workers.records import SamplingConfig
+
+#: Bump when a change to the engine, workers or metrics changes what a trial measures; it is
+#: part of every trial and job id, so old results are then no longer reused.
+CODE_VERSION = "2"
+ID_LENGTH = 16
+LIVE_MODE = "live"
+REPLAY_MODE = "replay"
+
+#: The parameter reported in the store's ``threshold`` column: every threshold policy
+#: (max_confidence λ, adaedl λ, svip h, specdecpp h) names its main threshold so.
+THRESHOLD_PARAMETER = "threshold"
+
+ParamItems = tuple[tuple[str, Any], ...]
+#: A prompt set as the prompt caches key it: (dataset, split, samples, local path).
+PromptKey = tuple[str, str | None, int, str | None]
+
+
+def canonical_json(value: Any) -> str:
+    """Return JSON with sorted keys, no spaces and shortest round-trip floats.
+
+    Exists so that equal configs hash equally whatever the key order or number spelling.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def config_id(config: dict[str, Any]) -> str:
+    """Return the short sha256 of ``config``'s canonical JSON (trial and job identity)."""
+    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()[:ID_LENGTH]
+
+
+@dataclass(frozen=True)
+class ServedPair:
+    """The models of a trial and how they are served (the pair's name and placement excluded).
+
+    ``draft`` is the draft's model ref, or None when the training job ``draft_job`` (a name;
+    its id ``draft_job_id``) makes it.
+    """
+
+    target: str
+    backend: str
+    tp_size: int
+    dtype: str
+    trust_remote_code: bool
+    draft: str | None
+    draft_job: str | None = None
+    draft_job_id: str | None = None
+    draft_trust_remote_code: bool = False
+
+    def _serving(self) -> dict[str, Any]:
+        """Return the entries every projection of the pair shares."""
+        return {
+            "target": self.target,
+            "backend": self.backend,
+            "tp_size": self.tp_size,
+            "dtype": self.dtype,
+            "trust_remote_code": self.trust_remote_code,
+            "draft": self.draft,
+        }
+
+    def models(self) -> dict[str, Any]:
+        """Return what the models' outputs depend on: both models (a job-made draft by its job's
+        id) and how the target is served."""
+        return {**self._serving(), "draft_job_id": self.draft_job_id}
+
+    def identity(self) -> dict[str, Any]:
+        """Return the pair's part of a trial id: :meth:`models`, and the draft's trust flag
+        when set (the trace key leaves the flag out, as it always has)."""
+        trust = {"draft_trust_remote_code": True} if self.draft_trust_remote_code else {}
+        return {**self.models(), **trust}
+
+    def columns(self) -> dict[str, Any]:
+        """Return the pair's named values in the store's trial record."""
+        return {**self._serving(), "draft_job": self.draft_job}
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Which prompts a trial decodes and how they are formatted (``chat_template`` None: the
+    target tokenizer's template when it has one)."""
+
+    dataset: str
+    split: str | None
+    samples: int
+    local_path: str | None
+    chat_template: bool | None = None
+
+    @property
+    def key(self) -> PromptKey:
+        """The prompt caches' key of this set (the formatting is applied per pair)."""
+        return (self.dataset, self.split, self.samples, self.local_path)
+
+    def identity(self) -> dict[str, Any]:
+        """Return the prompt set's part of an id (``chat_template`` only when set)."""
+        explicit = {} if self.chat_template is None else {"chat_template": self.chat_template}
+        return {
+            "dataset": self.dataset,
+            "split": self.split,
+            "samples": self.samples,
+            "local_path": self.local_path,
+            **explicit,
+        }
+
+    def columns(self) -> dict[str, Any]:
+        """Return the prompt set's named values in the store's trial record."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PolicySetting:
+    """A policy with all its parameters (defaults filled in, sorted by name), the training job
+    whose artifact it loads (``job``, its id ``job_id``) and the max draft length it is built
+    with (the one place the cap reaches the policy)."""
+
+    policy: str
+    params: ParamItems
+    max_draft_len: int
+    job: str | None = None
+    job_id: str | None = None
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        """Return the parameters as a fresh dict."""
+        return dict(self.params)
+
+    @property
+    def threshold(self) -> float | None:
+        """The main threshold (the store's ``threshold`` column), None for a policy without."""
+        value = self.params_dict.get(THRESHOLD_PARAMETER)
+        return float(value) if value is not None else None
+
+    def identity(self) -> dict[str, Any]:
+        """Return the setting's part of a trial id."""
+        return {
+            "policy": self.policy,
+            "params": self.params_dict,
+            "policy_job_id": self.job_id,
+            "max_draft_len": self.max_draft_len,
+        }
+
+    def columns(self) -> dict[str, Any]:
+        """Return the setting's named values in the store's trial record."""
+        return {
+            "policy": self.policy,
+            "params": self.params_dict,
+            "policy_job": self.job,
+            "max_draft_len": self.max_draft_len,
+            "threshold": self.threshold,
+        }
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measurement: a served pair, a prompt set, sampling, a policy setting and a seed.
+
+    ``pair`` is the pair's name (a label: not in the id). ``baseline_id`` is the id of the
+    group's AR baseline (None for the baseline itself). ``is_check`` marks a replaying group's
+    live check (not part of the identity).
+    """
+
+    sweep: str
+    pair: str
+    served: ServedPair
+    prompts: PromptSet
+    sampling: SamplingConfig
+    setting: PolicySetting
+    seed: int
+    warmup_samples: int
+    baseline_id: str | None
+    mode: str = LIVE_MODE
+    is_check: bool = False
+    code_version: str = CODE_VERSION
+
+    def identity(self) -> dict[str, Any]:
+        """Return what the trial id hashes: every part's identity, the seed, the warm-up, the
+        code version, and the mode when it is not ``live``."""
+        mode = {} if self.mode == LIVE_MODE else {"mode": self.mode}
+        return {
+            **self.served.identity(),
+            **self.prompts.identity(),
+            **asdict(self.sampling),
+            **self.setting.identity(),
+            "seed": self.seed,
+            "warmup_samples": self.warmup_samples,
+            "code_version": self.code_version,
+            **mode,
+        }
+
+    @cached_property
+    def trial_id(self) -> str:
+        """The trial's id: the short hash of :meth:`identity`."""
+        return config_id(self.identity())
+
+    @property
+    def is_baseline(self) -> bool:
+        """True for the group's target-only AR baseline."""
+        return self.baseline_id is None
+
+    @property
+    def requires_jobs(self) -> tuple[str, ...]:
+        """The names of the training jobs this trial waits for (the draft's, the policy's)."""
+        return tuple(job for job in (self.served.draft_job, self.setting.job) if job is not None)
+
+    @property
+    def job_ids(self) -> tuple[str, ...]:
+        """The ids of :attr:`requires_jobs`, in the same order."""
+        ids = (self.served.draft_job_id, self.setting.job_id)
+        return tuple(job_id for job_id in ids if job_id is not None)
+
+    def columns(self) -> dict[str, Any]:
+        """Return the trial as one flat JSON-ready mapping: the store's ``config`` and the
+        values its trial columns are picked from."""
+        return {
+            "trial_id": self.trial_id,
+            "sweep": self.sweep,
+            "pair": self.pair,
+            **self.served.columns(),
+            **self.prompts.columns(),
+            **asdict(self.sampling),
+            **self.setting.columns(),
+            "seed": self.seed,
+            "warmup_samples": self.warmup_samples,
+            "is_baseline": self.is_baseline,
+            "baseline_id": self.baseline_id,
+            "requires_jobs": list(self.requires_jobs),
+            "job_ids": list(self.job_ids),
+            "code_version": self.code_version,
+            "mode": self.mode,
+            "is_check": self.is_check,
+        }
+
+    # A thin compatibility layer for orchestrator/analysis/costs, whose modules read these
+    # flat names; everything else reads the parts. Drop it once those reads are moved.
+    @property
+    def policy(self) -> str:
+        """The policy's name (``setting.policy``)."""
+        return self.setting.policy
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        """The policy's parameters (``setting.params_dict``)."""
+        return self.setting.params_dict
+
+    @property
+    def max_draft_len(self) -> int:
+        """The max draft length (``setting.max_draft_len``)."""
+        return self.setting.max_draft_len
+
+    @property
+    def samples(self) -> int:
+        """The number of prompts (``prompts.samples``)."""
+        return self.prompts.samples
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The output length (``sampling.max_new_tokens``)."""
+        return self.sampling.max_new_tokens
+
+
+def fit_group_identity(trial: Trial) -> dict[str, Any]:
+    """Return what a cost-fit group is: the pair (by name), the prompt set and the sampling.
+
+    Seeds and policies share a group: the cost of a forward depends on neither.
+    """
+    return {"pair": trial.pair, **trial.prompts.identity(), **asdict(trial.sampling)}
+
+
+def fit_group_key(trial: Trial) -> str:
+    """Return the id of the trial's cost-fit group (:func:`fit_group_identity`)."""
+    return config_id(fit_group_identity(trial))
+
+
+def trace_key(trial: Trial, cap: int) -> str:
+    """Return the id of the greedy traces ``trial``'s prompts have at ``cap``.
+
+    Hashes what a trace depends on: both models and how the target is served, the prompt set,
+    the output length, the cap and the code version (a greedy trace has no other sampling
+    setting, and no seed).
+    """
+    return config_id(
+        {
+            "kind": "greedy-trace",
+            **trial.served.models(),
+            **trial.prompts.identity(),
+            "max_new_tokens": trial.sampling.max_new_tokens,
+            "cap": cap,
+            "code_version": trial.code_version,
+        }
+    )
