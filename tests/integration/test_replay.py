@@ -363,7 +363,7 @@ def test_replayed_results_put_the_overhead_in_prefill_and_the_rounds_in_decode()
     from orchestrator.analysis.costs.step_costs import StepCostFit, StepDemands
 
     trace = _hand_trace()
-    rounds = replay(make_policy("static", 3), trace, 3, seed=0)
+    rounds = replay(make_policy("static", 3), trace, seed=0)
     fit = RoundCostFit(0.01, 0.1, 0.02, 1.0, 1.0, 1.0, 10)
     steps = StepCostFit(
         t_draft=0.01,

@@ -359,7 +359,7 @@ def test_prefill_and_decode_split_the_request_time(pair, monkeypatch) -> None:
     clocked = _ClockedTarget(target.lm, clock)
     prompt = prompts(1, seed=3)[0]
     spec = speculative_generate(
-        draft, clocked, make_policy("static", 3), prompt, RequestSettings(GREEDY), 3
+        draft, clocked, make_policy("static", 3), prompt, RequestSettings(GREEDY)
     )
     ar = autoregressive_generate(clocked, prompt, RequestSettings(GREEDY))
     for result in (spec, ar):
