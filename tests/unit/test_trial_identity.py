@@ -28,7 +28,8 @@ from orchestrator.sweep.spec import load_sweep, parse_sweep
 
 #: Every identity-relevant setting the sweep files leave at its default: a target and a draft
 #: that run their repository's code, a job-made draft, explicit chat templates, a split,
-#: top-k/top-p (and a greedy entry whose top-k must be ignored), seeds, mixed mode.
+#: top-k/top-p (and a greedy entry whose top-k must be ignored), seeds, mixed mode (its one
+#: live check named, as sweeps written before the default list of checks name it).
 VARIED = """\
 name: pins
 pairs:
@@ -55,7 +56,7 @@ policies:
     grid: {threshold: [0.3, 0.5]}
 max_draft_lens: [2, 4]
 seeds: [0, 3]
-execution: {mode: mixed}
+execution: {mode: mixed, live_check: {policy: static}}
 """
 
 #: (sweep file, trials, digest, first two trial ids, first trace key, first job id).
