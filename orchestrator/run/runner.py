@@ -50,7 +50,13 @@ from orchestrator.sweep.bundles import groups_held
 from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.target_sets import SharedTarget, shared_targets, split_to_fit
-from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
+from orchestrator.sweep.work_units import (
+    ArmShard,
+    WorkUnit,
+    group_units,
+    missing_arms,
+    shard_key,
+)
 
 __all__ = [
     "PreflightError",
@@ -252,27 +258,39 @@ class _SweepRun:
             dynamic_ncols=True,
         )
         limit = self.spec.execution.max_concurrent_pairs
-        self.summary.shards.left = sum(unit.trial_id is not None for unit in units)
+        self.summary.shards.left = sum(len(unit.arms) for unit in units)
         with Heartbeat(self.store, self.holder, self.lease):
             Scheduler(units, retries, bar, max_groups=limit).run(workers)
 
     def _pair_units(self, name: str, group: str, trials: list[Trial]) -> list[WorkUnit]:
-        """Return the pair's missing live shards, then its replay unit (after those shards),
-        each run by a replica of worker group ``group``.
+        """Return the pair's missing live group shards, then its replay unit (after those
+        shards), each run by a replica of worker group ``group``.
 
-        A trial whose every shard is stored already (a run stopped before it was finished)
-        is finished here.
+        The pair's live trials are grouped by their AR baseline (the baseline and the trials
+        measured against it, :func:`arm_groups`); each group's shards carry all its arms. A
+        trial whose every shard is stored already (a run stopped before it was finished) is
+        finished here.
         """
         live = [trial for trial in trials if trial.mode == LIVE_MODE]
         stored = self.store.stored_prompts(trial.trial_id for trial in live)
-        size = self.spec.execution.shard_prompts
         units: list[WorkUnit] = []
-        for trial in live:
-            ordered = bool(trial.params_dict.get("persist_across_requests"))
-            shards = trial_units(trial.trial_id, group, trial.samples, size, ordered=ordered)
-            left = missing_units(shards, stored.get(trial.trial_id, set()))
-            if not left:
-                self.finish_if_complete(trial)
+        for arms in arm_groups(live):
+            first = arms[0]
+            ordered = any(bool(t.params_dict.get("persist_across_requests")) for t in arms)
+            shards = group_units(
+                first.baseline_id or first.trial_id,
+                group,
+                [trial.trial_id for trial in arms],
+                first.samples,
+                self.spec.execution.shard_prompts,
+                repeats=first.repeats,
+                ordered=ordered,
+            )
+            left = missing_arms(shards, stored)
+            running = {arm.trial_id for unit in left for arm in unit.arms}
+            for trial in arms:
+                if trial.trial_id not in running:
+                    self.finish_if_complete(trial)
             units += left
         if any(trial.mode != LIVE_MODE for trial in trials):
             after = tuple(unit.key for unit in units)
@@ -305,40 +323,57 @@ class _SweepRun:
         )
 
     def run_shard(self, replica: GroupReplica, unit: WorkUnit) -> None:
-        """Lease one shard, run it on ``replica`` and store it; finish its trial once all are
-        stored. A shard another live driver holds is deferred (see the module doc)."""
-        trial = self.trials[str(unit.trial_id)]
-        if trial.trial_id in self.failed_ids:
-            return
-        claim = self.store.claim_shard(
-            trial, unit.shard, unit.prompts, self.holder, self.lease.lease_s
-        )
-        if claim.outcome != "acquired":
-            self._run_elsewhere(trial, unit, claim)
-            return
-        if claim.driver is not None:
-            self._tally(claim.driver, taken_over=True)
+        """Lease each arm's shard of a group shard, run the arms leased on ``replica``
+        interleaved and store each; finish a trial once all its shards are stored. An arm
+        another live driver holds is deferred (see the module doc), after the others ran."""
+        mine: list[tuple[Trial, ArmShard]] = []
+        held: ShardClaim | None = None
+        for arm in unit.arms:
+            trial = self.trials[arm.trial_id]
+            if trial.trial_id in self.failed_ids:
+                continue
+            claim = self.store.claim_shard(
+                trial, unit.shard, arm.samples, self.holder, self.lease.lease_s
+            )
+            if claim.outcome == "acquired":
+                mine.append((trial, arm))
+                if claim.driver is not None:
+                    self._tally(claim.driver, taken_over=True)
+            elif claim.outcome == "held":
+                held = claim
+            else:
+                self._stored_elsewhere(trial, unit.shard, claim)
+        if mine:
+            self._run_arms(replica, unit, mine)
+        if held is not None:
+            self._note_wait(held)
+            raise Deferred(self.lease.heartbeat_s)
+
+    def _run_arms(
+        self, replica: GroupReplica, unit: WorkUnit, arms: list[tuple[Trial, ArmShard]]
+    ) -> None:
+        """Run the leased ``arms`` of a group shard on ``replica``, store each arm's shard and
+        finish the trials whose last shard it was."""
         try:
-            output = replica.run_shard(trial, unit)
+            outputs = replica.run_arms(unit, arms).outputs
         except Exception as exc:
-            self.store.record_attempt_error(trial, describe_failure(exc))
+            for trial, _ in arms:
+                self.store.record_attempt_error(trial, describe_failure(exc))
             raise
         record_rounds = self.spec.execution.record_rounds
-        stored = self.store.record_shard(trial, output, record_rounds, holder=self.holder)
-        with self.lock:
-            if stored:
-                self.stored_here.add(unit.key)
-            self.summary.shards.ran += stored
-            self.summary.shards.by_others += not stored
-        self.finish_if_complete(trial)
+        for (trial, _), output in zip(arms, outputs, strict=True):
+            stored = self.store.record_shard(trial, output, record_rounds, holder=self.holder)
+            with self.lock:
+                if stored:
+                    self.stored_here.add(shard_key(trial.trial_id, unit.shard))
+                self.summary.shards.ran += stored
+                self.summary.shards.by_others += not stored
+            self.finish_if_complete(trial)
 
-    def _run_elsewhere(self, trial: Trial, unit: WorkUnit, claim: ShardClaim) -> None:
-        """Settle a shard this run did not get: raise :class:`Deferred` while another driver's
-        lease on it is live; once stored (by another driver), count it and finish its trial."""
-        if claim.outcome == "held":
-            self._note_wait(claim)
-            raise Deferred(self.lease.heartbeat_s)
-        if unit.key not in self.stored_here:
+    def _stored_elsewhere(self, trial: Trial, shard: int, claim: ShardClaim) -> None:
+        """Settle an arm's shard found stored (by another driver unless this run stored it):
+        count it and finish its trial."""
+        if shard_key(trial.trial_id, shard) not in self.stored_here:
             self._tally(claim.driver, taken_over=False)
         self.finish_if_complete(trial)
 
@@ -376,20 +411,24 @@ class _SweepRun:
     def finish_if_complete(self, trial: Trial) -> None:
         """Mark ``trial`` done, with metrics from all its samples, once every shard is stored."""
         found = self.store.shard_results(trial.trial_id)
-        if len(found) < trial.samples:
+        if len(found) < trial.samples * trial.repeats:
             return
-        if self.store.finish_trial(trial, trial_metrics([result for _, result in found])):
+        blocks = [index % trial.samples for index, _ in found]
+        metrics = trial_metrics([result for _, result in found], blocks)
+        if self.store.finish_trial(trial, metrics):
             self.count(trial, None)
 
     def fail_shard(self, unit: WorkUnit, error: str) -> None:
-        """Record a shard given up after its retries, and its trial failed (counted once)."""
-        trial = self.trials[str(unit.trial_id)]
-        if self.store.record_shard_failure(trial, unit.shard, error):
-            with self.lock:
-                first = trial.trial_id not in self.failed_ids
-                self.failed_ids.add(trial.trial_id)
-            if first:
-                self.count(trial, error)
+        """Record a group shard given up after its retries: each arm's shard, and its trial
+        failed (counted once)."""
+        for arm in unit.arms:
+            trial = self.trials[arm.trial_id]
+            if self.store.record_shard_failure(trial, unit.shard, error):
+                with self.lock:
+                    first = trial.trial_id not in self.failed_ids
+                    self.failed_ids.add(trial.trial_id)
+                if first:
+                    self.count(trial, error)
 
     def replay_pair(self, replica: GroupReplica, unit: WorkUnit) -> None:
         """Replay the pending trials of the replay unit's pair's replay groups on ``replica``;
@@ -427,20 +466,29 @@ class _ReplicaWorker:
         self.group = self.replica.name
 
     def run(self, unit: WorkUnit) -> None:
-        """Run a shard of a trial, or (a pair's replay unit) that pair's replay groups."""
-        if unit.trial_id is None:
-            self.sweep.replay_pair(self.replica, unit)
-        else:
+        """Run a group shard, or (a pair's replay unit) that pair's replay groups."""
+        if unit.arms:
             self.sweep.run_shard(self.replica, unit)
+        else:
+            self.sweep.replay_pair(self.replica, unit)
 
     def give_up(self, unit: WorkUnit, error: str) -> None:
-        """Record the unit's shard (and so its trial) failed."""
-        if unit.trial_id is not None:
+        """Record the unit's shards (and so their trials) failed."""
+        if unit.arms:
             self.sweep.fail_shard(unit, error)
 
     def close(self) -> None:
         """Kill the replica's actors and free its placement group."""
         self.replica.close()
+
+
+def arm_groups(trials: Sequence[Trial]) -> list[list[Trial]]:
+    """Return live ``trials`` grouped by AR baseline (a baseline and the trials measured
+    against it: one pair, prompt set, sampling and seed), each group in plan order."""
+    grouped: dict[str, list[Trial]] = {}
+    for trial in trials:
+        grouped.setdefault(trial.baseline_id or trial.trial_id, []).append(trial)
+    return list(grouped.values())
 
 
 def _ensure_ray(address: str | None) -> None:

@@ -132,6 +132,7 @@ class Trial:
     mode: str = LIVE_MODE
     chat_template: bool | None = None
     is_check: bool = False
+    repeats: int = 1
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -403,6 +404,8 @@ class _TrialGroup:
         }
         if mode != LIVE_MODE:
             identity["mode"] = mode
+        if self.spec.execution.repeats != 1:
+            identity["repeats"] = self.spec.execution.repeats
         threshold = dict(params).get(THRESHOLD_PARAMETER)
         return Trial(
             trial_id=config_id(identity),
@@ -436,6 +439,7 @@ class _TrialGroup:
             threshold=float(threshold) if threshold is not None else None,
             mode=mode,
             chat_template=self.dataset.chat_template,
+            repeats=self.spec.execution.repeats,
         )
 
     def baseline(self) -> Trial:
