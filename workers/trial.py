@@ -124,10 +124,12 @@ class ArmSample:
 @dataclass(frozen=True)
 class GroupResults:
     """What a group shard decoded: each arm's results in its request's order (by arm key),
-    and every sample in the order it ran."""
+    every sample in the order it ran, and the error of each arm that raised (its results
+    left out: the arm stopped there while the others went on)."""
 
     results: dict[str, list[GenerationResult]]
     log: tuple[ArmSample, ...]
+    errors: dict[str, Exception] = field(default_factory=dict)
 
 
 def run_arms(draft: CachedLM | None, target: TargetScorer, group: GroupRequest) -> GroupResults:
@@ -141,21 +143,38 @@ def run_arms(draft: CachedLM | None, target: TargetScorer, group: GroupRequest) 
     the interleaving.
     """
     arms = group.arms
-    policies = [_warmed_policy(draft, target, arm.request) for arm in arms]
-    wanted = [dict(zip(_indices(arm.request), arm.request.prompts, strict=True)) for arm in arms]
     results: dict[str, list[GenerationResult]] = {arm.key: [] for arm in arms}
+    errors: dict[str, Exception] = {}
+    policies = [_arm_call(errors, arm, _warmed_policy, draft, target, arm.request) for arm in arms]
+    wanted = [dict(zip(_indices(arm.request), arm.request.prompts, strict=True)) for arm in arms]
     log: list[ArmSample] = []
     for index in sorted(set().union(*wanted)):
         for position in arm_order(len(arms), group.seed, index):
-            if index not in wanted[position]:
+            arm = arms[position]
+            if index not in wanted[position] or arm.key in errors:
                 continue
-            arm, started = arms[position], time.time()
-            seed = sample_seed(arm.request.seed, index)
-            prompt = wanted[position][index]
-            result = _decode(draft, target, arm.request, policies[position], prompt, seed)
-            results[arm.key].append(result)
-            log.append(ArmSample(arm.key, index, started, time.time()))
-    return GroupResults(results, tuple(log))
+            started, seed = time.time(), sample_seed(arm.request.seed, index)
+            prompt, policy = wanted[position][index], policies[position]
+            result = _arm_call(
+                errors, arm, _decode, draft, target, arm.request, policy, prompt, seed
+            )
+            if arm.key not in errors:
+                results[arm.key].append(result)
+                log.append(ArmSample(arm.key, index, started, time.time()))
+    kept = {key: found for key, found in results.items() if key not in errors}
+    return GroupResults(kept, tuple(log), errors)
+
+
+def _arm_call(errors: dict[str, Exception], arm: ArmRequest, call: Any, *args: Any) -> Any:
+    """Return ``call(*args)`` for ``arm``; an error of the arm's own (not a broken channel to
+    the target, nor Ray's) is kept in ``errors`` under its key instead, and None returned."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        if isinstance(exc, ConnectionError | EOFError) or type(exc).__module__.startswith("ray"):
+            raise
+        errors[arm.key] = exc
+        return None
 
 
 def _indices(request: TrialRequest) -> tuple[int, ...]:

@@ -3,10 +3,10 @@
 The group serves the pairs that share one target (``orchestrator.sweep.target_sets``), all in one
 placement group. A replica runs one unit at a time, so the target serves one request at a
 time: shards of any of its pairs' groups' prompts, every arm of the group interleaved
-(``run_arms``, on that pair's draft actor)
-and, in replay mode, a pair's replay groups (``replay_group``: traces recorded once per group
-by the pair's draft actor or read back from the store, the group's cost fit, the cross-check
-of the live check trial, each replayed trial stored like a live one). The target ranks start
+(``run_arms``, on that pair's draft actor) and, in replay mode, a pair's replay groups
+(``replay_group``: traces recorded once per group by the pair's draft actor or read back from
+the store, the group's cost fit, the cross-check of the live check trial, each replayed trial
+stored like a live one). The target ranks start
 with the replica's first unit, a pair's draft actor with the first unit of that pair (lazily:
 a pair with nothing left to run loads no draft). When any actor dies, all are closed and
 restarted by the next unit. The driver's wait on a shard (and on a new draft actor's warm-up)
@@ -87,11 +87,13 @@ DRAFT_CONCURRENCY = 2
 
 @dataclass(frozen=True)
 class GroupShard:
-    """A group shard's outcome: one output per arm to store, and every sample in the order it
-    ran (``workers.trial.ArmSample``: arm, sample index, start and end)."""
+    """A group shard's outcome: one output per arm to store (None for an arm that raised: its
+    error is in ``errors``, by trial id), and every sample in the order it ran
+    (``workers.trial.ArmSample``: arm, sample index, start and end)."""
 
-    outputs: list[ShardOutput]
+    outputs: list[ShardOutput | None]
     log: tuple[ArmSample, ...]
+    errors: dict[str, Exception]
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class GroupReplica:
 
     def run_arms(self, unit: WorkUnit, arms: Sequence[tuple[Trial, ArmShard]]) -> GroupShard:
         """Run one group shard's ``arms`` interleaved on their pair's draft actor; return each
-        arm's output to store (in ``arms``' order) and the order the samples ran in.
+        arm's output to store (in ``arms``' order), the errors of arms that raised, and the
+        order the samples ran in.
 
         Starts (or restarts) the actors first; an actor death, or a draft actor that stalled,
         closes them all, so the shard's retry, on whichever replica takes it, finds live ones.
@@ -162,9 +165,11 @@ class GroupReplica:
         self.warmed.update(trial.trial_id for trial, _ in arms)
         outputs = [
             self._output(trial, unit.shard, arm.samples, done.results[trial.trial_id], seconds)
+            if trial.trial_id in done.results
+            else None
             for trial, arm in arms
         ]
-        return GroupShard(outputs, done.log)
+        return GroupShard(outputs, done.log, done.errors)
 
     def _output(
         self,

@@ -1,23 +1,27 @@
-"""The Ray driver: preflight, training jobs, prompt shards over group replicas, results stored.
+"""The Ray driver: preflight, training jobs, group shards over group replicas, results stored.
 
-``execute_plan`` skips trials the store already has and splits each remaining live trial into
-shards of its prompts (``execution.shard_prompts``; a trial whose policy keeps state across
-requests stays one shard), leaving out the shards a previous run stored. One scheduler
+``execute_plan`` skips trials the store already has and groups each pair's remaining live trials
+by their AR baseline (:func:`arm_groups`: the baseline and the trials measured against it). A
+group's prompts are cut into shards (``execution.shard_prompts``; a group holding a policy that
+keeps state across requests stays one shard), each carrying every arm of the group, leaving out
+the arms' shards a previous run stored; on a replica the arms decode each prompt back to back in
+a seeded rotating order (``workers.trial.run_arms``). One scheduler
 (``orchestrator.run.scheduler``) runs the shards over ``execution.replicas`` replicas of each
 worker group (``orchestrator.run.replica``), ``execution.max_concurrent_pairs`` groups at a time,
 retrying a failed shard on live actors. Pairs whose targets are identical share one worker
 group (``orchestrator.sweep.target_sets``): their units carry the set's name as their group, and a
 replica of it runs any of them, each on its pair's draft actor, with the target loaded once.
 Replicas on one node share each model's one-token step choice (``orchestrator.run.step_choices``).
-Each shard's samples are stored in one transaction as it ends; when a trial's last shard is
-stored, its metrics and intervals are computed from all its samples and the trial is marked
+Each arm's shard is stored in one transaction as the group shard ends; when a trial's last shard
+is stored, its metrics and intervals are computed from all its samples and the trial is marked
 done, so a crash loses only the shards in flight. After the live shards, each trial group's
 block-aware cost model is fit over its stored live rounds and stored (``cost_fits``). In
 ``mode: replay`` each pair's replayed trials follow once its live shards are settled, group by
 group (``GroupReplica.replay_group``), on a replica of the pair's worker group.
 
-Each shard is leased to this driver in the store before it runs (``orchestrator.run.driver_lease``),
-so two drivers of one sweep never run one shard: a shard another live driver holds is put
+Each arm's shard is leased to this driver in the store before it runs
+(``orchestrator.run.driver_lease``), so two drivers of one sweep never run one shard: the arms
+this driver leased run, and a group shard with an arm another live driver holds is put
 back and looked at again each heartbeat until that driver stores it (counted in the summary as
 run by that driver) or its lease lapses (the driver died: this one takes the shard over).
 """
@@ -45,7 +49,7 @@ from orchestrator.run.replica import GroupReplica
 from orchestrator.run.scheduler import Deferred, Scheduler
 from orchestrator.run.step_choices import SingleStepChoices
 from orchestrator.run.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
-from orchestrator.store import LeaseHolder, ShardClaim, Store
+from orchestrator.store import LeaseHolder, ShardClaim, ShardOutput, Store
 from orchestrator.sweep.bundles import groups_held
 from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.sweep.spec import SweepSpec
@@ -197,6 +201,10 @@ def _trials_by_pair(
     return by_pair
 
 
+class ArmsFailed(RuntimeError):
+    """Arms of a group shard raised (each its own error, recorded); the others were stored."""
+
+
 class _SweepRun:
     """The pending work of one run: its trials' shards and replays, and the summary they fill.
 
@@ -227,6 +235,8 @@ class _SweepRun:
         self.groups = replay_groups(plan)
         self.pending_ids: set[str] = set()
         self.failed_ids: set[str] = set()
+        #: The errors of the arms that raised in a group shard's last attempt, by unit key.
+        self.arm_errors: dict[str, dict[str, str]] = {}
         #: The pair each replay unit replays, by unit key.
         self.replays: dict[str, str] = {}
         #: One-token step choices, one per model and node, shared by every replica.
@@ -328,6 +338,8 @@ class _SweepRun:
         another live driver holds is deferred (see the module doc), after the others ran."""
         mine: list[tuple[Trial, ArmShard]] = []
         held: ShardClaim | None = None
+        with self.lock:
+            self.arm_errors.pop(unit.key, None)
         for arm in unit.arms:
             trial = self.trials[arm.trial_id]
             if trial.trial_id in self.failed_ids:
@@ -353,22 +365,37 @@ class _SweepRun:
         self, replica: GroupReplica, unit: WorkUnit, arms: list[tuple[Trial, ArmShard]]
     ) -> None:
         """Run the leased ``arms`` of a group shard on ``replica``, store each arm's shard and
-        finish the trials whose last shard it was."""
+        finish the trials whose last shard it was; raise :class:`ArmsFailed` after storing the
+        others when an arm raised (the retry reruns only the arms not stored)."""
         try:
-            outputs = replica.run_arms(unit, arms).outputs
+            done = replica.run_arms(unit, arms)
         except Exception as exc:
             for trial, _ in arms:
                 self.store.record_attempt_error(trial, describe_failure(exc))
             raise
-        record_rounds = self.spec.execution.record_rounds
-        for (trial, _), output in zip(arms, outputs, strict=True):
-            stored = self.store.record_shard(trial, output, record_rounds, holder=self.holder)
+        failed: dict[str, str] = {}
+        for (trial, _), output in zip(arms, done.outputs, strict=True):
+            if output is None:
+                failed[trial.trial_id] = describe_failure(done.errors[trial.trial_id])
+                self.store.record_attempt_error(trial, failed[trial.trial_id])
+                continue
+            self._store_arm(trial, unit.shard, output)
+        if failed:
             with self.lock:
-                if stored:
-                    self.stored_here.add(shard_key(trial.trial_id, unit.shard))
-                self.summary.shards.ran += stored
-                self.summary.shards.by_others += not stored
-            self.finish_if_complete(trial)
+                self.arm_errors[unit.key] = failed
+            raise ArmsFailed("; ".join(f"{key}: {error}" for key, error in failed.items()))
+
+    def _store_arm(self, trial: Trial, shard: int, output: ShardOutput) -> None:
+        """Store one arm's shard, count it, and finish its trial once all its shards are."""
+        stored = self.store.record_shard(
+            trial, output, self.spec.execution.record_rounds, holder=self.holder
+        )
+        with self.lock:
+            if stored:
+                self.stored_here.add(shard_key(trial.trial_id, shard))
+            self.summary.shards.ran += stored
+            self.summary.shards.by_others += not stored
+        self.finish_if_complete(trial)
 
     def _stored_elsewhere(self, trial: Trial, shard: int, claim: ShardClaim) -> None:
         """Settle an arm's shard found stored (by another driver unless this run stored it):
@@ -419,16 +446,20 @@ class _SweepRun:
             self.count(trial, None)
 
     def fail_shard(self, unit: WorkUnit, error: str) -> None:
-        """Record a group shard given up after its retries: each arm's shard, and its trial
-        failed (counted once)."""
+        """Record a group shard given up after its retries: each arm's shard not stored, and its
+        trial failed (counted once), with the arm's own last error when it raised one."""
+        stored = self.store.stored_prompts(arm.trial_id for arm in unit.arms)
+        own = self.arm_errors.get(unit.key, {})
         for arm in unit.arms:
+            if set(arm.samples) <= stored.get(arm.trial_id, set()):
+                continue
             trial = self.trials[arm.trial_id]
-            if self.store.record_shard_failure(trial, unit.shard, error):
+            if self.store.record_shard_failure(trial, unit.shard, own.get(arm.trial_id, error)):
                 with self.lock:
                     first = trial.trial_id not in self.failed_ids
                     self.failed_ids.add(trial.trial_id)
                 if first:
-                    self.count(trial, error)
+                    self.count(trial, own.get(arm.trial_id, error))
 
     def replay_pair(self, replica: GroupReplica, unit: WorkUnit) -> None:
         """Replay the pending trials of the replay unit's pair's replay groups on ``replica``;

@@ -89,3 +89,17 @@ def test_arms_with_different_samples_run_only_their_own():
     done = run_arms(draft, target, GroupRequest(arms, seed=0))
     assert len(done.results["base"]) == 2 and len(done.results["static"]) == 4
     assert [(s.key, s.index) for s in done.log if s.key == "base"] == [("base", 2), ("base", 3)]
+
+
+def test_an_arm_that_raises_stops_alone_and_the_others_go_on():
+    draft_model, target_model = build_tiny_pair()
+    draft, target = CachedLM(draft_model), LocalTarget(CachedLM(target_model))
+    tokens = [p.tolist() for p in prompts(2)]
+    arms = (
+        ArmRequest("base", _request("ar", tokens, (0, 1))),
+        ArmRequest("broken", _request("cali_ts", tokens, (0, 1), sigma_model=1.0e-200)),
+    )
+    done = run_arms(draft, target, GroupRequest(arms, seed=0))
+    assert set(done.results) == {"base"} and len(done.results["base"]) == 2
+    assert isinstance(done.errors["broken"], ZeroDivisionError)
+    assert {s.key for s in done.log} == {"base"}
