@@ -44,10 +44,11 @@ GOAL = 0.05
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Return the options (defaults: the micro pair, 8 code prompts of 32 tokens, 20 seeds)."""
+    """Return the options (defaults: the micro pair, 12 code prompts of 32 tokens, 20 seeds;
+    12 prompts are two whole cycles of three arms' order)."""
     parser = bench_parser(__doc__)
     add_pair_arguments(parser)
-    add_prompt_arguments(parser, samples=8, max_new_tokens=32)
+    add_prompt_arguments(parser, samples=12, max_new_tokens=32)
     parser.set_defaults(
         target="zoo:micro/target", draft="zoo:micro/draft-s", dataset="builtin:code"
     )

@@ -5,7 +5,7 @@ by their AR baseline (:func:`arm_groups`: the baseline and the trials measured a
 group's prompts are cut into shards (``execution.shard_prompts``; a group holding a policy that
 keeps state across requests stays one shard), each carrying every arm of the group, leaving out
 the arms' shards a previous run stored; on a replica the arms decode each prompt back to back in
-a seeded rotating order (``workers.trial.run_arms``). One scheduler
+a seeded, balanced order (``workers.trial.run_arms``). One scheduler
 (``orchestrator.run.scheduler``) runs the shards over ``execution.replicas`` replicas of each
 worker group (``orchestrator.run.replica``), ``execution.max_concurrent_pairs`` groups at a time,
 retrying a failed shard on live actors. Pairs whose targets are identical share one worker

@@ -482,7 +482,7 @@ class ExecutionSpec(_Frozen):
     prompts of each trial are then decoded untimed on a replica's first shard of that trial.
 
     For each prompt, a group's AR baseline and live trials run back to back in a seeded
-    rotating order (interleaved arms); ``repeats`` runs each (prompt, arm) that many times,
+    balanced order (interleaved arms); ``repeats`` runs each (prompt, arm) that many times,
     the repeats stored as extra samples of the same prompt (repeat r of prompt i is sample
     r * samples + i) and summed within the prompt by the intervals.
 

@@ -67,18 +67,18 @@ def test_a_setting_entered_twice_is_not_distinguishable(zoo_env, ray_local, tmp_
     try:
         (arms,) = arm_groups(plan.trials)
         ids = [trial.trial_id for trial in arms]
-        unit, _ = group_units(base.trial_id, "micro", ids, 6, 3, repeats=1)
+        (unit,) = group_units(base.trial_id, "micro", ids, 6, 6)
         done = replica.run_arms(
             unit, [(trial, arm) for trial, arm in zip(arms, unit.arms, strict=True)]
         )
     finally:
         replica.close()
-    assert [len(output.results) for output in done.outputs] == [3, 3, 3]
-    blocks = [done.log[start : start + 3] for start in range(0, 9, 3)]
+    assert [len(output.results) for output in done.outputs] == [6, 6, 6]
+    blocks = [done.log[start : start + 3] for start in range(0, 18, 3)]  # one balanced cycle
     for index, block in enumerate(blocks):
         assert [s.index for s in block] == [index] * 3
         assert [ids.index(s.key) for s in block] == list(arm_order(3, base.seed, index))
-    assert Counter(block[0].key for block in blocks) == Counter(ids)
+    assert Counter(block[0].key for block in blocks) == Counter(ids * 2)
     starts = [s.started for s in done.log]
     assert starts == sorted(starts)
     assert all(s.ended <= later.started for s, later in zip(done.log, done.log[1:], strict=False))
