@@ -377,8 +377,13 @@ def test_ctrl_c_stops_submit_promptly_and_keeps_every_finished_trial(
     zoo_env: Any, tmp_path: Path
 ) -> None:
     sweep_file = tmp_path / "interrupt.yaml"
-    # Trials long enough (seconds each) that the interrupt lands while later ones are pending.
-    long_trials = [{**CODE_DATASET, "samples": 4, "max_new_tokens": 48}]
+    # Trials long enough (seconds each) that the interrupt lands while later ones are pending;
+    # two datasets are two groups (a group's arms run interleaved and finish together), run
+    # one after the other.
+    long_trials = [
+        {**CODE_DATASET, "samples": 4, "max_new_tokens": 48},
+        {"name": "builtin:math", "samples": 4, "max_new_tokens": 48},
+    ]
     sweep_file.write_text(sweep_yaml("interrupt", datasets=long_trials))
     plan = plan_sweep(parse_sweep(sweep_file.read_text(), str(sweep_file)))
     db = tmp_path / "results.db"
@@ -418,7 +423,7 @@ def test_ctrl_c_stops_submit_promptly_and_keeps_every_finished_trial(
     assert code == 130, output[-3000:]
     assert "interrupted: finished trials are stored" in output
     counts = _status_counts(db)
-    # The trial in flight finishes and is stored; no new one starts, none is left running.
+    # The group shard in flight finishes and is stored; no new one starts, none is left running.
     assert counts.get("running", 0) == 0
     assert 1 <= counts.get("done", 0) < len(plan.trials), (counts, seconds)
     assert seconds < 60
