@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         store = open_store(f"sqlite:///{Path(folder) / 'results.db'}")
         store.register_sweep(spec, plan)
-        ray.init(num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR")
+        ray.init(
+            address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR"
+        )
         try:
             summary = execute_plan(spec, plan, store, RunOptions(progress=False))
         finally:
