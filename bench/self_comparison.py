@@ -15,7 +15,6 @@ as ``compare`` does (``orchestrator.analysis.pairing.paired_ratio``). The goal: 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from common import (
 )
 
 from orchestrator.analysis.pairing import paired_ratio
+from orchestrator.run.git_state import git_state
 from orchestrator.run.runner import RunOptions, arm_groups, execute_plan
 from orchestrator.store import Store, open_store
 from orchestrator.sweep.planner import Plan, plan_sweep
@@ -141,12 +141,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _commit() -> str | None:
-    """Return the checkout's commit (None outside git)."""
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or None
+    """Return the checkout's commit, 12 hex digits (None outside git), read without git."""
+    commit = git_state(Path(__file__).resolve().parent.parent).commit
+    return None if commit is None else commit[:12]
 
 
 def main(argv: list[str] | None = None) -> int:
