@@ -2,12 +2,12 @@
 
 ``TargetWorker`` hosts the target (backend ``hf``: the whole model; backend ``deepspeed``: one
 AutoTP rank of ``tp_size``). ``DraftWorker`` hosts the draft model, drives the rounds through
-:func:`workers.trial.run_trial`, and calls the target group once per round through
-:class:`RemoteTargetGroup`, which fans each call out to every rank and returns rank 0's answer.
-The per-request calls (``prefill``, ``verify``, ``generate``) travel over each rank's direct
-channel (:mod:`workers.channel`); the rest, and the actors' lifecycle, go through Ray. The
-classes run outside Ray too (``TargetWorker.__ray_actor_class__``), as ``bench/actors.py``'s
-Ray-free placement runs them.
+:func:`workers.trial.run_trial` (a group shard's arms interleaved: :func:`workers.trial.run_arms`),
+and calls the target group once per round through :class:`RemoteTargetGroup`, which fans each
+call out to every rank and returns rank 0's answer. The per-request calls (``prefill``,
+``verify``, ``generate``) travel over each rank's direct channel (:mod:`workers.channel`); the
+rest, and the actors' lifecycle, go through Ray. The classes run outside Ray too
+(``TargetWorker.__ray_actor_class__``), as ``bench/actors.py``'s Ray-free placement runs them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ from workers.model_spec import ModelSpec, RankSpec
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 from workers.trace import GreedyTrace, record_trace
-from workers.trial import TrialRequest, WarmUp, run_trial, warm_up
+from workers.trial import (
+    GroupRequest,
+    GroupResults,
+    TrialRequest,
+    WarmUp,
+    run_arms,
+    run_trial,
+    warm_up,
+)
 
 __all__ = [
     "ChannelTargetGroup",
@@ -226,6 +234,10 @@ class DraftWorker:
     def run_trial(self, request: TrialRequest) -> list[GenerationResult]:
         """Run one trial (all its prompts) and return one result per prompt."""
         return run_trial(self.draft, self.target, request)
+
+    def run_arms(self, group: GroupRequest) -> GroupResults:
+        """Run a group shard's arms interleaved prompt by prompt (``workers.trial.run_arms``)."""
+        return run_arms(self.draft, self.target, group)
 
     def warm_up(self, request: TrialRequest, min_seconds: float) -> WarmUp:
         """Decode ``request`` untimed for at least ``min_seconds`` (``workers.trial.warm_up``)."""

@@ -1,4 +1,5 @@
-"""Running one trial's prompts through the engine: the same function in process and in actors."""
+"""Running a trial's prompts, or a group's arms interleaved, through the engine: the same
+functions in process and in actors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 
 from policies import DraftPolicy, make_policy
+from workers.arm_order import arm_order
 from workers.engine import (
     RequestSettings,
     TargetScorer,
@@ -18,7 +20,19 @@ from workers.engine import (
 from workers.lm import CachedLM
 from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 
-__all__ = ["BASELINE_POLICY", "TrialRequest", "WarmUp", "run_trial", "sample_seed", "warm_up"]
+__all__ = [
+    "BASELINE_POLICY",
+    "ArmRequest",
+    "ArmSample",
+    "GroupRequest",
+    "GroupResults",
+    "TrialRequest",
+    "WarmUp",
+    "run_arms",
+    "run_trial",
+    "sample_seed",
+    "warm_up",
+]
 
 #: Seconds a new process on a GPU decodes before its first timed sample. On an H200, decoding
 #: in a fresh process ran at 47–71 ms a token, in spells, for about its first 12 s, then mostly
@@ -67,6 +81,112 @@ def run_trial(
     ``persist_across_requests`` carries its state (EESD's posterior, the heuristic's K) from
     each prompt to the next, the others start every prompt afresh. Warm-up uses its own policy.
     """
+    policy = _warmed_policy(draft, target, request)
+    indices = request.indices or range(len(request.prompts))
+    return [
+        _decode(draft, target, request, policy, prompt, seed=sample_seed(request.seed, index))
+        for index, prompt in zip(indices, request.prompts, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class ArmRequest:
+    """One arm of a group request: a trial (``key``, its id) and its samples in this shard.
+
+    ``request.indices`` are the arm's sample indices (repeat r of prompt i is r * prompts + i)
+    and ``request.prompts`` the prompt of each.
+    """
+
+    key: str
+    request: TrialRequest
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """The arms of one group shard, run interleaved prompt by prompt in an order seeded by
+    ``seed`` (``workers.arm_order``)."""
+
+    arms: tuple[ArmRequest, ...]
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ArmSample:
+    """One decoded sample of a group shard, in the order they ran: its arm, its sample index,
+    and when it started and ended (``time.time()`` seconds)."""
+
+    key: str
+    index: int
+    started: float
+    ended: float
+
+
+@dataclass(frozen=True)
+class GroupResults:
+    """What a group shard decoded: each arm's results in its request's order (by arm key),
+    every sample in the order it ran, and the error of each arm that raised (its results
+    left out: the arm stopped there while the others went on)."""
+
+    results: dict[str, list[GenerationResult]]
+    log: tuple[ArmSample, ...]
+    errors: dict[str, Exception] = field(default_factory=dict)
+
+
+def run_arms(draft: CachedLM | None, target: TargetScorer, group: GroupRequest) -> GroupResults:
+    """Decode a group shard: for each sample index, every arm holding it, back to back.
+
+    Each arm's warm-up runs first (untimed), then one block per sample index in ascending
+    order, its arms in the order :func:`workers.arm_order.arm_order` gives for (``seed``,
+    index). Each arm has one policy object for the request, so a policy that persists across
+    requests carries its state from sample to sample within its arm, as in :func:`run_trial`;
+    sample seeds are ``sample_seed(trial seed, index)`` as there, so outputs do not depend on
+    the interleaving.
+    """
+    arms = group.arms
+    results: dict[str, list[GenerationResult]] = {arm.key: [] for arm in arms}
+    errors: dict[str, Exception] = {}
+    policies = [_arm_call(errors, arm, _warmed_policy, draft, target, arm.request) for arm in arms]
+    wanted = [dict(zip(_indices(arm.request), arm.request.prompts, strict=True)) for arm in arms]
+    log: list[ArmSample] = []
+    for index in sorted(set().union(*wanted)):
+        for position in arm_order(len(arms), group.seed, index):
+            arm = arms[position]
+            if index not in wanted[position] or arm.key in errors:
+                continue
+            started, seed = time.time(), sample_seed(arm.request.seed, index)
+            prompt, policy = wanted[position][index], policies[position]
+            result = _arm_call(
+                errors, arm, _decode, draft, target, arm.request, policy, prompt, seed
+            )
+            if arm.key not in errors:
+                results[arm.key].append(result)
+                log.append(ArmSample(arm.key, index, started, time.time()))
+    kept = {key: found for key, found in results.items() if key not in errors}
+    return GroupResults(kept, tuple(log), errors)
+
+
+def _arm_call(errors: dict[str, Exception], arm: ArmRequest, call: Any, *args: Any) -> Any:
+    """Return ``call(*args)`` for ``arm``; an error of the arm's own (not a broken channel to
+    the target, nor Ray's) is kept in ``errors`` under its key instead, and None returned."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        if isinstance(exc, ConnectionError | EOFError) or type(exc).__module__.startswith("ray"):
+            raise
+        errors[arm.key] = exc
+        return None
+
+
+def _indices(request: TrialRequest) -> tuple[int, ...]:
+    """Return the sample indices of ``request``'s prompts (default 0, 1, ...)."""
+    return tuple(request.indices or range(len(request.prompts)))
+
+
+def _warmed_policy(
+    draft: CachedLM | None, target: TargetScorer, request: TrialRequest
+) -> DraftPolicy | None:
+    """Decode ``request``'s warm-up prompts untimed (their own policy); return the policy its
+    measured prompts run through (None for the AR baseline)."""
     runtime_inputs = dict(request.runtime_inputs)
     if request.artifact_path is not None:
         from workers.heads import load_runtime_inputs
@@ -76,12 +196,7 @@ def run_trial(
     warmup_policy = _trial_policy(request, runtime_inputs) if warmup else None
     for prompt in warmup:
         _decode(draft, target, request, warmup_policy, prompt, seed=request.seed)
-    policy = _trial_policy(request, runtime_inputs)
-    indices = request.indices or range(len(request.prompts))
-    return [
-        _decode(draft, target, request, policy, prompt, seed=sample_seed(request.seed, index))
-        for index, prompt in zip(indices, request.prompts, strict=True)
-    ]
+    return _trial_policy(request, runtime_inputs)
 
 
 @dataclass(frozen=True)

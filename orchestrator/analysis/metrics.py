@@ -192,8 +192,39 @@ def sample_decode_tokens_per_s(result: GenerationResult) -> float | None:
     return ratio(result.n_generated, result.decode_seconds)
 
 
-def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
-    """Return the trial's aggregate metrics; raises ValueError for an empty list of results."""
+def per_prompt(samples: Sequence[SampleCounts], blocks: Sequence[int]) -> list[SampleCounts]:
+    """Return the counts summed per prompt: ``blocks[i]`` is sample i's prompt (repeats of a
+    prompt are replicates within it, so an interval's unit stays the prompt)."""
+    summed: dict[int, SampleCounts] = {}
+    for sample, block in zip(samples, blocks, strict=True):
+        seen = summed.get(block)
+        summed[block] = (
+            sample
+            if seen is None
+            else SampleCounts(
+                seen.tokens + sample.tokens,
+                seen.seconds + sample.seconds,
+                seen.drafted + sample.drafted,
+                seen.accepted + sample.accepted,
+                seen.rounds + sample.rounds,
+                _sum_or_none(seen.decode_seconds, sample.decode_seconds),
+            )
+        )
+    return list(summed.values())
+
+
+def _sum_or_none(a: float | None, b: float | None) -> float | None:
+    """Return a + b, or None when either is missing."""
+    return None if a is None or b is None else a + b
+
+
+def trial_metrics(
+    results: Sequence[GenerationResult], blocks: Sequence[int] | None = None
+) -> TrialMetrics:
+    """Return the trial's aggregate metrics; raises ValueError for an empty list of results.
+
+    ``blocks`` (one per result: its prompt) sums repeats of a prompt before the intervals.
+    """
     if not results:
         raise ValueError("a trial needs at least one sample result")
     generated = sum(result.n_generated for result in results)
@@ -202,14 +233,13 @@ def trial_metrics(results: Sequence[GenerationResult]) -> TrialMetrics:
     n_rounds = len(rounds)
     drafted = sum(r.drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)
-    intervals = trial_intervals(
-        [
-            SampleCounts(
-                r.n_generated, r.seconds, r.n_drafted, r.n_accepted, len(r.rounds), r.decode_seconds
-            )
-            for r in results
-        ]
-    )
+    counts = [
+        SampleCounts(
+            r.n_generated, r.seconds, r.n_drafted, r.n_accepted, len(r.rounds), r.decode_seconds
+        )
+        for r in results
+    ]
+    intervals = trial_intervals(counts if blocks is None else per_prompt(counts, blocks))
     prefill = all_or_none([r.prefill_seconds for r in results])
     decode = all_or_none([r.decode_seconds for r in results])
     return TrialMetrics(

@@ -2,8 +2,10 @@
 
 A speedup or a comparison is only meaningful on the same prompts: samples are matched on their
 ``prompt_id`` (a prompt that occurs twice in a slice is matched occurrence by occurrence), and
-prompts only one trial holds are left out. Several comparisons made together
-(:func:`compare_family`) control the family-wise error with Holm's method.
+prompts only one trial holds are left out. Repeats of a prompt (``execution.repeats``: samples
+with the same ``prompt_id``) pair repeat by repeat and are then summed within the prompt, so the
+interval's unit stays the prompt (a prompt that occurs twice in a slice counts once). Several
+comparisons made together (:func:`compare_family`) control the family-wise error with Holm's method.
 """
 
 from __future__ import annotations
@@ -99,15 +101,13 @@ def _paired_interval(
     a: Sequence[SampleSpeed], b: Sequence[SampleSpeed], confidence: float
 ) -> tuple[int, Interval | None]:
     """Return the number of shared prompts and A's tokens/s over B's interval on them."""
-    pairs = pair_samples(a, b)
-    interval = paired_speed_ratio(
-        [x.tokens for x, _ in pairs],
-        [x.seconds for x, _ in pairs],
-        [y.tokens for _, y in pairs],
-        [y.seconds for _, y in pairs],
-        confidence=confidence,
-    )
-    return len(pairs), interval
+    sums: dict[str, list[float]] = {}
+    for x, y in pair_samples(a, b):
+        total = sums.setdefault(x.prompt_id, [0.0, 0.0, 0.0, 0.0])
+        for position, value in enumerate((x.tokens, x.seconds, y.tokens, y.seconds)):
+            total[position] += value
+    columns = [[total[position] for total in sums.values()] for position in range(4)]
+    return len(sums), paired_speed_ratio(*columns, confidence=confidence)
 
 
 def paired_ratio(a: Sequence[SampleSpeed], b: Sequence[SampleSpeed]) -> Comparison:

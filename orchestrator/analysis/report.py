@@ -381,7 +381,7 @@ def comparison_lines(
     ]
     if compared.n_prompts < max(n_a, n_b):
         lines.append(
-            f"note: A has {n_a} samples and B {n_b}; only the {compared.n_prompts} prompts "
+            f"note: A has {n_a} prompts and B {n_b}; only the {compared.n_prompts} prompts "
             "both measured are compared"
         )
     return lines if compared.family_size == 1 else [*lines, ""]

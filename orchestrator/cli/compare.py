@@ -92,7 +92,8 @@ def _measure_lines(
         raise UserError(report.comparison_refusal(rows[a], rows[b], family[0].n_prompts))
     lines = report.family_header(family, measure) if len(pairs) > 1 else []
     for (a, b), compared, (got_a, got_b) in zip(pairs, family, sampled, strict=True):
+        prompts_a, prompts_b = ({s.prompt_id for s in got} for got in (got_a, got_b))
         lines += report.comparison_lines(
-            rows[a], rows[b], compared, len(got_a), len(got_b), measure
+            rows[a], rows[b], compared, len(prompts_a), len(prompts_b), measure
         )
     return lines

@@ -2,10 +2,11 @@
 
 The group serves the pairs that share one target (``orchestrator.sweep.target_sets``), all in one
 placement group. A replica runs one unit at a time, so the target serves one request at a
-time: shards of any of its pairs' trials' prompts (``run_shard``, on that pair's draft actor)
-and, in replay mode, a pair's replay groups (``replay_group``: traces recorded once per group
-by the pair's draft actor or read back from the store, the group's cost fit, the cross-check
-of the live check trial, each replayed trial stored like a live one). The target ranks start
+time: shards of any of its pairs' groups' prompts, every arm of the group interleaved
+(``run_arms``, on that pair's draft actor) and, in replay mode, a pair's replay groups
+(``replay_group``: traces recorded once per group by the pair's draft actor or read back from
+the store, the group's cost fit, the cross-check of the live check trial, each replayed trial
+stored like a live one). The target ranks start
 with the replica's first unit, a pair's draft actor with the first unit of that pair (lazily:
 a pair with nothing left to run loads no draft). When any actor dies, all are closed and
 restarted by the next unit. The driver's wait on a shard (and on a new draft actor's warm-up)
@@ -63,20 +64,38 @@ from orchestrator.store import ShardOutput, Store
 from orchestrator.sweep.planner import ReplayGroup, Trial
 from orchestrator.sweep.spec import ExecutionSpec
 from orchestrator.sweep.target_sets import SharedTarget
-from orchestrator.sweep.work_units import WorkUnit
+from orchestrator.sweep.work_units import ArmShard, WorkUnit
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
 from workers.model_spec import ModelSpec, RankSpec, SingleStep, free_port
 from workers.prompt_format import response_text
-from workers.records import BASELINE_POLICY, SamplingConfig
+from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 from workers.step_plan import StepPlan
-from workers.trial import GPU_WARMUP_SECONDS, TrialRequest
+from workers.trial import (
+    GPU_WARMUP_SECONDS,
+    ArmRequest,
+    ArmSample,
+    GroupRequest,
+    GroupResults,
+    TrialRequest,
+)
 
 #: Tokens decoded (and draft length used) to warm a new worker group up before its trials.
 WARMUP_TOKENS = 8
 WARMUP_DRAFT_LEN = 2
 #: Calls a draft actor runs at once: the driver's call, and the progress query beside it.
 DRAFT_CONCURRENCY = 2
+
+
+@dataclass(frozen=True)
+class GroupShard:
+    """A group shard's outcome: one output per arm to store (None for an arm that raised: its
+    error is in ``errors``, by trial id), and every sample in the order it ran
+    (``workers.trial.ArmSample``: arm, sample index, start and end)."""
+
+    outputs: list[ShardOutput | None]
+    log: tuple[ArmSample, ...]
+    errors: dict[str, Exception]
 
 
 @dataclass(frozen=True)
@@ -123,29 +142,54 @@ class GroupReplica:
         #: Trials whose ``warmup_samples`` already ran on the current actors.
         self.warmed: set[str] = set()
 
-    def run_shard(self, trial: Trial, unit: WorkUnit) -> ShardOutput:
-        """Run one shard of ``trial``'s prompts on its pair's draft actor; return what to store.
+    def run_arms(self, unit: WorkUnit, arms: Sequence[tuple[Trial, ArmShard]]) -> GroupShard:
+        """Run one group shard's ``arms`` interleaved on their pair's draft actor; return each
+        arm's output to store (in ``arms``' order), the errors of arms that raised, and the
+        order the samples ran in.
 
         Starts (or restarts) the actors first; an actor death, or a draft actor that stalled,
         closes them all, so the shard's retry, on whichever replica takes it, finds live ones.
+        The arms' order is seeded by the group's seed (its trials share one).
         """
+        first = arms[0][0]
         try:
-            draft = self._draft(trial.pair)
-            request = self._request(trial, unit.prompts)
+            draft = self._draft(first.pair)
+            requests = tuple(
+                ArmRequest(trial.trial_id, self._request(trial, arm.samples)) for trial, arm in arms
+            )
             start = time.perf_counter()
-            results = self._wait(draft, draft.run_trial.remote(request))
+            ref = draft.run_arms.remote(GroupRequest(requests, seed=first.seed))
+            done: GroupResults = self._wait(draft, ref)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, WorkerStalled):
             self.close()
             raise
         seconds = time.perf_counter() - start
-        self.warmed.add(trial.trial_id)
+        self.warmed.update(trial.trial_id for trial, _ in arms)
+        outputs = [
+            self._output(trial, unit.shard, arm.samples, done.results[trial.trial_id], seconds)
+            if trial.trial_id in done.results
+            else None
+            for trial, arm in arms
+        ]
+        return GroupShard(outputs, done.log, done.errors)
+
+    def _output(
+        self,
+        trial: Trial,
+        shard: int,
+        samples: Sequence[int],
+        results: Sequence[GenerationResult],
+        seconds: float,
+    ) -> ShardOutput:
+        """Return what to store of one arm's results in shard ``shard`` (the group shard's
+        ``seconds``); a repeat keeps its prompt's id."""
         prepared = self.inputs.prompts[trial.prompts.key]
         tokenizer = self.inputs.tokenizer(trial.pair)
         return ShardOutput(
-            shard=unit.shard,
-            indices=unit.prompts,
+            shard=shard,
+            indices=tuple(samples),
             results=results,
-            prompt_ids=[prepared[index].id for index in unit.prompts],
+            prompt_ids=[prepared[index % len(prepared)].id for index in samples],
             output_texts=[response_text(tokenizer, r.output_ids) for r in results],
             node_id=self.node,
             seconds=seconds,
@@ -271,7 +315,8 @@ class GroupReplica:
         return None
 
     def _request(self, trial: Trial, indices: Sequence[int] | None = None) -> TrialRequest:
-        """Build the worker's request for ``trial``'s prompts at ``indices`` (default: all).
+        """Build the worker's request for ``trial``'s samples at ``indices`` (default: one per
+        prompt; sample r * prompts + i is repeat r of prompt i).
 
         The trial's ``warmup_samples`` (of these prompts) run only on the replica's first shard
         of the trial; the replica's own warm-up ran when its actors started.
@@ -281,7 +326,7 @@ class GroupReplica:
             trial.pair, prompts.key, sampling.max_new_tokens, prompts.chat_template
         )
         indices = tuple(range(len(all_ids))) if indices is None else tuple(indices)
-        token_ids = [all_ids[index] for index in indices]
+        token_ids = [all_ids[index % len(all_ids)] for index in indices]
         warmup = 0 if trial.trial_id in self.warmed else trial.warmup_samples
         return TrialRequest(
             prompts=token_ids,

@@ -1,23 +1,27 @@
-"""The Ray driver: preflight, training jobs, prompt shards over group replicas, results stored.
+"""The Ray driver: preflight, training jobs, group shards over group replicas, results stored.
 
-``execute_plan`` skips trials the store already has and splits each remaining live trial into
-shards of its prompts (``execution.shard_prompts``; a trial whose policy keeps state across
-requests stays one shard), leaving out the shards a previous run stored. One scheduler
+``execute_plan`` skips trials the store already has and groups each pair's remaining live trials
+by their AR baseline (:func:`arm_groups`: the baseline and the trials measured against it). A
+group's prompts are cut into shards (``execution.shard_prompts``; a group holding a policy that
+keeps state across requests stays one shard), each carrying every arm of the group, leaving out
+the arms' shards a previous run stored; on a replica the arms decode each prompt back to back in
+a seeded, balanced order (``workers.trial.run_arms``). One scheduler
 (``orchestrator.run.scheduler``) runs the shards over ``execution.replicas`` replicas of each
 worker group (``orchestrator.run.replica``), ``execution.max_concurrent_pairs`` groups at a time,
 retrying a failed shard on live actors. Pairs whose targets are identical share one worker
 group (``orchestrator.sweep.target_sets``): their units carry the set's name as their group, and a
 replica of it runs any of them, each on its pair's draft actor, with the target loaded once.
 Replicas on one node share each model's one-token step choice (``orchestrator.run.step_choices``).
-Each shard's samples are stored in one transaction as it ends; when a trial's last shard is
-stored, its metrics and intervals are computed from all its samples and the trial is marked
+Each arm's shard is stored in one transaction as the group shard ends; when a trial's last shard
+is stored, its metrics and intervals are computed from all its samples and the trial is marked
 done, so a crash loses only the shards in flight. After the live shards, each trial group's
 block-aware cost model is fit over its stored live rounds and stored (``cost_fits``). In
 ``mode: replay`` each pair's replayed trials follow once its live shards are settled, group by
 group (``GroupReplica.replay_group``), on a replica of the pair's worker group.
 
-Each shard is leased to this driver in the store before it runs (``orchestrator.run.driver_lease``),
-so two drivers of one sweep never run one shard: a shard another live driver holds is put
+Each arm's shard is leased to this driver in the store before it runs
+(``orchestrator.run.driver_lease``), so two drivers of one sweep never run one shard: the arms
+this driver leased run, and a group shard with an arm another live driver holds is put
 back and looked at again each heartbeat until that driver stores it (counted in the summary as
 run by that driver) or its lease lapses (the driver died: this one takes the shard over).
 """
@@ -45,12 +49,18 @@ from orchestrator.run.replica import GroupReplica
 from orchestrator.run.scheduler import Deferred, Scheduler
 from orchestrator.run.step_choices import SingleStepChoices
 from orchestrator.run.training_stage import JobOutcome, attach_job_drafts, run_training_jobs
-from orchestrator.store import LeaseHolder, ShardClaim, Store
+from orchestrator.store import LeaseHolder, ShardClaim, ShardOutput, Store
 from orchestrator.sweep.bundles import groups_held
 from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, replay_groups
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.target_sets import SharedTarget, shared_targets, split_to_fit
-from orchestrator.sweep.work_units import WorkUnit, missing_units, trial_units
+from orchestrator.sweep.work_units import (
+    ArmShard,
+    WorkUnit,
+    group_units,
+    missing_arms,
+    shard_key,
+)
 
 __all__ = [
     "PreflightError",
@@ -191,6 +201,10 @@ def _trials_by_pair(
     return by_pair
 
 
+class ArmsFailed(RuntimeError):
+    """Arms of a group shard raised (each its own error, recorded); the others were stored."""
+
+
 class _SweepRun:
     """The pending work of one run: its trials' shards and replays, and the summary they fill.
 
@@ -221,6 +235,8 @@ class _SweepRun:
         self.groups = replay_groups(plan)
         self.pending_ids: set[str] = set()
         self.failed_ids: set[str] = set()
+        #: The errors of the arms that raised in a group shard's last attempt, by unit key.
+        self.arm_errors: dict[str, dict[str, str]] = {}
         #: The pair each replay unit replays, by unit key.
         self.replays: dict[str, str] = {}
         #: One-token step choices, one per model and node, shared by every replica.
@@ -252,28 +268,39 @@ class _SweepRun:
             dynamic_ncols=True,
         )
         limit = self.spec.execution.max_concurrent_pairs
-        self.summary.shards.left = sum(unit.trial_id is not None for unit in units)
+        self.summary.shards.left = sum(len(unit.arms) for unit in units)
         with Heartbeat(self.store, self.holder, self.lease):
             Scheduler(units, retries, bar, max_groups=limit).run(workers)
 
     def _pair_units(self, name: str, group: str, trials: list[Trial]) -> list[WorkUnit]:
-        """Return the pair's missing live shards, then its replay unit (after those shards),
-        each run by a replica of worker group ``group``.
+        """Return the pair's missing live group shards, then its replay unit (after those
+        shards), each run by a replica of worker group ``group``.
 
-        A trial whose every shard is stored already (a run stopped before it was finished)
-        is finished here.
+        The pair's live trials are grouped by their AR baseline (the baseline and the trials
+        measured against it, :func:`arm_groups`); each group's shards carry all its arms. A
+        trial whose every shard is stored already (a run stopped before it was finished) is
+        finished here.
         """
         live = [trial for trial in trials if trial.mode == LIVE_MODE]
         stored = self.store.stored_prompts(trial.trial_id for trial in live)
-        size = self.spec.execution.shard_prompts
         units: list[WorkUnit] = []
-        for trial in live:
-            ordered = bool(trial.setting.params_dict.get("persist_across_requests"))
-            samples = trial.prompts.samples
-            shards = trial_units(trial.trial_id, group, samples, size, ordered=ordered)
-            left = missing_units(shards, stored.get(trial.trial_id, set()))
-            if not left:
-                self.finish_if_complete(trial)
+        for arms in arm_groups(live):
+            first = arms[0]
+            ordered = any(bool(t.setting.params_dict.get("persist_across_requests")) for t in arms)
+            shards = group_units(
+                first.baseline_id or first.trial_id,
+                group,
+                [trial.trial_id for trial in arms],
+                first.prompts.samples,
+                self.spec.execution.shard_prompts,
+                repeats=first.repeats,
+                ordered=ordered,
+            )
+            left = missing_arms(shards, stored)
+            running = {arm.trial_id for unit in left for arm in unit.arms}
+            for trial in arms:
+                if trial.trial_id not in running:
+                    self.finish_if_complete(trial)
             units += left
         if any(trial.mode != LIVE_MODE for trial in trials):
             after = tuple(unit.key for unit in units)
@@ -306,40 +333,74 @@ class _SweepRun:
         )
 
     def run_shard(self, replica: GroupReplica, unit: WorkUnit) -> None:
-        """Lease one shard, run it on ``replica`` and store it; finish its trial once all are
-        stored. A shard another live driver holds is deferred (see the module doc)."""
-        trial = self.trials[str(unit.trial_id)]
-        if trial.trial_id in self.failed_ids:
-            return
-        claim = self.store.claim_shard(
-            trial, unit.shard, unit.prompts, self.holder, self.lease.lease_s
-        )
-        if claim.outcome != "acquired":
-            self._run_elsewhere(trial, unit, claim)
-            return
-        if claim.driver is not None:
-            self._tally(claim.driver, taken_over=True)
+        """Lease each arm's shard of a group shard, run the arms leased on ``replica``
+        interleaved and store each; finish a trial once all its shards are stored. An arm
+        another live driver holds is deferred (see the module doc), after the others ran."""
+        mine: list[tuple[Trial, ArmShard]] = []
+        held: ShardClaim | None = None
+        with self.lock:
+            self.arm_errors.pop(unit.key, None)
+        for arm in unit.arms:
+            trial = self.trials[arm.trial_id]
+            if trial.trial_id in self.failed_ids:
+                continue
+            claim = self.store.claim_shard(
+                trial, unit.shard, arm.samples, self.holder, self.lease.lease_s
+            )
+            if claim.outcome == "acquired":
+                mine.append((trial, arm))
+                if claim.driver is not None:
+                    self._tally(claim.driver, taken_over=True)
+            elif claim.outcome == "held":
+                held = claim
+            else:
+                self._stored_elsewhere(trial, unit.shard, claim)
+        if mine:
+            self._run_arms(replica, unit, mine)
+        if held is not None:
+            self._note_wait(held)
+            raise Deferred(self.lease.heartbeat_s)
+
+    def _run_arms(
+        self, replica: GroupReplica, unit: WorkUnit, arms: list[tuple[Trial, ArmShard]]
+    ) -> None:
+        """Run the leased ``arms`` of a group shard on ``replica``, store each arm's shard and
+        finish the trials whose last shard it was; raise :class:`ArmsFailed` after storing the
+        others when an arm raised (the retry reruns only the arms not stored)."""
         try:
-            output = replica.run_shard(trial, unit)
+            done = replica.run_arms(unit, arms)
         except Exception as exc:
-            self.store.record_attempt_error(trial, describe_failure(exc))
+            for trial, _ in arms:
+                self.store.record_attempt_error(trial, describe_failure(exc))
             raise
-        record_rounds = self.spec.execution.record_rounds
-        stored = self.store.record_shard(trial, output, record_rounds, holder=self.holder)
+        failed: dict[str, str] = {}
+        for (trial, _), output in zip(arms, done.outputs, strict=True):
+            if output is None:
+                failed[trial.trial_id] = describe_failure(done.errors[trial.trial_id])
+                self.store.record_attempt_error(trial, failed[trial.trial_id])
+                continue
+            self._store_arm(trial, unit.shard, output)
+        if failed:
+            with self.lock:
+                self.arm_errors[unit.key] = failed
+            raise ArmsFailed("; ".join(f"{key}: {error}" for key, error in failed.items()))
+
+    def _store_arm(self, trial: Trial, shard: int, output: ShardOutput) -> None:
+        """Store one arm's shard, count it, and finish its trial once all its shards are."""
+        stored = self.store.record_shard(
+            trial, output, self.spec.execution.record_rounds, holder=self.holder
+        )
         with self.lock:
             if stored:
-                self.stored_here.add(unit.key)
+                self.stored_here.add(shard_key(trial.trial_id, shard))
             self.summary.shards.ran += stored
             self.summary.shards.by_others += not stored
         self.finish_if_complete(trial)
 
-    def _run_elsewhere(self, trial: Trial, unit: WorkUnit, claim: ShardClaim) -> None:
-        """Settle a shard this run did not get: raise :class:`Deferred` while another driver's
-        lease on it is live; once stored (by another driver), count it and finish its trial."""
-        if claim.outcome == "held":
-            self._note_wait(claim)
-            raise Deferred(self.lease.heartbeat_s)
-        if unit.key not in self.stored_here:
+    def _stored_elsewhere(self, trial: Trial, shard: int, claim: ShardClaim) -> None:
+        """Settle an arm's shard found stored (by another driver unless this run stored it):
+        count it and finish its trial."""
+        if shard_key(trial.trial_id, shard) not in self.stored_here:
             self._tally(claim.driver, taken_over=False)
         self.finish_if_complete(trial)
 
@@ -377,20 +438,28 @@ class _SweepRun:
     def finish_if_complete(self, trial: Trial) -> None:
         """Mark ``trial`` done, with metrics from all its samples, once every shard is stored."""
         found = self.store.shard_results(trial.trial_id)
-        if len(found) < trial.prompts.samples:
+        if len(found) < trial.prompts.samples * trial.repeats:
             return
-        if self.store.finish_trial(trial, trial_metrics([result for _, result in found])):
+        blocks = [index % trial.prompts.samples for index, _ in found]
+        metrics = trial_metrics([result for _, result in found], blocks)
+        if self.store.finish_trial(trial, metrics):
             self.count(trial, None)
 
     def fail_shard(self, unit: WorkUnit, error: str) -> None:
-        """Record a shard given up after its retries, and its trial failed (counted once)."""
-        trial = self.trials[str(unit.trial_id)]
-        if self.store.record_shard_failure(trial, unit.shard, error):
-            with self.lock:
-                first = trial.trial_id not in self.failed_ids
-                self.failed_ids.add(trial.trial_id)
-            if first:
-                self.count(trial, error)
+        """Record a group shard given up after its retries: each arm's shard not stored, and its
+        trial failed (counted once), with the arm's own last error when it raised one."""
+        stored = self.store.stored_prompts(arm.trial_id for arm in unit.arms)
+        own = self.arm_errors.get(unit.key, {})
+        for arm in unit.arms:
+            if set(arm.samples) <= stored.get(arm.trial_id, set()):
+                continue
+            trial = self.trials[arm.trial_id]
+            if self.store.record_shard_failure(trial, unit.shard, own.get(arm.trial_id, error)):
+                with self.lock:
+                    first = trial.trial_id not in self.failed_ids
+                    self.failed_ids.add(trial.trial_id)
+                if first:
+                    self.count(trial, own.get(arm.trial_id, error))
 
     def replay_pair(self, replica: GroupReplica, unit: WorkUnit) -> None:
         """Replay the pending trials of the replay unit's pair's replay groups on ``replica``;
@@ -428,20 +497,29 @@ class _ReplicaWorker:
         self.group = self.replica.name
 
     def run(self, unit: WorkUnit) -> None:
-        """Run a shard of a trial, or (a pair's replay unit) that pair's replay groups."""
-        if unit.trial_id is None:
-            self.sweep.replay_pair(self.replica, unit)
-        else:
+        """Run a group shard, or (a pair's replay unit) that pair's replay groups."""
+        if unit.arms:
             self.sweep.run_shard(self.replica, unit)
+        else:
+            self.sweep.replay_pair(self.replica, unit)
 
     def give_up(self, unit: WorkUnit, error: str) -> None:
-        """Record the unit's shard (and so its trial) failed."""
-        if unit.trial_id is not None:
+        """Record the unit's shards (and so their trials) failed."""
+        if unit.arms:
             self.sweep.fail_shard(unit, error)
 
     def close(self) -> None:
         """Kill the replica's actors and free its placement group."""
         self.replica.close()
+
+
+def arm_groups(trials: Sequence[Trial]) -> list[list[Trial]]:
+    """Return live ``trials`` grouped by AR baseline (a baseline and the trials measured
+    against it: one pair, prompt set, sampling and seed), each group in plan order."""
+    grouped: dict[str, list[Trial]] = {}
+    for trial in trials:
+        grouped.setdefault(trial.baseline_id or trial.trial_id, []).append(trial)
+    return list(grouped.values())
 
 
 def _ensure_ray(address: str | None) -> None:

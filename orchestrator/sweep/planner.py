@@ -336,6 +336,7 @@ class _TrialGroup:
             warmup_samples=self.spec.execution.warmup_samples,
             baseline_id=baseline_id,
             mode=mode,
+            repeats=self.spec.execution.repeats,
         )
 
     def _setting(

@@ -533,6 +533,11 @@ class ExecutionSpec(_Frozen):
     group uses a GPU, else one short pass) before its first timed shard; ``warmup_samples``
     prompts of each trial are then decoded untimed on a replica's first shard of that trial.
 
+    For each prompt, a group's AR baseline and live trials run back to back in a seeded
+    balanced order (interleaved arms); ``repeats`` runs each (prompt, arm) that many times,
+    the repeats stored as extra samples of the same prompt (repeat r of prompt i is sample
+    r * samples + i) and summed within the prompt by the intervals.
+
     A shard whose worker answers no target call for ``stall_timeout_seconds`` (a hung worker)
     has its worker group replaced and is retried (``orchestrator.run.stall_watch``); it must exceed
     the longest single target call, an AR baseline request's whole decode.
@@ -548,6 +553,7 @@ class ExecutionSpec(_Frozen):
     mode: Literal["live", "replay", "mixed"] = "live"
     live_check: LiveChecks | None = None
     stall_timeout_seconds: float = Field(600.0, gt=0.0, le=86400.0)
+    repeats: int = Field(1, ge=1, le=1000)
 
 
 class SweepSpec(_Frozen):

@@ -183,7 +183,9 @@ class Trial:
 
     ``pair`` is the pair's name (a label: not in the id). ``baseline_id`` is the id of the
     group's AR baseline (None for the baseline itself). ``is_check`` marks a replaying group's
-    live check (not part of the identity).
+    live check (not part of the identity). ``repeats`` is how often each prompt is decoded
+    (``execution.repeats``); it enters the id and the columns only when it is not 1, so the
+    ids of trials planned before repeats existed are unchanged.
     """
 
     sweep: str
@@ -198,10 +200,11 @@ class Trial:
     mode: str = LIVE_MODE
     is_check: bool = False
     code_version: str = CODE_VERSION
+    repeats: int = 1
 
     def identity(self) -> dict[str, Any]:
         """Return what the trial id hashes: every part's identity, the seed, the warm-up, the
-        code version, and the mode when it is not ``live``."""
+        code version, the mode when it is not ``live`` and the repeats when not 1."""
         mode = {} if self.mode == LIVE_MODE else {"mode": self.mode}
         return {
             **self.served.identity(),
@@ -212,6 +215,7 @@ class Trial:
             "warmup_samples": self.warmup_samples,
             "code_version": self.code_version,
             **mode,
+            **self._repeats(),
         }
 
     @cached_property
@@ -255,7 +259,12 @@ class Trial:
             "code_version": self.code_version,
             "mode": self.mode,
             "is_check": self.is_check,
+            **self._repeats(),
         }
+
+    def _repeats(self) -> dict[str, int]:
+        """Return the identity and column entry of ``repeats`` (none for the default 1)."""
+        return {} if self.repeats == 1 else {"repeats": self.repeats}
 
     # A thin compatibility layer for orchestrator/analysis/costs, whose modules read these
     # flat names; everything else reads the parts. Drop it once those reads are moved.

@@ -1,13 +1,16 @@
 """Work units of a sweep and the scheduler's dispatch rule (pure: no Ray, no I/O).
 
-A trial's unit is a shard of its prompts, so one trial spreads over several replicas of its
-pair's worker group; a training job is one unit. The live scheduler and the scheduling
-simulation (``bench/scheduler.py``) both dispatch with :func:`pick_next`.
+A live unit is a shard of a group's prompts carrying every arm of the group (its AR baseline
+and live trials, :func:`group_units`), so one group spreads over several replicas of its pair's
+worker group and each replica interleaves the arms prompt by prompt; a training job is one
+unit. (:func:`trial_units`, a shard of one trial, is what the cost estimate sizes.) The live
+scheduler and the scheduling simulation (``bench/scheduler.py``) both dispatch with
+:func:`pick_next`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 JOB_GROUP = "training"
@@ -20,7 +23,9 @@ class WorkUnit:
     ``group`` names the kind of replica that can run it (a pair's worker group, or
     :data:`JOB_GROUP` for training jobs); ``after`` holds the keys of units that must be done
     first (a trial's training jobs). For a trial shard, ``prompts`` are the indices into the
-    trial's prompt list and ``shard``/``shards`` its position among the trial's shards.
+    trial's prompt list and ``shard``/``shards`` its position among the trial's shards. A
+    group shard has ``arms`` (each trial and its sample indices in the shard) and no
+    ``trial_id``; its ``prompts`` are the prompt indices it covers.
     """
 
     key: str
@@ -31,6 +36,16 @@ class WorkUnit:
     shards: int = 1
     prompts: tuple[int, ...] = ()
     after: tuple[str, ...] = ()
+    arms: tuple[ArmShard, ...] = ()
+
+
+@dataclass(frozen=True)
+class ArmShard:
+    """One arm of a group shard: a trial and its sample indices there (repeat r of prompt i
+    is sample r * prompts + i); the trial's shard row has the group shard's index."""
+
+    trial_id: str
+    samples: tuple[int, ...]
 
 
 def shard_key(trial_id: str, shard: int) -> str:
@@ -111,4 +126,61 @@ def missing_units(units: Sequence[WorkUnit], stored: Collection[int]) -> list[Wo
         prompts = tuple(index for index in unit.prompts if index not in stored)
         if prompts:
             left.append(replace(unit, prompts=prompts))
+    return left
+
+
+def group_units(
+    group_id: str,
+    group: str,
+    arms: Sequence[str],
+    prompts: int,
+    shard_prompts: int,
+    repeats: int = 1,
+    ordered: bool = False,
+) -> list[WorkUnit]:
+    """Return the shard units of one group of arms (trial ids) over ``prompts`` prompts.
+
+    Every unit carries every arm, each with the samples of the unit's prompts: prompt i's
+    repeats r = 0..repeats-1 are samples r * prompts + i. ``ordered`` groups (an arm whose
+    policy keeps state across requests) are one unit, as in :func:`trial_units`.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    size = max(prompts, 1) if ordered else shard_prompts
+    shards = prompt_shards(prompts, size) or [()]
+    units = []
+    for index, shard in enumerate(shards):
+        samples = tuple(r * prompts + i for r in range(repeats) for i in shard)
+        units.append(
+            WorkUnit(
+                key=shard_key(group_id, index),
+                group=group,
+                shard=index,
+                shards=len(shards),
+                prompts=shard,
+                arms=tuple(ArmShard(trial_id, samples) for trial_id in arms),
+            )
+        )
+    return units
+
+
+def missing_arms(
+    units: Sequence[WorkUnit], stored: Mapping[str, Collection[int]]
+) -> list[WorkUnit]:
+    """Return group ``units`` left to run when ``stored`` holds each trial's stored samples.
+
+    An arm whose samples in a unit are all stored leaves that unit (a crashed group shard
+    reruns only the arms not stored), an arm partly stored keeps its missing samples, and a
+    unit with no arm left is dropped.
+    """
+    left = []
+    for unit in units:
+        arms = []
+        for arm in unit.arms:
+            done = stored.get(arm.trial_id, ())
+            samples = tuple(index for index in arm.samples if index not in done)
+            if samples:
+                arms.append(ArmShard(arm.trial_id, samples))
+        if arms:
+            left.append(replace(unit, arms=tuple(arms)))
     return left

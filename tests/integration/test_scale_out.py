@@ -202,13 +202,17 @@ class FaultPoint:
 
 
 class PausingDraftWorker(DraftWorker.__ray_actor_class__):  # type: ignore[name-defined,misc]
-    """The draft actor, pausing the static trial's shard with :data:`PAUSE_SAMPLE` inside round
-    :data:`PAUSE_ROUND` after reporting it to the fault point (the first time only)."""
+    """The draft actor, pausing the group shard whose static arm holds :data:`PAUSE_SAMPLE`
+    inside that arm's round :data:`PAUSE_ROUND` (the AR arm never verifies) after reporting it
+    to the fault point (the first time only)."""
 
-    def run_trial(self, request: Any) -> Any:
-        indices = request.indices or ()
-        if request.policy != "static" or PAUSE_SAMPLE not in indices:
-            return super().run_trial(request)
+    def run_arms(self, group: Any) -> Any:
+        hit = any(
+            arm.request.policy == "static" and PAUSE_SAMPLE in (arm.request.indices or ())
+            for arm in group.arms
+        )
+        if not hit:
+            return super().run_arms(group)
         verify = self.target.verify
         rounds = itertools.count(1)
 
@@ -222,7 +226,7 @@ class PausingDraftWorker(DraftWorker.__ray_actor_class__):  # type: ignore[name-
 
         self.target.verify = counted
         try:
-            return super().run_trial(request)
+            return super().run_arms(group)
         finally:
             self.target.verify = verify
 

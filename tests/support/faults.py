@@ -35,10 +35,13 @@ class Injection:
 
 @dataclass
 class FaultInjector:
-    """Kills an actor of the pair's worker group while chosen trials run (first attempt only)."""
+    """Kills an actor of the pair's worker group while chosen trials' requests are built (first
+    attempt of each only, and at most one fault per set of fresh actors: a group shard builds
+    every arm's request in one attempt)."""
 
     faults: dict[str, tuple[str, str]]
     starts: int = 0
+    last_start: int = 0
     actors: dict[str, Any] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     injected: list[Injection] = field(default_factory=list)
@@ -63,7 +66,9 @@ class FaultInjector:
         def request(runner: Any, trial: Trial, indices: Any = None) -> Any:
             built = original_request(runner, trial, indices)
             done = {injection.trial_id for injection in self.injected}
-            if trial.trial_id in self.faults and trial.trial_id not in done:
+            fresh = self.starts > self.last_start
+            if trial.trial_id in self.faults and trial.trial_id not in done and fresh:
+                self.last_start = self.starts
                 role, how = self.faults[trial.trial_id]
                 self.injected.append(Injection(trial.trial_id, role, how, self.pids[role]))
                 self._kill(role, how)
