@@ -132,6 +132,9 @@ class Trial:
     mode: str = LIVE_MODE
     chat_template: bool | None = None
     is_check: bool = False
+    # Draft kinds (issue #44): the draft's kind and its settings (``DraftSpec.kind_identity``).
+    draft_kind: str = "lm"
+    draft_settings: ParamItems = ()
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -346,7 +349,10 @@ class _TrialGroup:
     @property
     def replays(self) -> bool:
         """True when this group replays trials: a replay sweep, or a mixed sweep's greedy group
-        with a replayable policy."""
+        with a replayable policy. A draft of another kind than ``lm`` runs live (greedy traces
+        record a draft model's predictions; issue #44 leaves replaying lookups to come)."""
+        if self.pair.draft.kind != "lm":
+            return False
         mode = self.spec.execution.mode
         if mode == MIXED_MODE:
             return self.temperature == 0 and any(p.replayable() for p in self.spec.policies)
@@ -376,6 +382,8 @@ class _TrialGroup:
             "code_version": CODE_VERSION,
             **_prompt_format(self.dataset.chat_template),
             **_draft_trust(draft.trust_remote_code),
+            # Draft kinds (issue #44): only a non-default kind enters the identity.
+            **draft.kind_identity(),
         }
 
     def _trial(
@@ -436,6 +444,8 @@ class _TrialGroup:
             threshold=float(threshold) if threshold is not None else None,
             mode=mode,
             chat_template=self.dataset.chat_template,
+            draft_kind=self.pair.draft.kind,
+            draft_settings=tuple(sorted(self.pair.draft.kind_identity().get("ngram", {}).items())),
         )
 
     def baseline(self) -> Trial:
