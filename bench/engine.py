@@ -32,6 +32,13 @@ that interval and the calibration's tolerance (``ar_baseline`` in the JSON).
     python bench/engine.py --target zoo:smol/target --draft zoo:smol/draft-s \
         --dataset humaneval --samples 4 --max-new-tokens 48 --out bench-engine.json
 
+With ``--draft-kind ngram`` it runs instead n-gram prompt lookup (no draft model) against
+target-only AR on the default path: static K = 2, 4, 8 and the match-length policy, tokens/s
+end to end and decode only (``bench/ngram_lookup.py``):
+
+    python bench/engine.py --target zoo:smol/target --draft-kind ngram \
+        --dataset humaneval --samples 8 --max-new-tokens 128 --out bench-ngram.json
+
 Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
 """
 
@@ -59,6 +66,7 @@ from common import (
     prepare,
     warmup_seconds,
 )
+from ngram_lookup import add_ngram_arguments, lookup_main
 from tqdm import tqdm
 
 from policies import make_policy
@@ -457,6 +465,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser, "untimed static K=4 decoding first, shared among the model paths", "none"
     )
     add_out_argument(parser, "bench-engine.json")
+    add_ngram_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -652,9 +661,26 @@ def _save_rows(out: Path, report: dict, results: list[MethodResult]) -> None:
     write_json(out, {**report, "complete": False, "methods": rows})
 
 
+def _lookup_report(args: argparse.Namespace, inputs) -> dict:
+    """Return the run's description for the ``--draft-kind ngram`` report."""
+    return {
+        "target": str(inputs.target_path),
+        "dataset": args.dataset,
+        "samples": len(inputs.prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "torch_threads": torch.get_num_threads(),
+        "device": _device_name(inputs.device),
+        "dtype": args.dtype,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
+    if args.draft_kind == "ngram":
+        args.draft = None  # a lookup needs no draft model
+        inputs = prepare(args)
+        return lookup_main(args, inputs, _lookup_report(args, inputs))
     inputs = prepare(args)
     prompts, ids = inputs.prompts, inputs.prompt_tensors
     target_model, draft_model = inputs.load(inputs.target_path), inputs.load(inputs.draft_path)

@@ -17,6 +17,7 @@ from policies.dynamic_threshold import (
     update_dynamic_threshold,
 )
 from policies.heuristic import HFHeuristicPolicy
+from policies.ngram_match import NgramMatchPolicy
 from policies.oracle import GreedyOraclePolicy
 from policies.registry import POLICIES, make_policy, policy_parameters
 from policies.specdecpp import SpecDecPPPolicy
@@ -38,6 +39,7 @@ __all__ = [
     "GreedyOraclePolicy",
     "HFHeuristicPolicy",
     "MaxConfidencePolicy",
+    "NgramMatchPolicy",
     "RequestContext",
     "RoundOutcome",
     "SVIPPolicy",

@@ -33,7 +33,9 @@ import numpy as np
 
 #: Names of the per-step features a policy may ask for (``DraftPolicy.features``). The engine
 #: computes only what the policy asks for, so a static policy costs no host synchronisation.
-FEATURE_NAMES = frozenset({"entropy", "max_prob", "hidden", "token", "target_hidden"})
+FEATURE_NAMES = frozenset(
+    {"entropy", "max_prob", "hidden", "token", "target_hidden", "match_length"}
+)
 
 
 class Decision(Enum):
@@ -64,8 +66,9 @@ class DraftStep:
     oracle uses to look up the target's greedy token. ``hidden`` is the draft's last-layer
     hidden state producing q_i: for i >= 2 the state after feeding y_{i−1} (SpecDec++'s
     e_{i−1}), for i = 1 that of the last token before the round. ``target_hidden`` is the
-    target's last-layer hidden state at the last verified position (Cali-TS). Fields the policy
-    did not ask for are None.
+    target's last-layer hidden state at the last verified position (Cali-TS). ``match_length``
+    is an n-gram lookup draft's signal: how many tokens before its proposal agree with the
+    sequence's end (None for a model draft). Fields the policy did not ask for are None.
     """
 
     index: int
@@ -75,6 +78,7 @@ class DraftStep:
     max_prob: float | None = None
     hidden: Any | None = None
     target_hidden: Any | None = None
+    match_length: int | None = None
 
 
 @dataclass(frozen=True)

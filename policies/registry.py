@@ -9,6 +9,7 @@ from policies.adaedl import AdaEDLPolicy
 from policies.base import DraftPolicy
 from policies.confidence import MaxConfidencePolicy
 from policies.heuristic import HFHeuristicPolicy
+from policies.ngram_match import NgramMatchPolicy
 from policies.oracle import GreedyOraclePolicy
 from policies.runtime_inputs import is_runtime_input
 from policies.specdecpp import SpecDecPPPolicy
@@ -28,6 +29,7 @@ POLICIES: dict[str, type[DraftPolicy]] = {
         CaliTSPolicy,
         SpecDecPPPolicy,
         GreedyOraclePolicy,
+        NgramMatchPolicy,
     )
 }
 

@@ -1,7 +1,8 @@
 """Speculative decoding and the autoregressive baseline, batch 1 (docs/design.md, one round).
 
-``speculative_generate`` drives the rounds from the draft side: draft with the policy deciding
-after every draft step, send the block to the target (anything with ``prefill``/``verify``: a
+``speculative_generate`` drives the rounds from the draft side: draft from a proposer of any
+kind (``workers.proposers``: a draft LM, n-gram lookup) with the policy deciding after every
+candidate, send the block to the target (anything with ``prefill``/``verify``: a
 :class:`workers.target.LocalTarget` in process, or a Ray actor handle wrapped to look like one),
 sample the residual after a rejection, roll the draft cache back, tell the policy. The same code
 runs in one process and split across actors.
@@ -18,6 +19,7 @@ import torch
 
 from policies import DraftPolicy, DraftStep, RequestContext, RoundOutcome
 from workers.lm import CachedLM
+from workers.proposers import Candidate, Proposer, as_proposer, check_features
 from workers.records import (
     GenerationResult,
     RequestSettings,
@@ -25,9 +27,12 @@ from workers.records import (
     SamplingConfig,
     truncate_at_eos,
 )
-from workers.sampling import entropy, feature_probs, sample_token, warp_probs
+from workers.sampling import sample_token
 from workers.target import VerifyRequest, VerifyResponse, side_seed
-from workers.verification import residual_distribution
+from workers.verification import point_mass_residual, residual_distribution
+
+#: q(x) of a point-mass proposal, as the [1] tensor the target's sampling check reads.
+_ONE = torch.ones(1)
 
 
 class TargetScorer(Protocol):
@@ -49,7 +54,7 @@ class _Block:
 
     tokens: list[torch.Tensor]
     token_probs: list[torch.Tensor]
-    rows: list[torch.Tensor]
+    rows: list[torch.Tensor | None]
     entropies: list[float]
     max_probs: list[float]
     forwards: int
@@ -57,7 +62,7 @@ class _Block:
 
 @torch.inference_mode()
 def speculative_generate(
-    draft: CachedLM,
+    draft: CachedLM | Proposer,
     target: TargetScorer,
     policy: DraftPolicy,
     prompt_ids: torch.Tensor,
@@ -68,21 +73,20 @@ def speculative_generate(
 ) -> GenerationResult:
     """Generate up to ``settings.sampling.max_new_tokens`` tokens by speculative decoding.
 
-    ``reference`` is the target's greedy output, required by policies with ``needs_reference``
-    (the oracle). Each round's cap is the policy's ``round_cap`` (bounded by the max draft length
-    the policy was built with), so there is no cap argument; ``reference`` and ``on_round`` are
-    keyword-only, so a call still passing a cap fails instead of taking it for a reference.
-    ``on_round`` is called with the full sequence after every round (tests use it to check the
-    caches).
+    ``draft`` is a proposer of any kind (``workers.proposers``); a ``CachedLM`` is the ``lm``
+    kind. ``reference`` is the target's greedy output, required by policies with
+    ``needs_reference`` (the oracle). Each round's cap is the policy's ``round_cap`` (bounded by
+    the max draft length the policy was built with), so there is no cap argument; ``reference``
+    and ``on_round`` are keyword-only, so a call still passing a cap fails instead of taking it
+    for a reference. ``on_round`` is called with the full sequence after every round (tests use
+    it to check the caches).
     """
     sampling = settings.sampling
-    if policy.greedy_only and not sampling.greedy:
-        raise ValueError(f"policy {policy.name!r} is defined for greedy decoding only")
-    if policy.needs_reference and reference is None:
-        raise ValueError(f"policy {policy.name!r} needs the target's greedy output as reference")
+    proposer = as_proposer(draft)
+    _check_policy(proposer, policy, sampling, reference)
     start = time.perf_counter()
     prompt = prompt_ids.to(torch.long).cpu()
-    generator = _start_request(draft, target, policy, prompt, settings, reference)
+    generator = _start_request(proposer, target, policy, prompt, settings, reference)
     prefilled = time.perf_counter()
     sequence = prompt.tolist()
     output: list[int] = []
@@ -93,16 +97,14 @@ def speculative_generate(
     while len(output) < sampling.max_new_tokens and not stopped_on_eos:
         round_start = time.perf_counter()
         cap = min(policy.round_cap(), sampling.max_new_tokens - len(output) - 1)
-        # The emitted tokens the draft has not run yet; the last one is the target's pending.
-        pending = torch.tensor(sequence[draft.cached_len :], dtype=torch.long, device=draft.device)
         block = _draft_block(
-            draft, policy, pending, len(output), cap, sampling, generator, target_hidden
+            proposer, policy, sequence, len(output), cap, sampling, generator, target_hidden
         )
         drafted_at = time.perf_counter()
         n_accepted, new_tokens, target_hidden = _verify_block(
-            target, pending, block, sampling, want_hidden, generator
+            target, sequence[-1], block, sampling, want_hidden, generator
         )
-        draft.crop(len(sequence) + n_accepted)  # a no-op when the draft holds no more
+        proposer.rollback(len(sequence) + n_accepted)
         sequence.extend(new_tokens)
         output.extend(new_tokens)
         policy.update(RoundOutcome(len(block.tokens), n_accepted))
@@ -121,19 +123,32 @@ def speculative_generate(
     )
 
 
+def _check_policy(
+    proposer: Proposer,
+    policy: DraftPolicy,
+    sampling: SamplingConfig,
+    reference: list[int] | None,
+) -> None:
+    """Raise ValueError when ``policy`` cannot run here (sampling, reference, features)."""
+    if policy.greedy_only and not sampling.greedy:
+        raise ValueError(f"policy {policy.name!r} is defined for greedy decoding only")
+    if policy.needs_reference and reference is None:
+        raise ValueError(f"policy {policy.name!r} needs the target's greedy output as reference")
+    check_features(proposer, policy.name, policy.features)
+
+
 def _start_request(
-    draft: CachedLM,
+    proposer: Proposer,
     target: TargetScorer,
     policy: DraftPolicy,
     prompt: torch.Tensor,
     settings: RequestSettings,
     reference: list[int] | None,
 ) -> torch.Generator:
-    """Prefill both models and reset the policy for a request; return the draft's generator."""
+    """Prefill the target and the proposer and reset the policy for a request; return the
+    draft's generator."""
     target.prefill(prompt, settings.sampling, settings.seed)
-    draft.reset()
-    if prompt.numel() > 1:
-        draft.forward(prompt[:-1].to(draft.device), last_only=True)
+    proposer.begin(prompt)
     policy.reset(
         RequestContext(
             prompt_len=prompt.numel(),
@@ -146,19 +161,21 @@ def _start_request(
 
 def _verify_block(
     target: TargetScorer,
-    pending: torch.Tensor,
+    last_token: int,
     block: _Block,
     sampling: SamplingConfig,
     want_hidden: bool,
     generator: torch.Generator,
 ) -> tuple[int, list[int], torch.Tensor | None]:
-    """Have the target verify ``block`` after the last of ``pending`` (the emitted tokens the
-    draft had not run); return (accepted, the round's new tokens, hidden).
+    """Have the target verify ``block`` after ``last_token`` (the last emitted one); return
+    (accepted, the round's new tokens, hidden).
 
     After a rejection under sampling the correction token is drawn here, on the draft side,
-    from the residual norm(max(0, p − q)) of the rejected position.
+    from the residual norm(max(0, p − q)) of the rejected position (for a point-mass q at x:
+    p with x removed, renormalised).
     """
-    tokens = torch.cat([pending[-1:], *block.tokens]).cpu()
+    drafted = torch.cat(block.tokens).cpu() if block.tokens else torch.empty(0, dtype=torch.long)
+    tokens = torch.cat([torch.tensor([last_token]), drafted])
     response = target.verify(
         VerifyRequest(
             tokens=tokens,
@@ -168,7 +185,11 @@ def _verify_block(
     )
     n_accepted, next_token = response.n_accepted, response.next_token
     if next_token is None:
-        residual = residual_distribution(response.rejected_row.cpu(), block.rows[n_accepted])
+        rejected_row, draft_row = response.rejected_row.cpu(), block.rows[n_accepted]
+        if draft_row is None:
+            residual = point_mass_residual(rejected_row, int(tokens[1 + n_accepted]))
+        else:
+            residual = residual_distribution(rejected_row, draft_row)
         next_token = int(sample_token(residual, generator))
     return n_accepted, [*tokens.tolist()[1 : 1 + n_accepted], next_token], response.hidden
 
@@ -190,79 +211,79 @@ def _round_record(
 
 
 def _draft_block(
-    draft: CachedLM,
+    proposer: Proposer,
     policy: DraftPolicy,
-    pending: torch.Tensor,
+    sequence: list[int],
     n_generated: int,
     cap: int,
     sampling: SamplingConfig,
     generator: torch.Generator,
     target_hidden: torch.Tensor | None,
 ) -> _Block:
-    """Draft up to ``cap`` tokens after ``pending`` (the emitted tokens the draft has not run),
-    asking the policy what to do with each candidate (unless it keeps every candidate).
+    """Draft up to ``cap`` tokens after ``sequence`` (prompt and output so far), asking the
+    policy what to do with each candidate (unless it keeps every candidate).
 
-    A draft forward follows a kept candidate only when the policy continues and the cap allows
-    another: a stop before a candidate or after one (``Decision``) ends the round at once.
+    The proposer's next step follows a kept candidate only when the policy continues and the
+    cap allows another: a stop before a candidate or after one (``Decision``) ends the round at
+    once, and so does a proposer with nothing to propose.
     """
     block = _Block(tokens=[], token_probs=[], rows=[], entropies=[], max_probs=[], forwards=0)
     if cap <= 0:
         return block
-    wanted, asks, greedy = policy.features, not policy.keeps_every_candidate, sampling.greedy
-    wants_probs = "entropy" in wanted or "max_prob" in wanted
-    step = draft.forward(pending, last_only=True)
-    block.forwards = 1
+    wanted, asks = policy.features, not policy.keeps_every_candidate
+    candidate = proposer.first(sequence, sampling, generator, wanted)
+    block.forwards = proposer.step_cost
     for index in range(1, cap + 1):
-        # One row of logits (last_only); the token stays a [1] tensor, the next step's input.
-        if greedy:
-            token, probs = step.logits.argmax(dim=-1), None
-        else:
-            probs = warp_probs(step.logits[0], sampling)
-            token = sample_token(probs.cpu(), generator).to(step.logits.device).view(1)
-        entropy_value = max_prob = None
-        if wants_probs:
-            shown = probs if probs is not None else feature_probs(step.logits[0], sampling)
-            entropy_value, max_prob = float(entropy(shown)), float(shown.max())
+        if candidate is None:
+            break
         continues = True
         if asks:
-            candidate = DraftStep(
-                index=index,
-                position=n_generated + index - 1,
-                token=int(token) if "token" in wanted else None,
-                entropy=entropy_value,
-                max_prob=max_prob,
-                hidden=step.hidden[-1] if "hidden" in wanted else None,
-                target_hidden=target_hidden,
-            )
-            decision = policy.decide(candidate)
+            decision = policy.decide(_step(candidate, index, n_generated, wanted, target_hidden))
             if not decision.keeps:
                 break
             continues = decision.continues
-        block.tokens.append(token)
-        if probs is not None or entropy_value is not None:
-            _add_shown(block, token, probs, entropy_value, max_prob)
+        _add(block, candidate, sampling)
         if index == cap or not continues:
             break
-        step = draft.forward(token, last_only=True)
-        block.forwards += 1
+        candidate = proposer.next(candidate, sampling, generator, wanted)
+        block.forwards += proposer.step_cost
     return block
 
 
-def _add_shown(
-    block: _Block,
-    token: torch.Tensor,
-    probs: torch.Tensor | None,
-    entropy_value: float | None,
-    max_prob: float | None,
-) -> None:
-    """Record what a kept candidate was drafted from: its draft row when sampling, and the
-    features shown for it when there were any."""
-    if probs is not None:
-        block.rows.append(probs.cpu())
-        block.token_probs.append(probs[token].cpu())
-    if entropy_value is not None:
-        block.entropies.append(entropy_value)
-        block.max_probs.append(max_prob)
+def _step(
+    candidate: Candidate,
+    index: int,
+    n_generated: int,
+    wanted: frozenset[str],
+    target_hidden: torch.Tensor | None,
+) -> DraftStep:
+    """Return what the policy is shown of ``candidate``, the round's ``index``-th."""
+    return DraftStep(
+        index=index,
+        position=n_generated + index - 1,
+        token=int(candidate.token) if "token" in wanted else None,
+        entropy=candidate.entropy,
+        max_prob=candidate.max_prob,
+        hidden=candidate.hidden,
+        target_hidden=target_hidden,
+        match_length=candidate.match_length if "match_length" in wanted else None,
+    )
+
+
+def _add(block: _Block, candidate: Candidate, sampling: SamplingConfig) -> None:
+    """Add a kept candidate to the block with what it was drafted from: its draft row when
+    sampling (None for a point mass, whose q(x) is 1), and the features shown for it."""
+    block.tokens.append(candidate.token)
+    if not sampling.greedy:
+        if candidate.point_mass:
+            block.rows.append(None)
+            block.token_probs.append(_ONE)
+        else:
+            block.rows.append(candidate.probs.cpu())
+            block.token_probs.append(candidate.probs[candidate.token].cpu())
+    if candidate.entropy is not None:
+        block.entropies.append(candidate.entropy)
+        block.max_probs.append(candidate.max_prob)
 
 
 def autoregressive_generate(

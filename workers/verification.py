@@ -87,6 +87,21 @@ def residual_distribution(target_row: torch.Tensor, draft_row: torch.Tensor) -> 
     return (residual / total).to(target_row.dtype)
 
 
+def point_mass_residual(target_row: torch.Tensor, token: int) -> torch.Tensor:
+    """Return norm(max(0, p - q)) for q a point mass at ``token``: p with ``token`` removed.
+
+    A deterministic proposal (n-gram lookup) has q(x) = 1 at its token x, so x is accepted with
+    probability p(x) and a rejection samples from p without x. No dense one-hot is built. If
+    p(x) = 1 (no rejection is then possible) it falls back to p.
+    """
+    residual = target_row.double().clone()
+    residual[token] = 0.0
+    total = residual.sum()
+    if total <= 0:
+        return target_row
+    return (residual / total).to(target_row.dtype)
+
+
 def speculative_step_distribution(
     target_probs: torch.Tensor, draft_probs: torch.Tensor
 ) -> torch.Tensor:

@@ -210,6 +210,8 @@ def _served_pair(pair: PairSpec, job_ids: dict[str, str]) -> ServedPair:
         draft_job=draft.job,
         draft_job_id=job_ids[draft.job] if draft.job else None,
         draft_trust_remote_code=draft.trust_remote_code,
+        draft_kind=draft.kind,
+        draft_settings=tuple(sorted(draft.kind_identity().get(draft.kind, {}).items())),
     )
 
 
@@ -312,7 +314,10 @@ class _TrialGroup:
     @property
     def replays(self) -> bool:
         """True when this group replays trials: a replay sweep, or a mixed sweep's greedy group
-        with a replayable policy."""
+        with a replayable policy. A draft of another kind than ``lm`` runs live (greedy traces
+        record a draft model's predictions; issue #44 leaves replaying lookups to come)."""
+        if self.served.draft_kind != "lm":
+            return False
         mode = self.spec.execution.mode
         if mode == MIXED_MODE:
             return self.temperature == 0 and any(p.replayable() for p in self.spec.policies)

@@ -134,8 +134,11 @@ class TargetSpec(_Frozen):
 
 
 class DraftSpec(_Frozen):
-    """The draft of a pair: a model reference or the name of a training job producing one."""
+    """The draft of a pair: a model reference or the name of a training job producing one
+    (``kind: lm``, the default), or n-gram prompt lookup (``kind: ngram``: no model; ``n_max``,
+    ``n_min`` and ``window`` set the lookup, ``workers.proposers.ngram``)."""
 
+    kind: Literal["lm", "ngram"] = "lm"
     model: ModelRef | None = None
     job: Name | None = None
     gpus: float = Field(0.0, ge=0.0, le=MAX_GPUS)
@@ -144,14 +147,35 @@ class DraftSpec(_Frozen):
         description="run Python code the draft's model directory or hub repository ships "
         "(transformers' trust_remote_code); independent of the target's flag",
     )
+    n_max: int = Field(3, ge=1, description="ngram: the longest n looked up")
+    n_min: int = Field(1, ge=1, description="ngram: the shortest n looked up")
+    window: int | None = Field(None, ge=1, description="ngram: tokens searched back (None: all)")
 
     _zoo = field_validator("model")(_check_zoo_ref)
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> DraftSpec:
+        if self.kind == "ngram":
+            if self.model is not None or self.job is not None:
+                raise ValueError("a draft of kind 'ngram' has no 'model' or 'job'; remove them")
+            if self.n_min > self.n_max:
+                raise ValueError(f"ngram draft: n_min ({self.n_min}) exceeds n_max ({self.n_max})")
+            return self
         if (self.model is None) == (self.job is None):
             raise ValueError("give exactly one of 'model' or 'job'")
+        if (self.n_max, self.n_min, self.window) != (3, 1, None):
+            raise ValueError("n_max, n_min and window apply to 'kind: ngram' drafts only")
         return self
+
+    def kind_identity(self) -> dict[str, Any]:
+        """Return the trial-identity entry of the draft's kind: none for the default ``lm``
+        (so older ids are unchanged), else the kind and its settings."""
+        if self.kind == "lm":
+            return {}
+        return {
+            "draft_kind": self.kind,
+            "ngram": {"n_max": self.n_max, "n_min": self.n_min, "window": self.window},
+        }
 
 
 class PairSpec(_Frozen):

@@ -62,7 +62,10 @@ class ServedPair:
     """The models of a trial and how they are served (the pair's name and placement excluded).
 
     ``draft`` is the draft's model ref, or None when the training job ``draft_job`` (a name;
-    its id ``draft_job_id``) makes it.
+    its id ``draft_job_id``) makes it. ``draft_kind`` is how candidates are proposed
+    (``workers.proposers``: ``lm`` a draft model, ``ngram`` prompt lookup) with its
+    ``draft_settings``; a kind other than ``lm`` enters every projection, the default none, so
+    ids planned before draft kinds existed are unchanged.
     """
 
     target: str
@@ -74,9 +77,14 @@ class ServedPair:
     draft_job: str | None = None
     draft_job_id: str | None = None
     draft_trust_remote_code: bool = False
+    draft_kind: str = "lm"
+    draft_settings: tuple[tuple[str, Any], ...] = ()
 
     def _serving(self) -> dict[str, Any]:
         """Return the entries every projection of the pair shares."""
+        kind = {}
+        if self.draft_kind != "lm":
+            kind = {"draft_kind": self.draft_kind, self.draft_kind: dict(self.draft_settings)}
         return {
             "target": self.target,
             "backend": self.backend,
@@ -84,6 +92,7 @@ class ServedPair:
             "dtype": self.dtype,
             "trust_remote_code": self.trust_remote_code,
             "draft": self.draft,
+            **kind,
         }
 
     def models(self) -> dict[str, Any]:

@@ -16,10 +16,12 @@ from policies import POLICIES, make_policy
 from policies.static import StaticPolicy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM
+from workers.proposers import DraftLMProposer, NgramProposer
 from workers.records import SamplingConfig
 from workers.sampling import entropy, warp_probs
 from workers.target import LocalTarget
 from workers.verification import (
+    point_mass_residual,
     residual_distribution,
     speculative_step_distribution,
     verify_greedy,
@@ -56,7 +58,14 @@ def greedy_references(pair) -> list[tuple[torch.Tensor, list[int]]]:
     ]
 
 
-@pytest.mark.parametrize("policy_name", sorted(POLICIES))
+LM_POLICIES = sorted(n for n in POLICIES if _policy(n, 6).features <= DraftLMProposer.features)
+
+
+def test_every_policy_but_the_lookup_ones_runs_on_a_draft_lm():
+    assert set(POLICIES) - set(LM_POLICIES) == {"ngram_match"}
+
+
+@pytest.mark.parametrize("policy_name", LM_POLICIES)
 def test_greedy_output_equals_target_only_for_every_policy(pair, greedy_references, policy_name):
     draft, target = pair
     total_drafted = 0
@@ -169,6 +178,29 @@ def test_residual_by_hand():
     torch.testing.assert_close(residual, torch.tensor([1.0, 0.0, 0.0]))
 
 
+def test_point_mass_residual_is_the_target_without_the_proposal():
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    torch.testing.assert_close(
+        point_mass_residual(p, 1), torch.tensor([5 / 7, 0.0, 2 / 7]).double()
+    )
+    one_hot = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(point_mass_residual(p, 1), residual_distribution(p, one_hot))
+
+
+def test_a_point_mass_proposal_is_accepted_with_probability_p_and_the_step_is_exact():
+    """q a point mass at x: min(1, p(x)/q(x)) = p(x), and accept-or-residual emits p exactly."""
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        p = torch.randn(10, generator=generator, dtype=torch.float64).softmax(dim=-1)
+        x = int(torch.randint(10, (1,), generator=generator))
+        q = torch.nn.functional.one_hot(torch.tensor(x), 10).double()
+        accepted = q * torch.minimum(torch.ones(10, dtype=torch.float64), p / q.clamp_min(1e-300))
+        assert float(accepted.sum()) == pytest.approx(float(p[x]))
+        emitted = accepted + (1 - p[x]) * point_mass_residual(p, x)
+        torch.testing.assert_close(emitted, p, atol=1e-12, rtol=0)
+        torch.testing.assert_close(speculative_step_distribution(p, q), p, atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 5, 0.9), (1.3, 4, 0.8), (1.0, 0, 1.0)])
 def test_one_step_output_distribution_equals_target_exactly(temperature, top_k, top_p):
     generator = torch.Generator().manual_seed(11)
@@ -206,13 +238,26 @@ def _exact_two_token_distribution(
     return joint
 
 
+def _likely_repeat_prompt(target_lm: CachedLM, sampling: SamplingConfig) -> torch.Tensor:
+    """Return a prompt [3, 5, x, 3, 5] whose lookup proposal x the target likes most."""
+    candidates = [torch.tensor([3, 5, x, 3, 5]) for x in range(2, 8)]
+    return max(
+        candidates,
+        key=lambda c: float(warp_probs(target_lm.full_logits(c)[-1], sampling)[int(c[2])]),
+    )
+
+
+@pytest.mark.parametrize("kind", ["lm", "ngram"])
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
-def test_speculative_sampling_matches_target_distribution(temperature):
+def test_speculative_sampling_matches_target_distribution(temperature, kind):
+    """Every draft kind samples exactly the target's distribution, the n-gram lookup's point
+    mass included (its prompt repeats, so the lookup proposes at the first position)."""
     vocab = 8
     draft_model, target_model = build_tiny_pair(seed=4, vocab=vocab, head_std=0.12)
-    draft, target = CachedLM(draft_model), LocalTarget(CachedLM(target_model))
+    target = LocalTarget(CachedLM(target_model))
+    draft = CachedLM(draft_model) if kind == "lm" else NgramProposer()
     sampling = SamplingConfig(temperature=temperature, top_k=6, top_p=0.95, max_new_tokens=2)
-    prompt = torch.tensor([3, 5, 2])
+    prompt = torch.tensor([3, 5, 2]) if kind == "lm" else _likely_repeat_prompt(target.lm, sampling)
     exact = _exact_two_token_distribution(target.lm, prompt, sampling)
     counts = dict.fromkeys(exact, 0)
     runs = 2000
@@ -225,7 +270,9 @@ def test_speculative_sampling_matches_target_distribution(temperature):
         assert key in counts, f"sampled {key}, which has zero probability under the target"
         counts[key] += 1
         accepted += result.n_accepted
-    assert accepted > runs * 0.2, "the draft should get tokens accepted for the test to bite"
+    # The lookup proposes one token here, which the flat target accepts about one time in ten.
+    minimum = 0.2 if kind == "lm" else 0.05
+    assert accepted > runs * minimum, "the draft should get tokens accepted for the test to bite"
     cells = [(counts[k], exact[k] * runs) for k in exact]
     big = [(o, e) for o, e in cells if e >= 5]
     rest_observed = sum(o for o, e in cells if e < 5)

@@ -359,3 +359,40 @@ def test_policy_max_draft_lens_replace_the_sweeps_for_that_entry() -> None:
     assert _spec(text).grid_size() == _spec().grid_size()
     with pytest.raises(SweepError):
         _spec(BASE.replace("  - name: static\n", "  - name: static\n    max_draft_lens: []\n"))
+
+
+NGRAM_PAIR = """\
+  - name: p3
+    target: zoo:micro/target
+    draft: {kind: ngram, n_max: 4}
+datasets:"""
+
+
+def test_an_ngram_draft_is_its_own_pair_and_leaves_the_lm_ids_unchanged() -> None:
+    plan = _plan()
+    with_lookup = _plan(BASE.replace("datasets:", NGRAM_PAIR, 1))
+    explicit = _plan(
+        BASE.replace("draft: zoo:micro/draft-s", "draft: {kind: lm, model: zoo:micro/draft-s}")
+    )
+    lm_ids = [t.trial_id for t in plan.trials]
+    assert [t.trial_id for t in explicit.trials] == lm_ids
+    assert [t.trial_id for t in with_lookup.trials if t.pair != "p3"] == lm_ids
+    lookup = [t for t in with_lookup.trials if t.pair == "p3"]
+    assert lookup and all(t.served.draft_kind == "ngram" and t.served.draft is None for t in lookup)
+    assert dict(lookup[0].served.draft_settings) == {"n_max": 4, "n_min": 1, "window": None}
+    assert {t.trial_id for t in lookup}.isdisjoint(lm_ids)
+    assert {t.served.draft_kind for t in plan.trials} == {"lm"}
+
+
+@pytest.mark.parametrize(
+    "draft,message",
+    [
+        ("{kind: ngram, model: zoo:micro/draft-s}", "has no 'model' or 'job'"),
+        ("{kind: ngram, n_max: 1, n_min: 2}", "n_min"),
+        ("{model: zoo:micro/draft-s, n_max: 5}", "kind: ngram"),
+        ("{kind: eagle}", "kind"),
+    ],
+)
+def test_bad_draft_kinds_name_the_field(draft: str, message: str) -> None:
+    with pytest.raises(SweepError, match=message):
+        _spec(BASE.replace("draft: zoo:micro/draft-s", f"draft: {draft}"))

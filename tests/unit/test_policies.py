@@ -68,6 +68,7 @@ def test_registry_names_and_features_are_consistent() -> None:
         "cali_ts",
         "specdecpp",
         "oracle",
+        "ngram_match",
     }
     for name, policy_class in POLICIES.items():
         assert policy_class.name == name
@@ -724,3 +725,13 @@ def test_specdecpp_through_the_engine_drafts_as_algorithm_2_round_by_round(
         assert max(lengths) == 3
     if table.startswith("per-token"):
         assert len(set(lengths)) >= 3, lengths
+
+
+def test_ngram_match_keeps_candidates_while_the_match_length_vouches_for_them() -> None:
+    policy = make_policy("ngram_match", 8, ratio=0.5, min_draft=2)
+    decisions = [policy.decide(DraftStep(index=i, position=i, match_length=6)) for i in (3, 4)]
+    assert decisions == [Decision.KEEP_CONTINUE, Decision.STOP_BEFORE]
+    assert policy.decide(DraftStep(index=2, position=0, match_length=1)).keeps
+    assert not policy.decide(DraftStep(index=3, position=0, match_length=1)).keeps
+    with pytest.raises(ValueError, match="match_length"):
+        policy.decide(DraftStep(index=1, position=0))

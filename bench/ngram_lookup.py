@@ -1,0 +1,172 @@
+"""The engine benchmark's ``--draft-kind ngram`` rows: prompt lookup against target-only AR.
+
+Greedy, on the default model path (``workers.llama_fast``): target-only AR, n-gram lookup
+(``workers.proposers.ngram``) at static K = 2, 4, 8, and the ``ngram_match`` policy (draft as
+far as the match length vouches, cap 8) on the same proposals, taking turns prompt by prompt
+after one untimed AR decode. Each row reports tokens/s end to end (the request's wall time,
+prefill included) and decode only (the rounds' draft and verify time, prefill excluded), its
+speed-up over AR on both, acceptance, the share of rounds the lookup proposed in, and whether
+its outputs equal AR's (they must: the method is lossless).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from policies import make_policy
+from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
+from workers.json_files import write_json
+from workers.lm import CachedLM
+from workers.proposers import NgramProposer, NgramSettings
+from workers.records import GenerationResult, SamplingConfig
+from workers.target import LocalTarget
+
+STATIC_KS = (2, 4, 8)
+#: The match-length policy's cap and ratio (candidate i kept while i <= ratio × match length).
+MATCH_CAP, MATCH_RATIO = 8, 1.0
+
+
+@dataclass(frozen=True)
+class LookupRow:
+    """One method's totals over the prompts."""
+
+    method: str
+    tokens: int
+    seconds: float
+    decode_seconds: float
+    tokens_per_s: float
+    decode_tokens_per_s: float
+    speedup_vs_ar: float | None = None
+    decode_speedup_vs_ar: float | None = None
+    acceptance_rate: float | None = None
+    proposing_rounds: float | None = None
+    matches_ar: bool | None = None
+
+
+def add_ngram_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--draft-kind`` and the lookup's n range and window."""
+    parser.add_argument(
+        "--draft-kind",
+        choices=("lm", "ngram"),
+        default="lm",
+        help="lm: the draft model's rows (the full report); ngram: prompt lookup vs AR only",
+    )
+    parser.add_argument("--ngram-n-max", type=int, default=3, help="longest n looked up")
+    parser.add_argument("--ngram-n-min", type=int, default=1, help="shortest n looked up")
+    parser.add_argument("--ngram-window", type=int, default=None, help="tokens searched back")
+
+
+def _methods() -> dict[str, tuple[str, int, dict]]:
+    """Return each lookup row's name: (policy, cap, policy parameters)."""
+    rows = {f"ngram static K={k}": ("static", k, {}) for k in STATIC_KS}
+    rows[f"ngram match-length (ratio {MATCH_RATIO:g}, cap {MATCH_CAP})"] = (
+        "ngram_match",
+        MATCH_CAP,
+        {"ratio": MATCH_RATIO},
+    )
+    return rows
+
+
+def run_lookup(
+    target: CachedLM, ids: list[torch.Tensor], max_new_tokens: int, settings: NgramSettings
+) -> dict[str, list[GenerationResult]]:
+    """Decode every prompt with AR and each lookup row, taking turns prompt by prompt."""
+    local = LocalTarget(target)
+    request = RequestSettings(SamplingConfig(max_new_tokens=max_new_tokens))
+    autoregressive_generate(local, ids[0], request)
+    runs: dict[str, list[GenerationResult]] = {"target-only AR": []}
+    methods = _methods()
+    runs.update({name: [] for name in methods})
+    for prompt in tqdm(ids, desc="AR and n-gram lookup, interleaved"):
+        runs["target-only AR"].append(autoregressive_generate(local, prompt, request))
+        for name, (policy, cap, params) in methods.items():
+            policy_object = make_policy(policy, cap, **params)
+            proposer = NgramProposer(settings)
+            result = speculative_generate(proposer, local, policy_object, prompt, request)
+            runs[name].append(result)
+    return runs
+
+
+def summarise(runs: dict[str, list[GenerationResult]]) -> list[LookupRow]:
+    """Return each method's row, its speed-ups taken over the AR row."""
+    ar = _row("target-only AR", runs["target-only AR"], None)
+    return [ar] + [_row(name, results, ar) for name, results in runs.items() if name != ar.method]
+
+
+def _row(name: str, results: list[GenerationResult], ar: LookupRow | None) -> LookupRow:
+    """Aggregate one method's results (speed-ups and AR agreement when ``ar`` is given)."""
+    tokens = sum(r.n_generated for r in results)
+    seconds = sum(r.seconds for r in results)
+    rounds = [round_ for r in results for round_ in r.rounds]
+    decode = sum(r.draft_seconds + r.verify_seconds for r in rounds)
+    if ar is None:
+        return LookupRow(name, tokens, seconds, decode, tokens / seconds, tokens / decode)
+    drafted = sum(r.n_drafted for r in results)
+    return LookupRow(
+        name,
+        tokens,
+        seconds,
+        decode,
+        tokens / seconds,
+        tokens / decode,
+        speedup_vs_ar=tokens / seconds / ar.tokens_per_s,
+        decode_speedup_vs_ar=tokens / decode / ar.decode_tokens_per_s,
+        acceptance_rate=sum(r.n_accepted for r in results) / drafted if drafted else None,
+        proposing_rounds=sum(1 for r in rounds if r.drafted) / len(rounds),
+        matches_ar=None,
+    )
+
+
+def with_agreement(
+    rows: list[LookupRow], runs: dict[str, list[GenerationResult]]
+) -> list[LookupRow]:
+    """Return ``rows`` with ``matches_ar`` set from the outputs."""
+    reference = [r.output_ids for r in runs["target-only AR"]]
+    return [
+        row
+        if row.method == "target-only AR"
+        else LookupRow(**{**asdict(row), "matches_ar": _outputs(runs[row.method]) == reference})
+        for row in rows
+    ]
+
+
+def _outputs(results: list[GenerationResult]) -> list[list[int]]:
+    """Return the generated ids of each result."""
+    return [r.output_ids for r in results]
+
+
+def print_rows(rows: list[LookupRow]) -> None:
+    """Print the lookup table."""
+    print(
+        f"{'method':44} {'tok/s':>7} {'xAR':>6} {'decode tok/s':>13} {'xAR':>6} "
+        f"{'accept':>7} {'propose':>8} {'=AR':>4}"
+    )
+    for r in rows:
+        speedup = f"{r.speedup_vs_ar:.2f}" if r.speedup_vs_ar is not None else "-"
+        decode = f"{r.decode_speedup_vs_ar:.2f}" if r.decode_speedup_vs_ar is not None else "-"
+        accept = f"{r.acceptance_rate:.3f}" if r.acceptance_rate is not None else "-"
+        propose = f"{r.proposing_rounds:.1%}" if r.proposing_rounds is not None else "-"
+        match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
+        print(
+            f"{r.method:44} {r.tokens_per_s:7.1f} {speedup:>6} {r.decode_tokens_per_s:13.1f} "
+            f"{decode:>6} {accept:>7} {propose:>8} {match:>4}"
+        )
+
+
+def lookup_main(args: argparse.Namespace, inputs, report: dict) -> int:
+    """Run the ``--draft-kind ngram`` benchmark and write its JSON; return the exit code (1
+    when a lookup row's outputs differ from AR's)."""
+    settings = NgramSettings(args.ngram_n_max, args.ngram_n_min, args.ngram_window)
+    target = CachedLM(inputs.load(inputs.target_path))
+    runs = run_lookup(target, inputs.prompt_tensors, args.max_new_tokens, settings)
+    rows = with_agreement(summarise(runs), runs)
+    report = {**report, "draft_kind": "ngram", "ngram": asdict(settings)}
+    report["methods"] = [asdict(r) for r in rows]
+    write_json(args.out, report)
+    print_rows(rows)
+    print(f"JSON: {args.out}")
+    return 0 if all(r.matches_ar is not False for r in rows) else 1

@@ -1,0 +1,153 @@
+"""Draft kinds (workers.proposers): every kind × policy decodes losslessly, the n-gram lookup
+drafts a repeated passage, and a policy reads its match length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.tiny_models import build_tiny_pair, prompts
+
+from policies import POLICIES, make_policy
+from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
+from workers.lm import CachedLM
+from workers.proposers import DRAFT_KINDS, NgramProposer, NgramSettings, make_proposer
+from workers.proposers.ngram import NgramIndex
+from workers.records import SamplingConfig
+from workers.target import LocalTarget
+
+GREEDY = SamplingConfig(max_new_tokens=16)
+PATHS = {"plain_torch": {"fast": True}, "transformers_modules": {"fast": False}}
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The tiny pair as (draft, target) ``CachedLM`` on each model path."""
+    draft, target = build_tiny_pair()
+    return {path: (CachedLM(draft, **o), CachedLM(target, **o)) for path, o in PATHS.items()}
+
+
+def _prompts() -> list[torch.Tensor]:
+    """Random prompts, half of them with a repeated passage, so the lookup finds matches."""
+    plain = prompts(4, seed=2)
+    return plain + [torch.cat([p, p[:-1]]) for p in plain]
+
+
+def _policy(name: str, max_draft_len: int):
+    """Build any registered policy, giving trained-artifact policies a stand-in callable."""
+    if name == "specdecpp":
+        return make_policy(name, max_draft_len, head=lambda hidden: float(hidden[0]) + 2.0)
+    if name == "cali_ts":
+        return make_policy(name, max_draft_len, predictor=lambda step: 0.6)
+    return make_policy(name, max_draft_len)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+@pytest.mark.parametrize("policy_name", sorted(POLICIES))
+def test_greedy_output_equals_target_only_for_every_kind_and_policy(
+    models, path, kind, policy_name
+):
+    draft_lm, target_lm = models[path]
+    target = LocalTarget(target_lm)
+    proposer = make_proposer(kind, draft_lm) if kind == "lm" else make_proposer(kind)
+    if not _policy(policy_name, 5).features <= proposer.features:
+        with pytest.raises(ValueError, match=f"draft of kind '{kind}'"):
+            speculative_generate(
+                proposer, target, _policy(policy_name, 5), _prompts()[0], RequestSettings(GREEDY)
+            )
+        return
+    total_drafted = 0
+    for index, prompt in enumerate(_prompts()):
+        settings = RequestSettings(GREEDY, seed=index)
+        reference = autoregressive_generate(target, prompt, settings).output_ids
+        result = speculative_generate(
+            proposer, target, _policy(policy_name, 5), prompt, settings, reference=reference
+        )
+        assert result.output_ids == reference, f"prompt {index} differs ({kind}, {policy_name})"
+        assert sum(r.emitted for r in result.rounds) == len(result.output_ids)
+        assert all(r.drafted <= 5 for r in result.rounds)
+        total_drafted += result.n_drafted
+    assert total_drafted > 0
+
+
+def _first_round(sequence: list[int], settings: NgramSettings, cap: int = 16) -> list[int]:
+    """Return what an n-gram proposer drafts after ``sequence`` with nothing stopping it."""
+    proposer = NgramProposer(settings)
+    proposer.begin(torch.tensor(sequence))
+    generator, wanted = torch.Generator(), frozenset({"match_length"})
+    candidate = proposer.first(sequence, GREEDY, generator, wanted)
+    drafted = []
+    while candidate is not None and len(drafted) < cap:
+        drafted.append(int(candidate.token))
+        candidate = proposer.next(candidate, GREEDY, generator, wanted)
+    return drafted
+
+
+def test_an_ngram_proposer_drafts_the_repeat_of_a_repeated_passage():
+    passage = [7, 8, 9, 10, 11, 12]
+    sequence = [2, 3, *passage, 4, 5, *passage[:2]]
+    assert _first_round(sequence, NgramSettings(n_max=3, n_min=1)) == [9, 10, 11, 12, 4, 5, 7, 8]
+    assert _first_round(sequence, NgramSettings(), cap=3) == [9, 10, 11]
+
+
+def test_the_lookup_prefers_the_longest_n_then_the_most_recent_match():
+    # "5 6" ends at 2 and at 6; "4 5 6" only at 2: n = 3 wins, so 20 follows.
+    assert _first_round([4, 5, 6, 20, 9, 5, 6, 30, 4, 5, 6], NgramSettings(n_max=3))[:1] == [20]
+    # n = 2 only: the most recent "5 6" (ending at 6) is followed by 30.
+    assert _first_round([4, 5, 6, 20, 9, 5, 6, 30, 4, 5, 6], NgramSettings(n_max=2))[:1] == [30]
+
+
+def test_no_match_proposes_nothing_and_n_min_and_window_limit_the_lookup():
+    assert _first_round([2, 3, 4, 5], NgramSettings()) == []
+    sequence = [9, 1, 2, 3, 4, 5, 6, 9]
+    assert _first_round(sequence, NgramSettings(n_min=1)) == [1, 2, 3, 4, 5, 6, 9][:16]
+    assert _first_round(sequence, NgramSettings(n_min=2)) == []
+    assert _first_round(sequence, NgramSettings(window=3)) == []
+    assert _first_round(sequence, NgramSettings(window=7)) == [1, 2, 3, 4, 5, 6, 9]
+
+
+def test_the_index_grows_incrementally_to_the_same_lookups_as_a_fresh_one():
+    sequence = [
+        int(t) for t in torch.randint(2, 6, (60,), generator=torch.Generator().manual_seed(1))
+    ]
+    grown = NgramIndex(NgramSettings(n_max=4))
+    for end in range(2, len(sequence) + 1):
+        fresh = NgramIndex(NgramSettings(n_max=4)).lookup(sequence[:end])
+        assert grown.lookup(sequence[:end]) == fresh
+
+
+def test_match_length_counts_the_agreeing_tokens_before_the_proposal():
+    proposer = NgramProposer(NgramSettings(n_max=2))
+    sequence = [2, 7, 8, 9, 10, 3, 7, 8, 9, 10]
+    proposer.begin(torch.tensor(sequence))
+    candidate = proposer.first(sequence, GREEDY, torch.Generator(), frozenset({"match_length"}))
+    assert (int(candidate.token), candidate.match_length) == (3, 4)
+
+
+def test_bad_ngram_settings_and_kinds_name_the_field():
+    with pytest.raises(ValueError, match="n_min"):
+        NgramSettings(n_max=1, n_min=2)
+    with pytest.raises(ValueError, match="window"):
+        NgramSettings(window=0)
+    with pytest.raises(ValueError, match="unknown draft kind 'eagle'"):
+        make_proposer("eagle")
+    with pytest.raises(ValueError, match="n_maximum"):
+        make_proposer("ngram", n_maximum=3)
+
+
+def test_the_match_policy_drafts_as_far_as_the_match_length_vouches(models):
+    """On a prompt that repeats a long passage the match-length policy drafts long rounds; on
+    one-token matches it drafts one candidate a round."""
+    _, target_lm = models["plain_torch"]
+    target = LocalTarget(target_lm)
+    passage = list(range(10, 18))
+    prompt = torch.tensor([*passage, *passage, *passage[:3]])
+    settings = RequestSettings(SamplingConfig(max_new_tokens=8))
+    policy = make_policy("ngram_match", 6, ratio=1.0)
+    result = speculative_generate(NgramProposer(), target, policy, prompt, settings)
+    first = result.rounds[0]
+    assert first.drafted == 6 and first.draft_forwards == 0
+    short = torch.tensor([2, 3, 9, 3])
+    result = speculative_generate(NgramProposer(), target, policy, short, settings)
+    assert result.rounds[0].drafted == 1
