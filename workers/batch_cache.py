@@ -114,17 +114,23 @@ class BatchedLM:
         padded = len(blocks) == 1 and width == 1 and self.lm.plan.padded
         if padded:  # a one-token step of one row runs as CachedLM runs it: as a 2-token block
             blocks, width = [blocks[0].repeat(2)], 2
-        ids = torch.zeros(len(blocks), width, dtype=torch.long, device=self.device)
-        for row, block in enumerate(blocks):
-            ids[row, : block.numel()] = block.view(-1).to(self.device)
+        if len(blocks) == 1:
+            ids = blocks[0].view(1, -1).to(self.device)
+        else:
+            ids = torch.zeros(len(blocks), width, dtype=torch.long, device=self.device)
+            for row, block in enumerate(blocks):
+                ids[row, : block.numel()] = block.view(-1).to(self.device)
         starts = [self.lengths[slot] for slot in slots]
         packed = self.lm.plan.layout(ids.numel()) == "packed"
         hidden = self._decode(slots, ids, starts, packed)
         for slot, start, count in zip(slots, starts, counts, strict=True):
             self.lengths[slot] = start + count
         # A padded step sends both positions through the head, as CachedLM does.
-        picks = _picked_rows([2] if padded else counts, width, last_only and not padded)
-        hidden = hidden.reshape(-1, hidden.shape[-1])[picks]
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        if len(blocks) > 1:
+            hidden = hidden[_picked_rows(counts, width, last_only)]
+        elif last_only and not padded:
+            hidden = hidden[-1:]
         lm = self.lm
         logits = head_logits(lm.head, lm.restricted, hidden, lm.head_product, packed)
         if padded:
@@ -144,11 +150,15 @@ class BatchedLM:
         if end > self.capacity:
             self._allocate(max(end, 2 * self.capacity))
         positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(width)
-        cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
+        if batch == 1:  # one row: the batch-1 decoder's slices and mask
+            cos = self._cos[starts[0] : end][None, None]
+            sin = self._sin[starts[0] : end][None, None]
+        else:
+            cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         mask = _attention_mask(positions, end)
         n_q, n_kv = fast.n_heads * fast.head_dim, fast.n_kv_heads * fast.head_dim
         gqa = fast.n_heads != fast.n_kv_heads
-        rows = torch.tensor(slots, device=self.device)
+        rows = torch.tensor(slots, device=self.device) if batch > 1 else None
         hidden = F.embedding(ids.view(-1), fast.embed)
         for index, layer in enumerate(fast.layers):
             normed = fast._rms_norm(hidden, layer.input_norm)
@@ -171,7 +181,7 @@ class BatchedLM:
         self,
         layer: int,
         slots: list[int],
-        rows: torch.Tensor,
+        rows: torch.Tensor | None,
         positions: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -194,11 +204,14 @@ class BatchedLM:
 
 def _attention_mask(positions: torch.Tensor, end: int) -> torch.Tensor | None:
     """Return the boolean mask [b, 1, n, end] letting each query see its row's keys up to its
-    own position (None for one row's one-token step, which sees every cached key: the batch-1
-    decoder's call)."""
+    own position; for one row, the batch-1 decoder's: None for a one-token step (it sees every
+    cached key), else [n, end]."""
     batch, width = positions.shape
-    if batch == 1 and width == 1:
-        return None
+    if batch == 1:
+        if width == 1:
+            return None
+        start = int(positions[0, 0])
+        return torch.ones(width, end, dtype=torch.bool, device=positions.device).tril(start)
     keys = torch.arange(end, device=positions.device)
     return (keys[None, None, :] <= positions[:, :, None])[:, None]
 
