@@ -150,9 +150,8 @@ class BatchedLM:
         if end > self.capacity:
             self._allocate(max(end, 2 * self.capacity))
         positions = torch.tensor(starts, device=self.device)[:, None] + torch.arange(width)
-        if batch == 1:  # one row: the batch-1 decoder's slices and mask
-            cos = self._cos[starts[0] : end][None, None]
-            sin = self._sin[starts[0] : end][None, None]
+        if batch == 1:  # one row: the batch-1 decoder's slices, shapes and mask
+            cos, sin = self._cos[starts[0] : end], self._sin[starts[0] : end]
         else:
             cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         mask = _attention_mask(positions, end)
@@ -163,9 +162,11 @@ class BatchedLM:
         for index, layer in enumerate(fast.layers):
             normed = fast._rms_norm(hidden, layer.input_norm)
             q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
-            q = _rotate(q.view(batch, width, fast.n_heads, -1).transpose(1, 2), cos, sin)
-            k = _rotate(k.view(batch, width, fast.n_kv_heads, -1).transpose(1, 2), cos, sin)
-            v = v.view(batch, width, fast.n_kv_heads, -1).transpose(1, 2)
+            q = _rotate(_heads(q, batch, width, fast.n_heads), cos, sin)
+            k = _rotate(_heads(k, batch, width, fast.n_kv_heads), cos, sin)
+            v = _heads(v, batch, width, fast.n_kv_heads)
+            if batch == 1:
+                q, k, v = q[None], k[None], v[None]
             keys, values = self._write(index, slots, rows, positions, k, v, end)
             attended = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, enable_gqa=gqa
@@ -225,8 +226,17 @@ def _picked_rows(counts: list[int], width: int, last_only: bool) -> torch.Tensor
     return torch.tensor(picks, dtype=torch.long)
 
 
+def _heads(x: torch.Tensor, batch: int, width: int, heads: int) -> torch.Tensor:
+    """Return projections [b * n, heads * head_dim] as [b, heads, n, head_dim], or for one row
+    as [heads, n, head_dim] (the batch-1 decoder's shape: its elementwise ops run faster)."""
+    if batch == 1:
+        return x.view(width, heads, -1).transpose(0, 1)
+    return x.view(batch, width, heads, -1).transpose(1, 2)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Return the rotary embedding of ``x`` [b, heads, n, head_dim] with per-row ``cos`` and
-    ``sin`` [b, 1, n, head_dim] (transformers' formula, as ``workers.llama_fast``)."""
+    ``sin`` [b, 1, n, head_dim], or of one row's [heads, n, head_dim] with [n, head_dim]
+    (transformers' formula, as ``workers.llama_fast``)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
