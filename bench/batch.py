@@ -223,6 +223,7 @@ def _commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the ratios and write JSON; return the exit code."""
     args = _parse_args(argv)
+    commit = _commit()  # before the run: the code measured
     no_draft = args.draft == "none"
     if no_draft:
         args.draft = None
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = _methods(target_model, draft, target, args, inputs.prompts)
     rows, agreement = _measure(methods, args.batch_sizes, args.repeats)
     report = {
-        "commit": _commit(),
+        "commit": commit,
         "target": str(inputs.target_path),
         "draft": None if no_draft else str(inputs.draft_path),
         "dataset": args.dataset,
