@@ -9,6 +9,7 @@ from policies.base import (
     RequestContext,
     RoundOutcome,
 )
+from policies.batch_schedule import BatchAware, BatchSchedulePolicy
 from policies.confidence import MaxConfidencePolicy
 from policies.dynamic_threshold import (
     DynamicThresholdConfig,
@@ -29,6 +30,8 @@ __all__ = [
     "FEATURE_NAMES",
     "POLICIES",
     "AdaEDLPolicy",
+    "BatchAware",
+    "BatchSchedulePolicy",
     "BetaTSPolicy",
     "CaliTSPolicy",
     "Decision",

@@ -7,6 +7,7 @@ from typing import Any
 
 from policies.adaedl import AdaEDLPolicy
 from policies.base import DraftPolicy
+from policies.batch_schedule import BatchSchedulePolicy
 from policies.confidence import MaxConfidencePolicy
 from policies.heuristic import HFHeuristicPolicy
 from policies.ngram_match import NgramMatchPolicy
@@ -30,6 +31,7 @@ POLICIES: dict[str, type[DraftPolicy]] = {
         SpecDecPPPolicy,
         GreedyOraclePolicy,
         NgramMatchPolicy,
+        BatchSchedulePolicy,
     )
 }
 

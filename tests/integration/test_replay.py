@@ -60,6 +60,7 @@ def _configs(traces: list[GreedyTrace]) -> list[tuple[str, dict[str, Any]]]:
         *[("svip", {"threshold": t}) for t in sqrt_entropies],
         *[("hf_heuristic", {"initial_draft_len": k}) for k in (1, 5)],
         ("oracle", {}),
+        ("batch_schedule", {"schedule": "1:3"}),
         ("beta_ts", {}),
         ("beta_ts", {"prior_alpha": 4.0, "prior_beta": 1.0}),
         ("cali_ts", {"theta_model": 0.8}),

@@ -69,6 +69,7 @@ def test_registry_names_and_features_are_consistent() -> None:
         "specdecpp",
         "oracle",
         "ngram_match",
+        "batch_schedule",
     }
     for name, policy_class in POLICIES.items():
         assert policy_class.name == name
@@ -131,7 +132,7 @@ def test_policies_that_keep_every_candidate_decide_nothing() -> None:
     """The engine skips ``decide`` for these: it must be KEEP_CONTINUE whatever the step shows,
     and no policy that asks for features (which only ``decide`` sees) may claim it."""
     keepers = {name for name, policy in POLICIES.items() if policy.keeps_every_candidate}
-    assert keepers == {"static", "hf_heuristic"}
+    assert keepers == {"static", "hf_heuristic", "batch_schedule"}
     steps = [
         DraftStep(index=i, position=i + 3, token=i, entropy=e, max_prob=m)
         for i, (e, m) in enumerate([(0.0, 1.0), (9.0, 0.01), (1.5, 0.4)], start=1)

@@ -23,6 +23,10 @@ from orchestrator.sweep.planner import Plan, Trial, plan_sweep
 from orchestrator.sweep.spec import SweepSpec, check_local_paths, load_sweep
 from policies import POLICIES
 
+#: Table 1's policies: every registered one but batch_schedule, a batch-level K schedule that
+#: only batched decoding (not Table 1's batch 1) gives a meaning.
+PER_REQUEST_POLICIES = set(POLICIES) - {"batch_schedule"}
+
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 HARDWARE_LINE = re.compile(r"^#\s*hardware:\s*(\d+)\s+nodes?\s+x\s+(\d+)\s+GPUs?\s*$", re.MULTILINE)
 GPU_TOLERANCE = 1e-9
@@ -255,8 +259,9 @@ def test_table1_halves_together_cover_the_whole_grid() -> None:
     assert greedy.spec.execution.mode == "mixed"
     assert {t.sampling.temperature for t in greedy.plan.trials} == {0.0}
     # Every policy runs greedy too: the trained heads live, on the pair their head was trained on
-    # (all but ngram_match, which reads an n-gram lookup's match length: Table 1 has no lookup).
-    lm_policies = set(POLICIES) - {"ngram_match"}
+    # (all but ngram_match, which reads an n-gram lookup's match length: Table 1 has no lookup;
+    # and batch_schedule, which sets K by batch size: Table 1 is batch 1).
+    lm_policies = PER_REQUEST_POLICIES - {"ngram_match"}
     assert {t.setting.policy for t in greedy.plan.trials if not t.is_baseline} == lm_policies
     heads = [t for t in trials if t.setting.job is not None]
     assert {t.mode for t in heads} == {"live"}
