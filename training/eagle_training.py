@@ -21,17 +21,23 @@ acceptance rate of each draft position.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from training.lm_trainer import TrainConfig, learning_rate
+from training.realism import machine_load
+from workers.eagle.drafter import EagleDrafter
 from workers.eagle.head import EagleHead
 from workers.eagle.step import EagleStep
-from workers.lm import head_logits, restricted_head
+from workers.lm import CachedLM, head_logits, restricted_head
+from workers.records import RequestSettings, SamplingConfig, truncate_at_eos
+from workers.target import LocalTarget, VerifyRequest
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,19 @@ class EagleLossWeights:
     w_feature: float = 1.0
     w_token: float = 0.1
     noise: float = 0.1
+
+
+@dataclass(frozen=True)
+class EagleStage:
+    """A zoo's EAGLE head: its name, optimisation (``training``: steps of ``batch_size``
+    sequences), loss, the held-out starts per sequence its card measures agreement from, and
+    the batch of the feature extraction."""
+
+    training: TrainConfig
+    loss: EagleLossWeights = field(default_factory=EagleLossWeights)
+    name: str = "eagle"
+    eval_starts: int = 64
+    feature_batch: int = 8
 
 
 @dataclass(frozen=True)
@@ -126,21 +145,28 @@ def batch_generator(seed: int, index: torch.Tensor) -> torch.Generator:
 
 @torch.inference_mode()
 def agreement_at_steps(
-    head: EagleHead, data: SequenceFeatures, first_start: int, steps: int = 3, max_starts: int = 0
+    head: EagleHead,
+    data: SequenceFeatures,
+    first_start: int | Sequence[int],
+    steps: int = 3,
+    max_starts: int = 0,
 ) -> list[float]:
     """Return the greedy agreement of draft steps 1..``steps`` on ``data`` (module docstring).
 
-    Starts t run from ``first_start`` − 1 (the prompt's last position: the text after it is the
-    target's greedy output) while t + ``steps`` stays valid; ``max_starts`` > 0 caps the starts
-    per sequence (evenly spaced).
+    ``first_start`` is each sequence's prompt length P (one for all, or one per sequence): the
+    text from P on is the target's greedy output, so starts t run from P − 2 (whose first draft
+    is the response's first token) while t + ``steps`` stays valid; ``max_starts`` > 0 caps the
+    starts per sequence (evenly spaced).
     """
     step = EagleStep(head)
     agreed, tried = [0] * steps, [0] * steps
-    for row in range(data.tokens.shape[0]):
+    n_rows = data.tokens.shape[0]
+    firsts = [first_start] * n_rows if isinstance(first_start, int) else list(first_start)
+    for row in range(n_rows):
         tokens, features = data.tokens[row], data.features[row]
         choices, valid = data.choices[row], data.valid[row]
         last = int(valid.sum()) - 1
-        starts = list(range(max(0, first_start - 2), last - steps + 1))
+        starts = list(range(max(0, firsts[row] - 2), last - steps + 1))
         if max_starts > 0 and len(starts) > max_starts:
             starts = starts[:: math.ceil(len(starts) / max_starts)]
         step.reset()
@@ -211,3 +237,138 @@ def _batches(n_items: int, config: TrainConfig) -> Iterator[torch.Tensor]:
             order, cursor = torch.randperm(n_items, generator=generator), 0
         yield order[cursor : cursor + config.batch_size]
         cursor += config.batch_size
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The head's draft step against a target step, median seconds of alternating repeats:
+    ``t_head_s`` one pair through ``EagleStep`` plus its LM-head row (prepacked where
+    ``prepack``), ``t_target_s`` one ``CachedLM`` token step (its calibrated plan)."""
+
+    t_head_s: float
+    t_target_s: float
+    cost_ratio: float
+    context_len: int
+    repeats: int
+    threads: int
+    prepack: bool
+    load_average: float
+
+
+@torch.inference_mode()
+def step_cost(
+    target: PreTrainedModel,
+    head: EagleHead,
+    context_len: int = 128,
+    repeats: int = 30,
+    prepack: bool = True,
+) -> StepCost:
+    """Return the head's and the target's one-token step seconds after ``context_len`` cached
+    positions, timed in turns (the same machine load for both), and their ratio."""
+    lm = CachedLM(target)
+    step = EagleStep(head, prepack)
+    context = torch.zeros(context_len, dtype=torch.long)
+    lm.reset()
+    lm.forward(context, last_only=True)
+    step.reset()
+    step.forward(torch.zeros(context_len, head.config.hidden_size), context)
+    one = context[:1]
+    feature = torch.zeros(1, head.config.hidden_size)
+    head_times, target_times = [], []
+    for repeat in range(repeats + 3):
+        start = time.perf_counter()
+        lm.forward(one)
+        middle = time.perf_counter()
+        step.logits(step.forward(feature, one))
+        end = time.perf_counter()
+        lm.crop(context_len)
+        step.crop(context_len)
+        if repeat >= 3:
+            target_times.append(middle - start)
+            head_times.append(end - middle)
+    t_head, t_target = statistics.median(head_times), statistics.median(target_times)
+    return StepCost(
+        t_head_s=t_head,
+        t_target_s=t_target,
+        cost_ratio=t_head / t_target,
+        context_len=context_len,
+        repeats=repeats,
+        threads=torch.get_num_threads(),
+        prepack=prepack,
+        load_average=machine_load(),
+    )
+
+
+@dataclass(frozen=True)
+class StaticAcceptance:
+    """Greedy static-K speculation with an EAGLE head at one K over some prompts: drafted and
+    accepted tokens, rounds, the acceptance rate (accepted / drafted), tokens per round, and
+    whether every output equalled target-only decoding."""
+
+    k: int
+    drafted: int
+    accepted: int
+    rounds: int
+    acceptance: float
+    tokens_per_round: float
+    matches_target: bool
+
+
+@torch.inference_mode()
+def static_acceptance(
+    target: PreTrainedModel,
+    head: EagleHead,
+    prompts: Sequence[torch.Tensor],
+    ks: Sequence[int],
+    new_tokens: int,
+    eos_token_id: int | None = None,
+) -> dict[int, StaticAcceptance]:
+    """Return the greedy static-K acceptance of ``head`` drafting for ``target`` at each K."""
+    local = LocalTarget(CachedLM(target))
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=new_tokens)
+    settings = RequestSettings(sampling=greedy, seed=0, eos_token_id=eos_token_id)
+    references = [local.generate(prompt, settings).output_ids for prompt in prompts]
+    found = {}
+    for k in ks:
+        counts = [0, 0, 0]
+        matches = True
+        for prompt, reference in zip(prompts, references, strict=True):
+            output = _speculate_greedy(local, EagleDrafter(head), prompt, k, settings, counts)
+            matches = matches and output == reference
+        drafted, accepted, rounds = counts
+        found[k] = StaticAcceptance(
+            k=k,
+            drafted=drafted,
+            accepted=accepted,
+            rounds=rounds,
+            acceptance=accepted / max(1, drafted),
+            tokens_per_round=(accepted + rounds) / max(1, rounds),
+            matches_target=matches,
+        )
+    return found
+
+
+def _speculate_greedy(
+    local: LocalTarget,
+    drafter: EagleDrafter,
+    prompt: torch.Tensor,
+    k: int,
+    settings: RequestSettings,
+    counts: list[int],
+) -> list[int]:
+    """Decode ``prompt`` by greedy static-K speculation; add drafted, accepted and rounds to
+    ``counts``; return the output (cut at the first EOS, as target-only decoding is)."""
+    greedy = settings.sampling
+    drafter.begin(prompt, local.prefill(prompt, greedy, settings.seed, want_features=True))
+    pending, output, stopped = prompt[-1:], [], False
+    while len(output) < greedy.max_new_tokens and not stopped:
+        drafts = [drafter.propose(greedy).token for _ in range(k)]
+        block = torch.cat([pending, torch.tensor(drafts, dtype=torch.long)])
+        response = local.verify(VerifyRequest(block, want_features=True))
+        drafter.accept(response.n_accepted, response.next_token, response.features)
+        output += [*drafts[: response.n_accepted], response.next_token]
+        for index, added in enumerate((k, response.n_accepted, 1)):
+            counts[index] += added
+        pending = torch.tensor([response.next_token])
+        output, stopped = truncate_at_eos(output[: greedy.max_new_tokens], settings.eos_token_id)
+    return output
