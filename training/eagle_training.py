@@ -115,15 +115,20 @@ def eagle_loss(
     batch: SequenceFeatures,
     weights: EagleLossWeights,
     generator: torch.Generator | None,
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Return EAGLE's loss over a batch of sequences (see the module docstring)."""
+    """Return EAGLE's loss over a batch of sequences (see the module docstring).
+
+    ``forward`` runs the head's forward (``head`` itself by default; its DDP wrapper when
+    several ranks share the batch).
+    """
     device = head.embed.device
     features = batch.features.to(device)
     inputs = features[:, :-1]
     if weights.noise > 0:
         draw = torch.rand(inputs.shape, generator=generator, device=inputs.device)
         inputs = inputs + (2 * draw - 1) * weights.noise
-    predicted = head(inputs, batch.tokens[:, 1:].to(device))
+    predicted = (forward or head)(inputs, batch.tokens[:, 1:].to(device))
     truth = features[:, 1:]
     mask = batch.valid[:, 1:].to(device).float()
     denominator = mask.sum().clamp(min=1.0)

@@ -180,7 +180,7 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
 
     def batch_loss(model: torch.nn.Module, indices: torch.Tensor) -> torch.Tensor:
         generator = batch_generator(config.seed, indices)
-        return eagle_loss(model, train.rows(indices.cpu()), settings.loss, generator)
+        return eagle_loss(head, train.rows(indices.cpu()), settings.loss, generator, model)
 
     report = fit(
         head, train_rows.numel(), batch_loss, settings.fit, output_dir, stopwatch, progress, "eagle"

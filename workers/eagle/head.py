@@ -164,10 +164,6 @@ class EagleHead(nn.Module):
         self.register_buffer("head_rows", rows.contiguous(), persistent=False)
         self.register_buffer("kept", kept, persistent=False)
 
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        """Return the head's own weights (what an artifact saves; no target part)."""
-        return {name: value for name, value in self.state_dict().items()}
-
     def fuse(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Return the decoder layer's input [..., d] for features f_t and tokens x_{t+1}."""
         embedded = nn.functional.embedding(tokens, self.embed)
