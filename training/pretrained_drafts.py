@@ -34,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from training.eagle_training import EagleStage
 from training.early_exit import early_exit_draft
 from training.lm_trainer import (
     LOSS_WINDOW,
@@ -122,11 +123,17 @@ class PretrainedDrafts:
     exit_name: str = "draft-exit"
     train_threads: int = 1
     draft_vocab: int | None = None
+    eagle: EagleStage | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
         """Return the zoo names of the drafts, the small draft (the main one) first."""
         return (self.small_name, self.exit_name)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Return the names of everything the stage writes: the drafts, then the EAGLE head."""
+        return self.names if self.eagle is None else (*self.names, self.eagle.name)
 
 
 @dataclass(frozen=True)

@@ -154,9 +154,17 @@ class ChannelTargetGroup:
             self._check_ranks()
             raise ConnectionError(f"target channel broke during {method}: {exc!r}") from exc
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
-        """Start a request on every rank."""
-        self._on_channels("prefill", prompt_ids, sampling, seed)
+    def prefill(
+        self,
+        prompt_ids: torch.Tensor,
+        sampling: SamplingConfig,
+        seed: int,
+        want_features: bool = False,
+    ) -> torch.Tensor | None:
+        """Start a request on every rank; rank 0's prompt features when ``want_features``."""
+        if not want_features:
+            return self._on_channels("prefill", prompt_ids, sampling, seed)
+        return self._on_channels("prefill", prompt_ids, sampling, seed, want_features)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Verify on every rank (they compute in lockstep); return rank 0's response."""

@@ -207,8 +207,8 @@ class LlamaFastDecoder:
         for index, layer in enumerate(self.layers):
             normed = self._rms_norm(hidden, layer.input_norm)
             q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
-            q = _rotate(q.view(n, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
-            k = _rotate(k.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
+            q = rotate(q.view(n, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
+            k = rotate(k.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
             keys, values = self._keys[index], self._values[index]
             keys[0, :, start:end] = k
             values[0, :, start:end] = v.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1)
@@ -244,7 +244,7 @@ def block_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.mm(weight, x.t()).t().contiguous()
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Return the rotary embedding of ``x`` [heads, n, head_dim] (transformers' formula)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

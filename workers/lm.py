@@ -323,11 +323,15 @@ class CachedLM:
             self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, last_only: bool = False) -> StepOutput:
+    def forward(
+        self, ids: torch.Tensor, last_only: bool = False, all_hidden: bool = False
+    ) -> StepOutput:
         """Run ``ids`` [n] after the cached prefix, append them to the cache, return outputs.
 
-        With ``last_only`` only the last position goes through the LM head. Raises
-        ValueError for an empty ``ids`` (e.g. a prompt that tokenised to nothing).
+        With ``last_only`` only the last position goes through the LM head; ``all_hidden``
+        then still returns the hidden states of every position (an EAGLE head reads a prompt's
+        features). Raises ValueError for an empty ``ids`` (e.g. a prompt that tokenised to
+        nothing).
         """
         ids = ids.view(-1).to(self.device)
         if ids.numel() == 0:
@@ -337,9 +341,9 @@ class CachedLM:
             out = self._forward(ids.repeat(2), last_only=False)
             self.crop(length + 1)
             return StepOutput(logits=out.logits[:1], hidden=out.hidden[:1])
-        return self._forward(ids, last_only)
+        return self._forward(ids, last_only, all_hidden)
 
-    def _forward(self, ids: torch.Tensor, last_only: bool) -> StepOutput:
+    def _forward(self, ids: torch.Tensor, last_only: bool, all_hidden: bool = False) -> StepOutput:
         """Run ``ids`` [n] (on the model's device) through decoder and head, as ``forward``, on
         the layout ``plan`` gives n."""
         packed = self.plan.layout(ids.numel()) == "packed"
@@ -350,9 +354,9 @@ class CachedLM:
                 input_ids=ids[None], use_cache=True, **cache_kwargs(self.decoder, self.cache)
             )
             hidden = out.last_hidden_state[0]
-        hidden = hidden[-1:] if last_only else hidden
-        logits = head_logits(self.head, self.restricted, hidden, self.head_product, packed)
-        return StepOutput(logits=logits, hidden=hidden)
+        rows = hidden[-1:] if last_only else hidden
+        logits = head_logits(self.head, self.restricted, rows, self.head_product, packed)
+        return StepOutput(logits=logits, hidden=hidden if all_hidden else rows)
 
     def crop(self, length: int) -> None:
         """Roll the cache back so that it holds only the first ``length`` tokens."""

@@ -31,12 +31,15 @@ class VerifyRequest:
 
     ``tokens`` [1 + K] is the pending token (the last emitted one, which the target has not
     processed yet) followed by the drafted block; ``draft_token_probs`` [K] holds q_i(y_i) of
-    the drafted tokens (sampling only).
+    the drafted tokens (sampling only). ``want_hidden`` asks for the last-layer hidden state
+    at the position that produced the next token (Cali-TS); ``want_features`` for those at every
+    kept position, O((K + 1)·d) (an EAGLE head).
     """
 
     tokens: torch.Tensor
     draft_token_probs: torch.Tensor | None = None
     want_hidden: bool = False
+    want_features: bool = False
 
     @property
     def draft_tokens(self) -> torch.Tensor:
@@ -49,11 +52,15 @@ class VerifyRequest:
         probs = self.draft_token_probs
         if probs is not None:
             probs = (probs.tolist(), str(probs.dtype).removeprefix("torch."))
-        return (_verify_request, (self.tokens.tolist(), probs, self.want_hidden))
+        flags = (self.want_hidden, self.want_features)
+        return (_verify_request, (self.tokens.tolist(), probs, *flags))
 
 
 def _verify_request(
-    tokens: list[int], probs: tuple[list[float], str] | None, want_hidden: bool
+    tokens: list[int],
+    probs: tuple[list[float], str] | None,
+    want_hidden: bool,
+    want_features: bool = False,
 ) -> VerifyRequest:
     """Rebuild a pickled :class:`VerifyRequest` (the inverse of its ``__reduce__``)."""
     return VerifyRequest(
@@ -62,6 +69,7 @@ def _verify_request(
         if probs is None
         else torch.tensor(probs[0], dtype=getattr(torch, probs[1])),
         want_hidden=want_hidden,
+        want_features=want_features,
     )
 
 
@@ -70,23 +78,28 @@ class VerifyResponse:
     """The target's answer: accepted count, and the next token or the rejected row.
 
     ``hidden`` is the target's last-layer hidden state at the position that produced the next
-    token (for Cali-TS), when asked for.
+    token (for Cali-TS), when asked for. ``features`` [n_accepted + 1, d] are the last-layer
+    hidden states at the kept positions (the pending token and the accepted drafts; the last
+    produced the next token), when ``want_features`` asked for them (an EAGLE drafter's
+    ``accept`` takes them).
     """
 
     n_accepted: int
     next_token: int | None
     rejected_row: torch.Tensor | None
     hidden: torch.Tensor | None
+    features: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
 class _Scored:
-    """One judged block on the target side: the verdict, the hidden state the request asked
-    for, and (greedy) the target's argmax tokens [K+1] at the judged positions."""
+    """One judged block on the target side: the verdict, the hidden state and features the
+    request asked for, and (greedy) the target's argmax tokens [K+1] at the judged positions."""
 
     verdict: Verdict
     hidden: torch.Tensor | None
     choices: torch.Tensor | None
+    features: torch.Tensor | None = None
 
 
 class LocalTarget:
@@ -107,13 +120,25 @@ class LocalTarget:
         self.sampling = SamplingConfig()
         self.generator = torch.Generator(device="cpu")
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
-        """Start a request: reset the cache, process all but the last prompt token, reseed."""
+    def prefill(
+        self,
+        prompt_ids: torch.Tensor,
+        sampling: SamplingConfig,
+        seed: int,
+        want_features: bool = False,
+    ) -> torch.Tensor | None:
+        """Start a request: reset the cache, process all but the last prompt token, reseed.
+
+        With ``want_features`` return the last-layer hidden states [P − 1, d] of the tokens it
+        processed (an EAGLE drafter's ``begin`` takes them), else None.
+        """
         self.sampling = sampling
         self.generator.manual_seed(side_seed(seed, "target"))
         self.lm.reset()
-        if prompt_ids.numel() > 1:
-            self.lm.forward(prompt_ids[:-1], last_only=True)
+        if prompt_ids.numel() <= 1:
+            return prompt_ids.new_zeros(0) if want_features else None
+        out = self.lm.forward(prompt_ids[:-1], last_only=True, all_hidden=want_features)
+        return out.hidden if want_features else None
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score pending + drafted tokens in one forward, judge the block, roll the cache back.
@@ -128,6 +153,7 @@ class LocalTarget:
             next_token=scored.verdict.next_token,
             rejected_row=scored.verdict.rejected_row,
             hidden=scored.hidden,
+            features=scored.features,
         )
 
     def _score(self, request: VerifyRequest) -> _Scored:
@@ -152,7 +178,8 @@ class LocalTarget:
             )
         self.lm.crop(base_len + verdict.n_accepted)
         hidden = out.hidden[verdict.n_accepted] if request.want_hidden else None
-        return _Scored(verdict, hidden, choices)
+        features = out.hidden[: verdict.n_accepted + 1] if request.want_features else None
+        return _Scored(verdict, hidden, choices, features)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:

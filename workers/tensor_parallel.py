@@ -203,9 +203,15 @@ class TensorParallelTarget:
         """The sharded model with its KV cache (full logits on every rank)."""
         return self.target.lm
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
-        """Start a request on this rank."""
-        self.target.prefill(prompt_ids, sampling, seed)
+    def prefill(
+        self,
+        prompt_ids: torch.Tensor,
+        sampling: SamplingConfig,
+        seed: int,
+        want_features: bool = False,
+    ) -> torch.Tensor | None:
+        """Start a request on this rank (its prompt features when ``want_features``)."""
+        return self.target.prefill(prompt_ids, sampling, seed, want_features)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block on this rank (all ranks must get the same call)."""

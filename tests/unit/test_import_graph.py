@@ -30,7 +30,7 @@ TRAINING_LAYERS: tuple[tuple[str, ...], ...] = (
         "training.early_exit",
     ),
     ("training.lm_trainer", "training.distributed", "training.realism"),
-    ("training.pretrained_drafts",),
+    ("training.pretrained_drafts", "training.eagle_training"),
     ("training.zoo",),
     ("training.jobs",),
     ("training.ray_job", "training.__main__"),

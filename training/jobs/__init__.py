@@ -1,4 +1,5 @@
-"""Training jobs by kind: KD drafts (DistillSpec, AdaSPEC, EESD early exit) and policy heads.
+"""Training jobs by kind: KD drafts (DistillSpec, AdaSPEC, EESD early exit), policy heads and
+EAGLE feature heads.
 
 ``run_job(config, output_dir)`` runs one job to completion (resuming from its last checkpoint
 if an earlier run crashed) and returns its ``JobResult``; a job that already finished in
@@ -31,6 +32,7 @@ JOB_KINDS: dict[str, str] = {
     "eesd_exit": "training.jobs.eesd_exit",
     "specdecpp_head": "training.jobs.specdecpp_head",
     "cali_ts_predictor": "training.jobs.cali_ts_predictor",
+    "eagle_head": "training.jobs.eagle_head",
 }
 
 

@@ -96,8 +96,8 @@ class JobResult:
     """What a finished job reports: its artifact, its metrics, how long it took.
 
     ``artifact_kind`` is ``"draft"`` (a causal LM directory loadable with ``from_pretrained``),
-    ``"specdecpp_head"`` or ``"cali_ts_predictor"``. ``resumed_from_step`` is the optimiser step
-    the last run started from (0 for a fresh run).
+    ``"specdecpp_head"``, ``"cali_ts_predictor"`` or ``"eagle_head"``. ``resumed_from_step`` is
+    the optimiser step the last run started from (0 for a fresh run).
     """
 
     artifact_path: str

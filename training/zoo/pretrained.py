@@ -37,6 +37,7 @@ from training.zoo.cards import (
     target_cost_card,
     teacher_data_card,
 )
+from training.zoo.eagle_stage import eagle_into
 from training.zoo.progress import StageClock, log
 from training.zoo.recipes import PretrainedRecipe
 from workers.datasets import DatasetSpec, DatasetUnavailable, load_prompts
@@ -115,8 +116,16 @@ def _pretrained_drafts_into(
         }
         card = pretrained_draft_card(recipe, name, draft, trainings[name], sections)
         _save_pretrained_draft(draft, tokenizer, directory / name, card)
-    shutil.rmtree(work, ignore_errors=True)
     clock.lap("save drafts")
+    if stage.eagle is not None:
+        prompts, dataset = _eval_prompts(tokenizer, stage.evaluation)
+        measured = (stage.evaluation, prompts, dataset, tokenizer.eos_token_id)
+        with torch_threads(stage.train_threads):
+            eagle_into(
+                recipe, stage.eagle, target, (train, heldout), vocab, measured, directory, progress
+            )
+        clock.lap("eagle head")
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _draft_vocab(

@@ -1,0 +1,116 @@
+"""The eagle_head job on the micro target: it learns, its artifact loads and drafts, it resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.eagle_training import SequenceFeatures, agreement_at_steps
+from training.jobs import JobConfig, run_job
+from training.jobs import eagle_head as eagle_job
+from training.jobs.base import RESULT_FILE
+from training.jobs.head_data import DATA_FILE
+from training.zoo.cache import ZooManifest
+from workers.eagle.artifact import HEAD_FILE, load_eagle_head
+from workers.eagle.drafter import EagleDrafter
+from workers.lm import CachedLM, load_causal_lm
+from workers.records import RequestSettings, SamplingConfig
+from workers.target import LocalTarget, VerifyRequest
+
+torch.set_num_threads(1)
+
+SETTINGS: dict[str, Any] = {
+    "prompt_tokens": 16,
+    "response_tokens": 32,
+    "lr": 0.005,
+    "eval_fraction": 0.25,
+    "head_vocab": 256,
+}
+CRASH_AT_STEP = 15
+
+
+def _config(zoo: ZooManifest) -> JobConfig:
+    return JobConfig(
+        kind="eagle_head",
+        name="test-eagle",
+        base=str(zoo.model_path("target")),
+        dataset="builtin:code",
+        samples=48,
+        epochs=4,
+        settings=SETTINGS,
+    )
+
+
+@pytest.fixture(scope="module")
+def eagle_run(micro_zoo, tmp_path_factory):
+    """The job run once, uninterrupted: (config, output folder, result)."""
+    config = _config(micro_zoo)
+    output = tmp_path_factory.mktemp("eagle")
+    return config, output, run_job(config, output, progress=False)
+
+
+def test_head_learns_the_targets_greedy_text(eagle_run, micro_zoo):
+    config, output, result = eagle_run
+    assert result.artifact_kind == "eagle_head"
+    assert result.metrics["train_loss_end"] < result.metrics["train_loss_start"]
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    saved = load_file(str(output / DATA_FILE))
+    data = SequenceFeatures(saved["tokens"], saved["features"], saved["valid"], saved["choices"])
+    settings = eagle_job.settings_of(config)
+    untrained = eagle_job.make_head(target, data, settings, saved["specials"].tolist())
+    before = agreement_at_steps(untrained, data, SETTINGS["prompt_tokens"], steps=1)[0]
+    assert result.metrics["agreement_step1"] >= 0.5
+    assert result.metrics["agreement_step1"] > before + 0.3
+
+
+def test_loaded_head_drafts_losslessly_for_the_target(eagle_run, micro_zoo):
+    _, output_dir, result = eagle_run
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    head = load_eagle_head(result.artifact_path, target)
+    assert head.config.head_vocab is not None and len(head.config.head_vocab) == 256
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=24)
+    local = LocalTarget(CachedLM(target, single_step="plain"))
+    prompt = load_file(str(output_dir / DATA_FILE))["tokens"][0, : SETTINGS["prompt_tokens"]]
+    reference = local.generate(prompt, RequestSettings(sampling=greedy, seed=0)).output_ids
+    drafter = EagleDrafter(head)
+    drafter.begin(prompt, local.prefill(prompt, greedy, seed=0, want_features=True))
+    pending, output, accepted = prompt[-1:], [], 0
+    while len(output) < greedy.max_new_tokens:
+        drafts = [drafter.propose(greedy).token for _ in range(3)]
+        block = torch.cat([pending, torch.tensor(drafts)])
+        response = local.verify(VerifyRequest(block, want_features=True))
+        drafter.accept(response.n_accepted, response.next_token, response.features)
+        output += [*drafts[: response.n_accepted], response.next_token]
+        accepted += response.n_accepted
+        pending = torch.tensor([response.next_token])
+    assert output[: greedy.max_new_tokens] == reference
+    assert accepted > 0
+
+
+def test_job_resumes_after_a_crash_to_the_same_weights(eagle_run, tmp_path):
+    config, _, uninterrupted = eagle_run
+    calls = {"n": 0}
+    original = eagle_job.eagle_loss
+
+    def crashing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > CRASH_AT_STEP:
+            raise RuntimeError("simulated crash")
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(eagle_job, "eagle_loss", crashing)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_job(config, tmp_path, progress=False)
+    assert not (tmp_path / RESULT_FILE).exists()
+    resumed = run_job(config, tmp_path, progress=False)
+    assert resumed.resumed_from_step == 15  # the end of epoch 3 (5 steps each)
+    expected = load_file(str(Path(uninterrupted.artifact_path) / HEAD_FILE))
+    actual = load_file(str(Path(resumed.artifact_path) / HEAD_FILE))
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name

@@ -1,0 +1,79 @@
+"""The zoo's EAGLE stage on a tiny target and hand-made teacher samples: it trains, measures
+and saves a head that loads by path; smol's and smol-base's recipe hashes are unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from support.tiny_models import build_tiny_pair, prompts
+
+from training.eagle_training import EagleStage
+from training.lm_trainer import TrainConfig, torch_threads
+from training.pretrained_drafts import DraftVocab, EvalRecipe, TeacherSample
+from training.zoo.eagle_stage import eagle_into, sample_features
+from training.zoo.recipes import PROFILES, SMOL_EAGLE_RECIPE
+from workers.eagle.artifact import load_eagle_head
+from workers.lm import CachedLM
+from workers.records import RequestSettings, SamplingConfig
+from workers.target import LocalTarget
+
+
+def _samples(target, n: int) -> list[TeacherSample]:
+    """Return ``n`` greedy target responses to random prompts as teacher samples."""
+    local = LocalTarget(CachedLM(target, single_step="plain"))
+    greedy = RequestSettings(sampling=SamplingConfig(temperature=0.0, max_new_tokens=12))
+    found = []
+    for prompt in prompts(n, seed=21):
+        response = local.generate(prompt, greedy).output_ids
+        ids = torch.cat([prompt, torch.tensor(response)])
+        start = prompt.numel() - 1
+        top = torch.zeros(len(response), 1, dtype=torch.long)
+        found.append(TeacherSample(ids, start, top, top.float()))
+    return found
+
+
+def test_features_of_padded_samples_are_those_of_each_sample_alone():
+    target = build_tiny_pair()[1]
+    samples = _samples(target, 3)
+    data, prompt_lengths = sample_features(target, samples, batch_size=2, pad_id=0)
+    for row, sample in enumerate(samples):
+        n = sample.ids.numel()
+        alone = target.model(input_ids=sample.ids[None]).last_hidden_state[0]
+        torch.testing.assert_close(data.features[row, :n], alone, atol=1e-5, rtol=1e-4)
+        assert int(data.valid[row].sum()) == n
+        assert prompt_lengths[row] == sample.start + 1
+
+
+def test_stage_trains_measures_and_saves_a_loadable_head(tmp_path):
+    target = build_tiny_pair()[1]
+    samples = _samples(target, 40)
+    stage = EagleStage(training=TrainConfig(steps=60, batch_size=8, lr=3e-3, warmup_steps=5))
+    vocab = DraftVocab.of(torch.arange(0, 96, 2), 96)
+    evaluation = (EvalRecipe(new_tokens=12, timing_context=16), prompts(2, seed=4), "tiny", None)
+    with torch_threads(1):
+        eagle_into(
+            SMOL_EAGLE_RECIPE,
+            stage,
+            target,
+            (samples[:32], samples[32:]),
+            vocab,
+            evaluation,
+            tmp_path,
+            progress=False,
+        )
+    card = json.loads((tmp_path / "eagle" / "model_card.json").read_text())
+    assert card["ref"] == "zoo:smol-eagle/eagle" and card["head_vocab"] == 48
+    assert card["heldout_agreement"][0] > card["heldout_agreement_before"][0]
+    static = card["realism"]["static"]
+    assert set(static) == {"2", "4"} and all(s["matches_target"] for s in static.values())
+    assert card["realism"]["costs"]["prepacked"]["t_head_s"] > 0
+    head = load_eagle_head(tmp_path / "eagle", target)
+    assert head.config.head_vocab == tuple(range(0, 96, 2))
+
+
+def test_profiles_without_an_eagle_head_keep_their_hashes():
+    """The cache folders of smol and smol-base (and the results recorded with them) stay."""
+    assert PROFILES["smol"].recipe_hash() == "453446866a87"
+    assert PROFILES["smol-base"].recipe_hash() == "a112affd8c5c"
+    assert PROFILES["smol-eagle"].model_names[-1] == "eagle"

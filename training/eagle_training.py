@@ -1,0 +1,379 @@
+"""Train and measure an EAGLE head on a target's teacher-forced features (EAGLE-1's recipe).
+
+Data: token sequences x [N, L] (the job's text continued by the target, or the zoo's teacher
+responses), the target's features f [N, L, d] over them (last hidden states after the final
+norm, teacher-forced: one forward per sequence), a validity mask [N, L] and the target's greedy
+choice at each position (argmax of its logits at f_t: the token after t). ``sequence_features``
+computes the last three.
+
+Loss (EAGLE): the head reads pairs (f_t + u, x_{t+1}), u ~ U(−``noise``, ``noise``) per
+coordinate, and predicts f̂_{t+1}; loss = ``w_feature`` · SmoothL1(f̂_{t+1}, f_{t+1}) +
+``w_token`` · CE(p_{t+1}, q̂_{t+1}), where p is the target's softmax over the head's vocabulary
+at f_{t+1} and q̂ the head's at f̂_{t+1}, averaged over valid positions t + 1.
+
+Agreement (``agreement_at_steps``): on held-out greedy text, from each start the head drafts
+``steps`` tokens autoregressively in feature space from the true features up to the start
+(exactly as ``workers.eagle.drafter`` drafts); step k's agreement is the share of starts whose
+k-th draft equals the target's greedy token among those whose first k − 1 did: the greedy
+acceptance rate of each draft position.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from training.lm_trainer import TrainConfig, learning_rate
+from training.realism import machine_load
+from workers.eagle.drafter import EagleDrafter
+from workers.eagle.head import EagleHead
+from workers.eagle.step import EagleStep
+from workers.lm import CachedLM, head_logits, restricted_head
+from workers.records import RequestSettings, SamplingConfig, truncate_at_eos
+from workers.target import LocalTarget, VerifyRequest
+
+
+@dataclass(frozen=True)
+class EagleLossWeights:
+    """EAGLE's loss: feature-regression and token cross-entropy weights, input noise."""
+
+    w_feature: float = 1.0
+    w_token: float = 0.1
+    noise: float = 0.1
+
+
+@dataclass(frozen=True)
+class EagleStage:
+    """A zoo's EAGLE head: its name, optimisation (``training``: steps of ``batch_size``
+    sequences), loss, the held-out starts per sequence its card measures agreement from, and
+    the batch of the feature extraction."""
+
+    training: TrainConfig
+    loss: EagleLossWeights = field(default_factory=EagleLossWeights)
+    name: str = "eagle"
+    eval_starts: int = 64
+    feature_batch: int = 8
+
+
+@dataclass(frozen=True)
+class SequenceFeatures:
+    """Teacher-forced data of N sequences: ``tokens`` [N, L], ``features`` [N, L, d],
+    ``valid`` [N, L] (bool), ``choices`` [N, L] (the target's argmax after each position)."""
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    valid: torch.Tensor
+    choices: torch.Tensor
+
+    def rows(self, index: torch.Tensor) -> SequenceFeatures:
+        """Return the sequences at ``index``."""
+        return SequenceFeatures(
+            self.tokens[index], self.features[index], self.valid[index], self.choices[index]
+        )
+
+    @property
+    def n_tokens(self) -> int:
+        """Number of valid positions."""
+        return int(self.valid.sum())
+
+
+@torch.no_grad()
+def sequence_features(
+    target: PreTrainedModel, tokens: torch.Tensor, valid: torch.Tensor, batch_size: int = 8
+) -> SequenceFeatures:
+    """Return the target's teacher-forced features and greedy choices over ``tokens`` [N, L]."""
+    decoder, head = target.get_decoder(), target.get_output_embeddings()
+    restricted = restricted_head(target)
+    device = next(target.parameters()).device
+    features, choices = [], []
+    for start in range(0, tokens.shape[0], batch_size):
+        ids = tokens[start : start + batch_size].to(device)
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        features.append(hidden.float().cpu())
+        choices.append(head_logits(head, restricted, hidden).argmax(-1).cpu())
+    return SequenceFeatures(tokens.cpu(), torch.cat(features), valid.cpu(), torch.cat(choices))
+
+
+def frequent_ids(tokens: torch.Tensor, count: int, vocab_size: int, always: list[int]) -> list[int]:
+    """Return the sorted ``count`` most frequent ids of ``tokens`` (ties: lower id first), with
+    ``always`` (the tokenizer's specials) among them: a frequency-ranked head vocabulary."""
+    counts = torch.bincount(tokens.reshape(-1), minlength=vocab_size).double()
+    counts[torch.tensor(always, dtype=torch.long)] = math.inf
+    order = torch.argsort(-counts, stable=True)
+    return sorted(order[: min(count, vocab_size)].tolist())
+
+
+def eagle_loss(
+    head: EagleHead,
+    batch: SequenceFeatures,
+    weights: EagleLossWeights,
+    generator: torch.Generator | None,
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Return EAGLE's loss over a batch of sequences (see the module docstring).
+
+    ``forward`` runs the head's forward (``head`` itself by default; its DDP wrapper when
+    several ranks share the batch).
+    """
+    device = head.embed.device
+    features = batch.features.to(device)
+    inputs = features[:, :-1]
+    if weights.noise > 0:
+        draw = torch.rand(inputs.shape, generator=generator, device=inputs.device)
+        inputs = inputs + (2 * draw - 1) * weights.noise
+    predicted = (forward or head)(inputs, batch.tokens[:, 1:].to(device))
+    truth = features[:, 1:]
+    mask = batch.valid[:, 1:].to(device).float()
+    denominator = mask.sum().clamp(min=1.0)
+    regression = F.smooth_l1_loss(predicted, truth, reduction="none").mean(-1)
+    with torch.no_grad():
+        target_probs = head.kept_logits(truth).float().softmax(-1)
+    log_q = head.kept_logits(predicted).float().log_softmax(-1)
+    cross_entropy = -(target_probs * log_q).sum(-1)
+    per_position = weights.w_feature * regression + weights.w_token * cross_entropy
+    return (per_position * mask).sum() / denominator
+
+
+def batch_generator(seed: int, index: torch.Tensor) -> torch.Generator:
+    """Return the noise generator of one batch, seeded by its items (a resumed run draws the
+    same noise for the same batch)."""
+    key = seed * 1_000_003 + int((index.long() * 7919).sum()) + index.numel()
+    return torch.Generator().manual_seed(key % (2**63))
+
+
+@torch.inference_mode()
+def agreement_at_steps(
+    head: EagleHead,
+    data: SequenceFeatures,
+    first_start: int | Sequence[int],
+    steps: int = 3,
+    max_starts: int = 0,
+) -> list[float]:
+    """Return the greedy agreement of draft steps 1..``steps`` on ``data`` (module docstring).
+
+    ``first_start`` is each sequence's prompt length P (one for all, or one per sequence): the
+    text from P on is the target's greedy output, so starts t run from P − 2 (whose first draft
+    is the response's first token) while t + ``steps`` stays valid; ``max_starts`` > 0 caps the
+    starts per sequence (evenly spaced).
+    """
+    step = EagleStep(head)
+    agreed, tried = [0] * steps, [0] * steps
+    n_rows = data.tokens.shape[0]
+    firsts = [first_start] * n_rows if isinstance(first_start, int) else list(first_start)
+    for row in range(n_rows):
+        tokens, features = data.tokens[row], data.features[row]
+        choices, valid = data.choices[row], data.valid[row]
+        last = int(valid.sum()) - 1
+        starts = list(range(max(0, firsts[row] - 2), last - steps + 1))
+        if max_starts > 0 and len(starts) > max_starts:
+            starts = starts[:: math.ceil(len(starts) / max_starts)]
+        step.reset()
+        committed, predicted = 0, features[:1]
+        for t in starts:
+            if t + 1 > committed:
+                pairs = slice(committed, t + 1)
+                predicted = step.forward(features[pairs], tokens[committed + 1 : t + 2])
+                committed = t + 1
+            _chain(step, predicted[-1], choices[t + 1 :], agreed, tried)
+            step.crop(committed)
+    return [a / n if n else 0.0 for a, n in zip(agreed, tried, strict=True)]
+
+
+def _chain(
+    step: EagleStep,
+    feature: torch.Tensor,
+    choices: torch.Tensor,
+    agreed: list[int],
+    tried: list[int],
+) -> None:
+    """Draft from the predicted ``feature`` of a start's next position until a token differs
+    from the target's ``choices`` (from that position on); count tries and agreements. The
+    caller crops the cache back."""
+    for k in range(len(agreed)):
+        token = int(step.logits(feature[None])[0].argmax())
+        tried[k] += 1
+        if token != int(choices[k]):
+            return
+        agreed[k] += 1
+        if k + 1 < len(agreed):
+            feature = step.forward(feature[None], torch.tensor([token]))[-1]
+
+
+def train_steps(
+    head: EagleHead,
+    data: SequenceFeatures,
+    config: TrainConfig,
+    weights: EagleLossWeights,
+    report: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Train ``head`` for ``config.steps`` Adam steps (warm-up, cosine decay) on batches of
+    ``config.batch_size`` sequences; return the losses (the zoo's loop; jobs use their fit)."""
+    parameters = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(parameters, lr=config.lr)
+    losses = []
+    head.train()
+    for step, index in enumerate(_batches(data.tokens.shape[0], config)):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        loss = eagle_loss(head, data.rows(index), weights, batch_generator(config.seed, index))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if report is not None:
+            report(step, losses[-1])
+    head.eval()
+    return losses
+
+
+def _batches(n_items: int, config: TrainConfig) -> Iterator[torch.Tensor]:
+    """Yield ``config.steps`` batches of item indices from seeded per-epoch permutations."""
+    generator = torch.Generator().manual_seed(config.seed)
+    order, cursor = torch.randperm(n_items, generator=generator), 0
+    for _ in range(config.steps):
+        if cursor + config.batch_size > n_items:
+            order, cursor = torch.randperm(n_items, generator=generator), 0
+        yield order[cursor : cursor + config.batch_size]
+        cursor += config.batch_size
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The head's draft step against a target step, median seconds of alternating repeats:
+    ``t_head_s`` one pair through ``EagleStep`` plus its LM-head row (prepacked where
+    ``prepack``), ``t_target_s`` one ``CachedLM`` token step (its calibrated plan)."""
+
+    t_head_s: float
+    t_target_s: float
+    cost_ratio: float
+    context_len: int
+    repeats: int
+    threads: int
+    prepack: bool
+    load_average: float
+
+
+@torch.inference_mode()
+def step_cost(
+    target: PreTrainedModel,
+    head: EagleHead,
+    context_len: int = 128,
+    repeats: int = 30,
+    prepack: bool = True,
+) -> StepCost:
+    """Return the head's and the target's one-token step seconds after ``context_len`` cached
+    positions, timed in turns (the same machine load for both), and their ratio."""
+    lm = CachedLM(target)
+    step = EagleStep(head, prepack)
+    context = torch.zeros(context_len, dtype=torch.long)
+    lm.reset()
+    lm.forward(context, last_only=True)
+    step.reset()
+    step.forward(torch.zeros(context_len, head.config.hidden_size), context)
+    one = context[:1]
+    feature = torch.zeros(1, head.config.hidden_size)
+    head_times, target_times = [], []
+    for repeat in range(repeats + 3):
+        start = time.perf_counter()
+        lm.forward(one)
+        middle = time.perf_counter()
+        step.logits(step.forward(feature, one))
+        end = time.perf_counter()
+        lm.crop(context_len)
+        step.crop(context_len)
+        if repeat >= 3:
+            target_times.append(middle - start)
+            head_times.append(end - middle)
+    t_head, t_target = statistics.median(head_times), statistics.median(target_times)
+    return StepCost(
+        t_head_s=t_head,
+        t_target_s=t_target,
+        cost_ratio=t_head / t_target,
+        context_len=context_len,
+        repeats=repeats,
+        threads=torch.get_num_threads(),
+        prepack=prepack,
+        load_average=machine_load(),
+    )
+
+
+@dataclass(frozen=True)
+class StaticAcceptance:
+    """Greedy static-K speculation with an EAGLE head at one K over some prompts: drafted and
+    accepted tokens, rounds, the acceptance rate (accepted / drafted), tokens per round, and
+    whether every output equalled target-only decoding."""
+
+    k: int
+    drafted: int
+    accepted: int
+    rounds: int
+    acceptance: float
+    tokens_per_round: float
+    matches_target: bool
+
+
+@torch.inference_mode()
+def static_acceptance(
+    target: PreTrainedModel,
+    head: EagleHead,
+    prompts: Sequence[torch.Tensor],
+    ks: Sequence[int],
+    new_tokens: int,
+    eos_token_id: int | None = None,
+) -> dict[int, StaticAcceptance]:
+    """Return the greedy static-K acceptance of ``head`` drafting for ``target`` at each K."""
+    local = LocalTarget(CachedLM(target))
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=new_tokens)
+    settings = RequestSettings(sampling=greedy, seed=0, eos_token_id=eos_token_id)
+    references = [local.generate(prompt, settings).output_ids for prompt in prompts]
+    found = {}
+    for k in ks:
+        counts = [0, 0, 0]
+        matches = True
+        for prompt, reference in zip(prompts, references, strict=True):
+            output = _speculate_greedy(local, EagleDrafter(head), prompt, k, settings, counts)
+            matches = matches and output == reference
+        drafted, accepted, rounds = counts
+        found[k] = StaticAcceptance(
+            k=k,
+            drafted=drafted,
+            accepted=accepted,
+            rounds=rounds,
+            acceptance=accepted / max(1, drafted),
+            tokens_per_round=(accepted + rounds) / max(1, rounds),
+            matches_target=matches,
+        )
+    return found
+
+
+def _speculate_greedy(
+    local: LocalTarget,
+    drafter: EagleDrafter,
+    prompt: torch.Tensor,
+    k: int,
+    settings: RequestSettings,
+    counts: list[int],
+) -> list[int]:
+    """Decode ``prompt`` by greedy static-K speculation; add drafted, accepted and rounds to
+    ``counts``; return the output (cut at the first EOS, as target-only decoding is)."""
+    greedy = settings.sampling
+    drafter.begin(prompt, local.prefill(prompt, greedy, settings.seed, want_features=True))
+    pending, output, stopped = prompt[-1:], [], False
+    while len(output) < greedy.max_new_tokens and not stopped:
+        drafts = [drafter.propose(greedy).token for _ in range(k)]
+        block = torch.cat([pending, torch.tensor(drafts, dtype=torch.long)])
+        response = local.verify(VerifyRequest(block, want_features=True))
+        drafter.accept(response.n_accepted, response.next_token, response.features)
+        output += [*drafts[: response.n_accepted], response.next_token]
+        for index, added in enumerate((k, response.n_accepted, 1)):
+            counts[index] += added
+        pending = torch.tensor([response.next_token])
+        output, stopped = truncate_at_eos(output[: greedy.max_new_tokens], settings.eos_token_id)
+    return output

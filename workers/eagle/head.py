@@ -1,0 +1,213 @@
+"""An EAGLE-style head over a target's last-layer features (EAGLE-1 shape).
+
+Feature space: the target's last hidden states after its final norm, what ``CachedLM`` returns
+as ``StepOutput.hidden`` (f_t, which produced the distribution of token t + 1). The head reads
+the pair (f_t, x_{t+1}) at each position t: ``fusion_fc`` maps [embed(x_{t+1}), f_t] (2d) to d,
+one Llama decoder layer (``transformer``) runs causally over the positions, and its output is
+the predicted next feature f̂_{t+1}; with ``target_norm`` (this project's heads) the output first
+goes through the target's frozen final norm, so f̂ lies where the true features lie. Logits are
+the target's frozen LM head applied to f̂ (after ``pre_lm_head_layernorm`` where ``layernorms``
+is set, as in speculators' variants), restricted to ``head_vocab`` rows when one is given.
+
+Parameter names follow speculators' ``EagleSpeculator`` (``fusion_fc``, ``transformer``,
+``embedding_layernorm``, ``pre_lm_head_layernorm``), so its checkpoints load by name
+(``workers.eagle.artifact``). The target's embeddings, norm and head are buffers: frozen, never
+saved with the head, taken from the target when the head is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+
+from workers.lm import OUTSIDE_VOCAB_LOGIT
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """The head's shape and variant.
+
+    The layer's sizes are the target's by default (``for_target``). ``fusion_bias``: a bias on
+    ``fusion_fc``; ``layernorms``: speculators' extra trainable norms (on the embeddings, the
+    layer's input and before the LM head); ``target_norm``: the target's frozen final norm on
+    the layer's output. ``head_vocab``: the sorted token ids the head may propose (None: all).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_positions: int
+    vocab_size: int
+    fusion_bias: bool = False
+    layernorms: bool = False
+    target_norm: bool = True
+    head_vocab: tuple[int, ...] | None = None
+
+    @classmethod
+    def for_target(cls, target: PreTrainedModel, **variant: Any) -> EagleConfig:
+        """Return the config of a head with ``target``'s layer shape (``variant``: the rest)."""
+        config = target.config
+        heads = config.num_attention_heads
+        return cls(
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=rope_theta(config),
+            max_positions=config.max_position_embeddings,
+            vocab_size=config.vocab_size,
+            **variant,
+        )
+
+    def layer_config(self) -> LlamaConfig:
+        """Return the ``LlamaConfig`` of the head's decoder layer (SDPA attention)."""
+        config = LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            max_position_embeddings=self.max_positions,
+        )
+        config._attn_implementation = "sdpa"
+        return config
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the config as JSON-ready values."""
+        values = asdict(self)
+        values["head_vocab"] = None if self.head_vocab is None else list(self.head_vocab)
+        return values
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> EagleConfig:
+        """Return the config ``to_json`` wrote; ValueError names an unknown key."""
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown EAGLE head config keys {unknown}")
+        vocab = values.get("head_vocab")
+        return cls(**{**values, "head_vocab": None if vocab is None else tuple(vocab)})
+
+
+def rope_theta(config: Any) -> float:
+    """Return a Llama config's rotary base (``rope_parameters`` in transformers 5, else
+    ``rope_theta``; 10000 when neither says)."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    return float(parameters.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0))
+
+
+@dataclass(frozen=True)
+class TargetParts:
+    """What a head takes from its target, frozen: token embeddings [V, d], the final norm's
+    weight [d], the LM head's weight [V, d]."""
+
+    embed: torch.Tensor
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+
+    @classmethod
+    def of(cls, target: PreTrainedModel) -> TargetParts:
+        """Return ``target``'s parts (detached; shared with the model, not copied)."""
+        decoder = target.get_decoder()
+        head = target.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError("an EAGLE head needs a target whose LM head has no bias")
+        return cls(
+            embed=decoder.embed_tokens.weight.detach(),
+            final_norm=decoder.norm.weight.detach(),
+            lm_head=head.weight.detach(),
+        )
+
+
+class EagleHead(nn.Module):
+    """The trainable head plus its target's frozen parts (see the module docstring)."""
+
+    def __init__(self, config: EagleConfig, parts: TargetParts) -> None:
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        if parts.embed.shape[1] != d or parts.lm_head.shape[1] != d:
+            raise ValueError(
+                f"the head's hidden size {d} differs from its target's "
+                f"{parts.embed.shape[1]}: a head fits only the target it was built for"
+            )
+        layer_config = config.layer_config()
+        self.fusion_fc = nn.Linear(2 * d, d, bias=config.fusion_bias)
+        self.transformer = LlamaDecoderLayer(layer_config, layer_idx=0)
+        if not config.layernorms:
+            self.transformer.input_layernorm = nn.Identity()
+        self.embedding_layernorm = _norm(config) if config.layernorms else None
+        self.pre_lm_head_layernorm = _norm(config) if config.layernorms else None
+        self.rotary = LlamaRotaryEmbedding(layer_config)
+        kept = None if config.head_vocab is None else torch.tensor(config.head_vocab)
+        rows = parts.lm_head if kept is None else parts.lm_head[kept.to(parts.lm_head.device)]
+        self.register_buffer("embed", parts.embed, persistent=False)
+        self.register_buffer("final_norm", parts.final_norm, persistent=False)
+        self.register_buffer("head_rows", rows.contiguous(), persistent=False)
+        self.register_buffer("kept", kept, persistent=False)
+
+    def fuse(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Return the decoder layer's input [..., d] for features f_t and tokens x_{t+1}."""
+        embedded = nn.functional.embedding(tokens, self.embed)
+        if self.embedding_layernorm is not None:
+            embedded = self.embedding_layernorm(embedded)
+        return self.fusion_fc(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))
+
+    def finish(self, layer_out: torch.Tensor) -> torch.Tensor:
+        """Return the predicted feature f̂ of the layer's output (the target's norm applied
+        with ``target_norm``)."""
+        if not self.config.target_norm:
+            return layer_out
+        variance = layer_out.float().pow(2).mean(-1, keepdim=True)
+        normed = layer_out.float() * torch.rsqrt(variance + self.config.rms_norm_eps)
+        return self.final_norm * normed.to(layer_out.dtype)
+
+    def kept_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """Return logits [..., len(head_vocab) or V] of predicted features [..., d]."""
+        if self.pre_lm_head_layernorm is not None:
+            predicted = self.pre_lm_head_layernorm(predicted)
+        return nn.functional.linear(predicted, self.head_rows)
+
+    def full_logits(self, kept_logits: torch.Tensor) -> torch.Tensor:
+        """Return float logits [..., V]: ``kept_logits`` in their columns, the rest
+        ``OUTSIDE_VOCAB_LOGIT`` (probability exactly 0 under any softmax)."""
+        if self.kept is None:
+            return kept_logits.float()
+        full = kept_logits.new_full(
+            (*kept_logits.shape[:-1], self.config.vocab_size), OUTSIDE_VOCAB_LOGIT
+        ).float()
+        full[..., self.kept] = kept_logits.float()
+        return full
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Return predicted features [B, T, d] of pairs (f_t [B, T, d], x_{t+1} [B, T]),
+        causal over T, positions 0..T-1 (teacher forcing)."""
+        hidden = self.fuse(features, tokens)
+        positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+        cos_sin = self.rotary(hidden, positions)
+        out = self.transformer(hidden, position_ids=positions, position_embeddings=cos_sin)
+        out = out[0] if isinstance(out, tuple) else out
+        return self.finish(out)
+
+
+def _norm(config: EagleConfig) -> LlamaRMSNorm:
+    """Return a trainable RMSNorm of the head's width."""
+    return LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
