@@ -56,6 +56,9 @@ ACTOR_DEATH = ("ActorDiedError", "RayActorError", "ActorUnavailableError")
 #: micro trial ran for too short a time for its poll to see that on a fast VM (the sweep ended
 #: first), so its trials decode longer.
 DRIVER_DATASET = {**CODE_DATASET, "max_new_tokens": 160}
+#: Two datasets are two groups: a group's arms run interleaved and finish together, so the kill
+#: lands once the first group is done and the second is running.
+DRIVER_DATASETS = [DRIVER_DATASET, {**DRIVER_DATASET, "name": "builtin:math"}]
 
 
 #: One group shard (the baseline and four trials, two prompts): each fault fails it once.
@@ -292,7 +295,7 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
     zoo_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     sweep_file = tmp_path / "driver.yaml"
-    sweep_file.write_text(sweep_yaml("driver", datasets=[DRIVER_DATASET]))
+    sweep_file.write_text(sweep_yaml("driver", datasets=DRIVER_DATASETS))
     plan = plan_sweep(parse_sweep(sweep_file.read_text(), str(sweep_file)))
     url = f"sqlite:///{tmp_path / 'results.db'}"
     logs = [(tmp_path / f"submit-{n}.log").open("w") for n in (1, 2)]
@@ -379,12 +382,15 @@ def test_ctrl_c_stops_submit_promptly_and_keeps_every_finished_trial(
     sweep_file = tmp_path / "interrupt.yaml"
     # Trials long enough (seconds each) that the interrupt lands while later ones are pending;
     # two datasets are two groups (a group's arms run interleaved and finish together), run
-    # one after the other.
+    # one after the other, each in one-prompt shards: the interrupt lands once the first group
+    # is done, the second group's shard in flight is stored, and its other shards never start.
     long_trials = [
         {**CODE_DATASET, "samples": 4, "max_new_tokens": 48},
         {"name": "builtin:math", "samples": 4, "max_new_tokens": 48},
     ]
-    sweep_file.write_text(sweep_yaml("interrupt", datasets=long_trials))
+    sweep_file.write_text(
+        sweep_yaml("interrupt", datasets=long_trials, execution={"shard_prompts": 1})
+    )
     plan = plan_sweep(parse_sweep(sweep_file.read_text(), str(sweep_file)))
     db = tmp_path / "results.db"
     url = f"sqlite:///{db}"

@@ -27,8 +27,10 @@ def sweep_yaml(
     datasets: list[dict[str, Any]] | None = None,
     retries: int = 2,
     warmup_samples: int = 1,
+    execution: dict[str, Any] | None = None,
 ) -> str:
-    """Return a greedy micro-zoo sweep file (pair ``micro``: target and draft-s, max DL 4)."""
+    """Return a greedy micro-zoo sweep file (pair ``micro``: target and draft-s, max DL 4);
+    ``execution`` adds settings to its ``execution`` block."""
     sweep = {
         "name": name,
         "pairs": [
@@ -42,6 +44,6 @@ def sweep_yaml(
         "temperatures": [0.0],
         "policies": policies,
         "max_draft_lens": [4],
-        "execution": {"retries": retries, "warmup_samples": warmup_samples},
+        "execution": {"retries": retries, "warmup_samples": warmup_samples, **(execution or {})},
     }
     return yaml.safe_dump(sweep, sort_keys=False)
