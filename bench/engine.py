@@ -39,6 +39,12 @@ end to end and decode only (``bench/ngram_lookup.py``):
     python bench/engine.py --target zoo:smol/target --draft-kind ngram \
         --dataset humaneval --samples 8 --max-new-tokens 128 --out bench-ngram.json
 
+With ``--draft-kind eagle --eagle-head PATH_OR_ZOO_REF`` the same rows (static K = 2, 4, 8)
+draft with an EAGLE head over the target (``workers.proposers.eagle``):
+
+    python bench/engine.py --target zoo:smol/target --draft-kind eagle \
+        --eagle-head zoo:smol-eagle/eagle --dataset humaneval --samples 8 --out bench-eagle.json
+
 Prompts go through the target's chat template when its tokenizer has one, as in sweeps.
 """
 
@@ -662,7 +668,7 @@ def _save_rows(out: Path, report: dict, results: list[MethodResult]) -> None:
 
 
 def _lookup_report(args: argparse.Namespace, inputs) -> dict:
-    """Return the run's description for the ``--draft-kind ngram`` report."""
+    """Return the run's description for the ``--draft-kind ngram`` or ``eagle`` report."""
     return {
         "target": str(inputs.target_path),
         "dataset": args.dataset,
@@ -677,8 +683,8 @@ def _lookup_report(args: argparse.Namespace, inputs) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
-    if args.draft_kind == "ngram":
-        args.draft = None  # a lookup needs no draft model
+    if args.draft_kind in ("ngram", "eagle"):
+        args.draft = None  # a lookup or an EAGLE head needs no draft model
         inputs = prepare(args)
         return lookup_main(args, inputs, _lookup_report(args, inputs))
     inputs = prepare(args)

@@ -1,27 +1,33 @@
-"""The engine benchmark's ``--draft-kind ngram`` rows: prompt lookup against target-only AR.
+"""The engine benchmark's ``--draft-kind ngram`` and ``--draft-kind eagle`` rows: a proposer
+without a draft model against target-only AR.
 
-Greedy, on the default model path (``workers.llama_fast``): target-only AR, n-gram lookup
-(``workers.proposers.ngram``) at static K = 2, 4, 8, and the ``ngram_match`` policy (draft as
-far as the match length vouches, cap 8) on the same proposals, taking turns prompt by prompt
-after one untimed AR decode. Each row reports tokens/s end to end (the request's wall time,
-prefill included) and decode only (the rounds' draft and verify time, prefill excluded), its
-speed-up over AR on both, acceptance, the share of rounds the lookup proposed in, and whether
-its outputs equal AR's (they must: the method is lossless).
+Greedy, on the default model path (``workers.llama_fast``): target-only AR and the kind at
+static K = 2, 4, 8, plus for n-gram lookup (``workers.proposers.ngram``) the ``ngram_match``
+policy (draft as far as the match length vouches, cap 8) on the same proposals, taking turns
+prompt by prompt after one untimed AR decode. ``--draft-kind eagle`` drafts with the EAGLE head
+at ``--eagle-head`` (a directory or zoo reference; ``workers.proposers.eagle``) over the target.
+Each row reports tokens/s end to end (the request's wall time, prefill included) and decode only
+(the rounds' draft and verify time, prefill excluded), its speed-up over AR on both, acceptance,
+the share of rounds the kind proposed in, and whether its outputs equal AR's (they must: the
+method is lossless).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
 
+from orchestrator.run.preflight import resolve_model_path
 from policies import make_policy
+from workers.eagle.artifact import load_eagle_head
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.json_files import write_json
 from workers.lm import CachedLM
-from workers.proposers import NgramProposer, NgramSettings
+from workers.proposers import EagleProposer, NgramProposer, NgramSettings, Proposer
 from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 
@@ -48,45 +54,56 @@ class LookupRow:
 
 
 def add_ngram_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--draft-kind`` and the lookup's n range and window."""
+    """Add ``--draft-kind``, the lookup's n range and window, and ``--eagle-head``."""
     parser.add_argument(
         "--draft-kind",
-        choices=("lm", "ngram"),
+        choices=("lm", "ngram", "eagle"),
         default="lm",
-        help="lm: the draft model's rows (the full report); ngram: prompt lookup vs AR only",
+        help="lm: the draft model's rows (the full report); ngram: prompt lookup vs AR only; "
+        "eagle: the EAGLE head at --eagle-head vs AR only",
     )
     parser.add_argument("--ngram-n-max", type=int, default=3, help="longest n looked up")
     parser.add_argument("--ngram-n-min", type=int, default=1, help="shortest n looked up")
     parser.add_argument("--ngram-window", type=int, default=None, help="tokens searched back")
-
-
-def _methods() -> dict[str, tuple[str, int, dict]]:
-    """Return each lookup row's name: (policy, cap, policy parameters)."""
-    rows = {f"ngram static K={k}": ("static", k, {}) for k in STATIC_KS}
-    rows[f"ngram match-length (ratio {MATCH_RATIO:g}, cap {MATCH_CAP})"] = (
-        "ngram_match",
-        MATCH_CAP,
-        {"ratio": MATCH_RATIO},
+    parser.add_argument(
+        "--eagle-head",
+        default=None,
+        help="eagle: the head's directory or zoo reference (e.g. zoo:smol-eagle/eagle)",
     )
+
+
+def _methods(kind: str) -> dict[str, tuple[str, int, dict]]:
+    """Return each row's name: (policy, cap, policy parameters) for draft ``kind``."""
+    rows = {f"{kind} static K={k}": ("static", k, {}) for k in STATIC_KS}
+    if kind == "ngram":
+        rows[f"ngram match-length (ratio {MATCH_RATIO:g}, cap {MATCH_CAP})"] = (
+            "ngram_match",
+            MATCH_CAP,
+            {"ratio": MATCH_RATIO},
+        )
     return rows
 
 
 def run_lookup(
-    target: CachedLM, ids: list[torch.Tensor], max_new_tokens: int, settings: NgramSettings
+    target: CachedLM,
+    ids: list[torch.Tensor],
+    max_new_tokens: int,
+    proposer: Callable[[], Proposer],
+    kind: str = "ngram",
 ) -> dict[str, list[GenerationResult]]:
-    """Decode every prompt with AR and each lookup row, taking turns prompt by prompt."""
+    """Decode every prompt with AR and each row of ``kind`` (a new ``proposer()`` each),
+    taking turns prompt by prompt."""
     local = LocalTarget(target)
     request = RequestSettings(SamplingConfig(max_new_tokens=max_new_tokens))
     autoregressive_generate(local, ids[0], request)
     runs: dict[str, list[GenerationResult]] = {"target-only AR": []}
-    methods = _methods()
+    methods = _methods(kind)
     runs.update({name: [] for name in methods})
-    for prompt in tqdm(ids, desc="AR and n-gram lookup, interleaved"):
+    for prompt in tqdm(ids, desc=f"AR and {kind}, interleaved"):
         runs["target-only AR"].append(autoregressive_generate(local, prompt, request))
         for name, (policy, cap, params) in methods.items():
             policy_object = make_policy(policy, cap, **params)
-            proposer = NgramProposer(settings)
-            result = speculative_generate(proposer, local, policy_object, prompt, request)
+            result = speculative_generate(proposer(), local, policy_object, prompt, request)
             runs[name].append(result)
     return runs
 
@@ -158,13 +175,26 @@ def print_rows(rows: list[LookupRow]) -> None:
 
 
 def lookup_main(args: argparse.Namespace, inputs, report: dict) -> int:
-    """Run the ``--draft-kind ngram`` benchmark and write its JSON; return the exit code (1
-    when a lookup row's outputs differ from AR's)."""
-    settings = NgramSettings(args.ngram_n_max, args.ngram_n_min, args.ngram_window)
-    target = CachedLM(inputs.load(inputs.target_path))
-    runs = run_lookup(target, inputs.prompt_tensors, args.max_new_tokens, settings)
+    """Run the ``--draft-kind ngram`` or ``eagle`` benchmark and write its JSON; return the
+    exit code (1 when a row's outputs differ from AR's)."""
+    target_model = inputs.load(inputs.target_path)
+    target = CachedLM(target_model)
+    if args.draft_kind == "eagle":
+        if args.eagle_head is None:
+            raise SystemExit("--draft-kind eagle needs --eagle-head (a directory or zoo ref)")
+        head_path = resolve_model_path(args.eagle_head)
+        head = load_eagle_head(head_path, target_model)
+        runs = run_lookup(
+            target, inputs.prompt_tensors, args.max_new_tokens, lambda: EagleProposer(head), "eagle"
+        )
+        report = {**report, "draft_kind": "eagle", "eagle_head": str(head_path)}
+    else:
+        settings = NgramSettings(args.ngram_n_max, args.ngram_n_min, args.ngram_window)
+        runs = run_lookup(
+            target, inputs.prompt_tensors, args.max_new_tokens, lambda: NgramProposer(settings)
+        )
+        report = {**report, "draft_kind": "ngram", "ngram": asdict(settings)}
     rows = with_agreement(summarise(runs), runs)
-    report = {**report, "draft_kind": "ngram", "ngram": asdict(settings)}
     report["methods"] = [asdict(r) for r in rows]
     write_json(args.out, report)
     print_rows(rows)

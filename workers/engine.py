@@ -1,11 +1,12 @@
 """Speculative decoding and the autoregressive baseline, batch 1 (docs/design.md, one round).
 
 ``speculative_generate`` drives the rounds from the draft side: draft from a proposer of any
-kind (``workers.proposers``: a draft LM, n-gram lookup) with the policy deciding after every
-candidate, send the block to the target (anything with ``prefill``/``verify``: a
+kind (``workers.proposers``: a draft LM, n-gram lookup, an EAGLE head) with the policy deciding
+after every candidate, send the block to the target (anything with ``prefill``/``verify``: a
 :class:`workers.target.LocalTarget` in process, or a Ray actor handle wrapped to look like one),
-sample the residual after a rejection, roll the draft cache back, tell the policy. The same code
-runs in one process and split across actors.
+sample the residual after a rejection, roll the draft cache back and hand the proposer the
+verdict (with the target's features for a kind that wants them, the EAGLE head), tell the
+policy. The same code runs in one process and split across actors.
 """
 
 from __future__ import annotations
@@ -38,14 +39,31 @@ _ONE = torch.ones(1)
 class TargetScorer(Protocol):
     """The target side as the engine sees it (a local object or an actor proxy)."""
 
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
-        """Start a request (reset, process the prompt, reseed)."""
+    def prefill(
+        self,
+        prompt_ids: torch.Tensor,
+        sampling: SamplingConfig,
+        seed: int,
+        want_features: bool = False,
+    ) -> torch.Tensor | None:
+        """Start a request (reset, process the prompt, reseed); the prompt's features
+        [P − 1, d] when ``want_features`` (asked only by proposers that want them)."""
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block."""
 
     def generate(self, prompt_ids: torch.Tensor, settings: RequestSettings) -> GenerationResult:
         """Decode one request with the target alone."""
+
+
+@dataclass(frozen=True)
+class _Wants:
+    """What the engine asks the target for besides the verdict: the hidden state at the next
+    token's position (a policy reading ``target_hidden``), the features at every kept position
+    (a proposer that ``wants_target_features``)."""
+
+    hidden: bool
+    features: bool
 
 
 @dataclass
@@ -73,13 +91,11 @@ def speculative_generate(
 ) -> GenerationResult:
     """Generate up to ``settings.sampling.max_new_tokens`` tokens by speculative decoding.
 
-    ``draft`` is a proposer of any kind (``workers.proposers``); a ``CachedLM`` is the ``lm``
-    kind. ``reference`` is the target's greedy output, required by policies with
-    ``needs_reference`` (the oracle). Each round's cap is the policy's ``round_cap`` (bounded by
-    the max draft length the policy was built with), so there is no cap argument; ``reference``
-    and ``on_round`` are keyword-only, so a call still passing a cap fails instead of taking it
-    for a reference. ``on_round`` is called with the full sequence after every round (tests use
-    it to check the caches).
+    ``draft`` is a proposer of any kind (``workers.proposers``; a ``CachedLM`` is the ``lm``
+    kind). ``reference``: the target's greedy output, which policies with ``needs_reference``
+    (the oracle) require. Each round's cap is the policy's ``round_cap`` (at most its max draft
+    length), so there is no cap argument; ``reference`` and ``on_round`` are keyword-only, so a
+    call still passing a cap fails. ``on_round`` gets the sequence after every round (tests).
     """
     sampling = settings.sampling
     proposer = as_proposer(draft)
@@ -92,7 +108,7 @@ def speculative_generate(
     output: list[int] = []
     rounds: list[RoundRecord] = []
     target_hidden = None
-    want_hidden = "target_hidden" in policy.features
+    wants = _Wants("target_hidden" in policy.features, proposer.wants_target_features)
     stopped_on_eos = False
     while len(output) < sampling.max_new_tokens and not stopped_on_eos:
         round_start = time.perf_counter()
@@ -101,10 +117,12 @@ def speculative_generate(
             proposer, policy, sequence, len(output), cap, sampling, generator, target_hidden
         )
         drafted_at = time.perf_counter()
-        n_accepted, new_tokens, target_hidden = _verify_block(
-            target, sequence[-1], block, sampling, want_hidden, generator
+        n_accepted, new_tokens, response = _verify_block(
+            target, sequence[-1], block, sampling, wants, generator
         )
+        target_hidden = response.hidden
         proposer.rollback(len(sequence) + n_accepted)
+        proposer.observe(n_accepted, new_tokens[-1], response.features)
         sequence.extend(new_tokens)
         output.extend(new_tokens)
         policy.update(RoundOutcome(len(block.tokens), n_accepted))
@@ -145,10 +163,14 @@ def _start_request(
     settings: RequestSettings,
     reference: list[int] | None,
 ) -> torch.Generator:
-    """Prefill the target and the proposer and reset the policy for a request; return the
-    draft's generator."""
-    target.prefill(prompt, settings.sampling, settings.seed)
-    proposer.begin(prompt)
+    """Prefill the target and the proposer (with the target's prompt features when the
+    proposer wants them) and reset the policy for a request; return the draft's generator."""
+    if proposer.wants_target_features:
+        features = target.prefill(prompt, settings.sampling, settings.seed, want_features=True)
+        proposer.begin(prompt, features)
+    else:
+        target.prefill(prompt, settings.sampling, settings.seed)
+        proposer.begin(prompt)
     policy.reset(
         RequestContext(
             prompt_len=prompt.numel(),
@@ -164,11 +186,11 @@ def _verify_block(
     last_token: int,
     block: _Block,
     sampling: SamplingConfig,
-    want_hidden: bool,
+    wants: _Wants,
     generator: torch.Generator,
-) -> tuple[int, list[int], torch.Tensor | None]:
+) -> tuple[int, list[int], VerifyResponse]:
     """Have the target verify ``block`` after ``last_token`` (the last emitted one); return
-    (accepted, the round's new tokens, hidden).
+    (accepted, the round's new tokens, the target's response: hidden state and features).
 
     After a rejection under sampling the correction token is drawn here, on the draft side,
     from the residual norm(max(0, p − q)) of the rejected position (for a point-mass q at x:
@@ -180,7 +202,8 @@ def _verify_block(
         VerifyRequest(
             tokens=tokens,
             draft_token_probs=None if sampling.greedy else _stack(block.token_probs),
-            want_hidden=want_hidden,
+            want_hidden=wants.hidden,
+            want_features=wants.features,
         )
     )
     n_accepted, next_token = response.n_accepted, response.next_token
@@ -191,7 +214,7 @@ def _verify_block(
         else:
             residual = residual_distribution(rejected_row, draft_row)
         next_token = int(sample_token(residual, generator))
-    return n_accepted, [*tokens.tolist()[1 : 1 + n_accepted], next_token], response.hidden
+    return n_accepted, [*tokens.tolist()[1 : 1 + n_accepted], next_token], response
 
 
 def _round_record(

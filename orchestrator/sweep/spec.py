@@ -53,6 +53,10 @@ JOB_REF_PREFIX = "job:"
 
 #: Training-job kinds that produce a draft model (usable as a pair's ``draft: {job: ...}``).
 DRAFT_JOB_KINDS = frozenset({"distillspec", "adaspec", "eesd_exit"})
+#: Training-job kind that produces an EAGLE head (a ``kind: eagle`` draft's ``job``).
+EAGLE_JOB_KINDS = frozenset({"eagle_head"})
+#: Training-job kinds whose ``base`` is the model they train on and that need no teacher.
+TEACHERLESS_JOB_KINDS = frozenset({"eesd_exit", "eagle_head"})
 #: Training-job kind whose artifact each trained-head policy loads (``policies[].job``).
 POLICY_JOB_KINDS = {"specdecpp": "specdecpp_head", "cali_ts": "cali_ts_predictor"}
 #: Policies that cannot run without their trained artifact unless this parameter is set.
@@ -61,7 +65,9 @@ ARTIFACT_FALLBACK_PARAMETERS = {"specdecpp": "constant_logit"}
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
 ModelRef = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^\S(.*\S)?$")]
 ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr | None
-JobKind = Literal["distillspec", "adaspec", "specdecpp_head", "eesd_exit", "cali_ts_predictor"]
+JobKind = Literal[
+    "distillspec", "adaspec", "specdecpp_head", "eesd_exit", "cali_ts_predictor", "eagle_head"
+]
 
 
 def _non_empty(items: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -135,10 +141,12 @@ class TargetSpec(_Frozen):
 
 class DraftSpec(_Frozen):
     """The draft of a pair: a model reference or the name of a training job producing one
-    (``kind: lm``, the default), or n-gram prompt lookup (``kind: ngram``: no model; ``n_max``,
-    ``n_min`` and ``window`` set the lookup, ``workers.proposers.ngram``)."""
+    (``kind: lm``, the default), n-gram prompt lookup (``kind: ngram``: no model; ``n_max``,
+    ``n_min`` and ``window`` set the lookup, ``workers.proposers.ngram``), or an EAGLE feature
+    head over the target (``kind: eagle``: ``model`` the head's directory or zoo reference, or
+    ``job`` an ``eagle_head`` training job; ``workers.proposers.eagle``)."""
 
-    kind: Literal["lm", "ngram"] = "lm"
+    kind: Literal["lm", "ngram", "eagle"] = "lm"
     model: ModelRef | None = None
     job: Name | None = None
     gpus: float = Field(0.0, ge=0.0, le=MAX_GPUS)
@@ -162,16 +170,22 @@ class DraftSpec(_Frozen):
                 raise ValueError(f"ngram draft: n_min ({self.n_min}) exceeds n_max ({self.n_max})")
             return self
         if (self.model is None) == (self.job is None):
-            raise ValueError("give exactly one of 'model' or 'job'")
+            what = "the EAGLE head's 'model' (a directory or zoo reference)"
+            if self.kind == "lm":
+                what = "'model'"
+            raise ValueError(f"give exactly one of {what} or 'job'")
         if (self.n_max, self.n_min, self.window) != (3, 1, None):
             raise ValueError("n_max, n_min and window apply to 'kind: ngram' drafts only")
         return self
 
     def kind_identity(self) -> dict[str, Any]:
         """Return the trial-identity entry of the draft's kind: none for the default ``lm``
-        (so older ids are unchanged), else the kind and its settings."""
+        (so older ids are unchanged), else the kind and its settings (an EAGLE head has none
+        beyond its ``model`` or ``job``, which the identity holds already)."""
         if self.kind == "lm":
             return {}
+        if self.kind == "eagle":
+            return {"draft_kind": self.kind, "eagle": {}}
         return {
             "draft_kind": self.kind,
             "ngram": {"n_max": self.n_max, "n_min": self.n_min, "window": self.window},
@@ -412,7 +426,8 @@ class TrainingJobSpec(_Frozen):
     """A knowledge-distillation or head-training job; ``config`` holds kind-specific settings.
 
     ``base`` is the model the job starts from (the draft to distil, or the target for
-    ``eesd_exit``); ``teacher`` the target it learns from (defaults to ``base`` for eesd_exit).
+    ``eesd_exit`` and ``eagle_head``); ``teacher`` the target it learns from (defaults to
+    ``base`` for those two).
     """
 
     name: Name
@@ -427,7 +442,7 @@ class TrainingJobSpec(_Frozen):
 
     @model_validator(mode="after")
     def _teacher_needed(self) -> TrainingJobSpec:
-        if self.teacher is None and self.kind != "eesd_exit":
+        if self.teacher is None and self.kind not in TEACHERLESS_JOB_KINDS:
             raise LocatedProblems([(("teacher",), f"kind {self.kind!r} needs a teacher model")])
         return self
 
@@ -602,7 +617,8 @@ class SweepSpec(_Frozen):
         for index, pair in enumerate(self.pairs):
             if pair.draft.job is not None:
                 loc = ("pairs", index, "draft", "job")
-                problems += _job_problems(jobs, pair.draft.job, DRAFT_JOB_KINDS, loc)
+                kinds = EAGLE_JOB_KINDS if pair.draft.kind == "eagle" else DRAFT_JOB_KINDS
+                problems += _job_problems(jobs, pair.draft.job, kinds, loc)
         for index, policy in enumerate(self.policies):
             needed = POLICY_JOB_KINDS.get(policy.name)
             if policy.job is not None and needed is None:

@@ -20,6 +20,9 @@ DEFAULTS = {
         **PAIR,
         **{"samples": 4, "max_new_tokens": 48, "threads": None, "device": "cpu"},
         **{"dtype": "float32", "warmup_seconds": None, "out": Path("bench-engine.json")},
+        # The draft kinds other than lm (bench/ngram_lookup.py), added since.
+        **{"draft_kind": "lm", "ngram_n_max": 3, "ngram_n_min": 1, "ngram_window": None},
+        "eagle_head": None,
     },
     "actors": {
         **PAIR,

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from support.bench_scripts import load_bench_script, micro_pair_args
+from support.eagle_heads import untrained_head
 from support.tiny_models import build_tiny_pair
 from support.tiny_models import prompts as tiny_prompts
 
 from training.zoo.cache import ZooManifest
-from workers.lm import CachedLM
+from workers.eagle.artifact import save_eagle_head
+from workers.lm import CachedLM, load_causal_lm
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget
 
@@ -210,3 +212,21 @@ def test_block_costs_start_each_turn_warm_and_rotate_the_sizes() -> None:
     assert len(turns) == engine.BLOCK_REPEATS + 2
     assert all(turn[0] == 1 and sorted(turn[1:]) == [1, 2, 3, 4] for turn in turns)
     assert {turn[1] for turn in turns} == {1, 2, 3, 4}
+
+
+def test_the_eagle_kind_rows_match_ar(micro_zoo: ZooManifest, tmp_path: Path) -> None:
+    """``--draft-kind eagle`` drafts with the head at ``--eagle-head`` (here an untrained one
+    over the micro target): AR and static K = 2, 4, 8, each output equal to AR's."""
+    save_eagle_head(
+        tmp_path / "head", untrained_head(load_causal_lm(micro_zoo.model_path("target"))), {}
+    )
+    out = tmp_path / "eagle.json"
+    args = ["--target", str(micro_zoo.model_path("target")), "--dataset", "builtin:code"]
+    args += ["--samples", "2", "--max-new-tokens", "8", "--threads", "1"]
+    args += ["--draft-kind", "eagle", "--eagle-head", str(tmp_path / "head"), "--out", str(out)]
+    assert load_bench_script("engine").main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["draft_kind"] == "eagle" and report["eagle_head"] == str(tmp_path / "head")
+    rows = {m["method"]: m for m in report["methods"]}
+    assert set(rows) == {"target-only AR", *(f"eagle static K={k}" for k in (2, 4, 8))}
+    assert all(m["matches_ar"] for name, m in rows.items() if name != "target-only AR")

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from policies import make_policy
 from training.eagle_training import SequenceFeatures, agreement_at_steps
 from training.jobs import JobConfig, run_job
 from training.jobs import eagle_head as eagle_job
@@ -17,7 +18,9 @@ from training.jobs.head_data import DATA_FILE
 from training.zoo.cache import ZooManifest
 from workers.eagle.artifact import HEAD_FILE, load_eagle_head
 from workers.eagle.drafter import EagleDrafter
+from workers.engine import speculative_generate
 from workers.lm import CachedLM, load_causal_lm
+from workers.proposers import make_proposer
 from workers.records import RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest
 
@@ -89,6 +92,27 @@ def test_loaded_head_drafts_losslessly_for_the_target(eagle_run, micro_zoo):
         pending = torch.tensor([response.next_token])
     assert output[: greedy.max_new_tokens] == reference
     assert accepted > 0
+
+
+@pytest.mark.parametrize("policy", ["static", "max_confidence"])
+def test_the_eagle_draft_kind_runs_the_jobs_head_in_the_engine(eagle_run, micro_zoo, policy):
+    """The job's artifact through ``make_proposer`` and ``speculative_generate``: greedy output
+    is the target's (static K: with drafts accepted); sampling runs with the head's q."""
+    _, output_dir, result = eagle_run
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    local = LocalTarget(CachedLM(target, single_step="plain"))
+    proposer = make_proposer("eagle", head_path=result.artifact_path, target_model=target)
+    prompt = load_file(str(output_dir / DATA_FILE))["tokens"][1, : SETTINGS["prompt_tokens"]]
+    greedy = RequestSettings(sampling=SamplingConfig(temperature=0.0, max_new_tokens=24))
+    reference = local.generate(prompt, greedy).output_ids
+    spec = speculative_generate(proposer, local, make_policy(policy, 4), prompt, greedy)
+    assert spec.output_ids == reference
+    if policy == "static":  # the confidence policy may stop every round: the head is unsure
+        assert spec.n_accepted > 0
+    sampled = RequestSettings(sampling=SamplingConfig(temperature=0.8, max_new_tokens=24), seed=3)
+    result = speculative_generate(proposer, local, make_policy(policy, 4), prompt, sampled)
+    assert len(result.output_ids) == 24
+    assert result.n_drafted > 0 or policy != "static"
 
 
 def test_job_resumes_after_a_crash_to_the_same_weights(eagle_run, tmp_path):

@@ -10,13 +10,14 @@ from typing import ClassVar
 import pytest
 import torch
 from scipy import stats
+from support.eagle_heads import untrained_head
 from support.tiny_models import build_tiny_pair, prompts
 
 from policies import POLICIES, make_policy
 from policies.static import StaticPolicy
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM
-from workers.proposers import DraftLMProposer, NgramProposer
+from workers.proposers import DraftLMProposer, EagleProposer, NgramProposer
 from workers.records import SamplingConfig
 from workers.sampling import entropy, warp_probs
 from workers.target import LocalTarget
@@ -247,17 +248,29 @@ def _likely_repeat_prompt(target_lm: CachedLM, sampling: SamplingConfig) -> torc
     )
 
 
-@pytest.mark.parametrize("kind", ["lm", "ngram"])
+def _sampling_draft(kind: str, draft_model, target_model):
+    """Return the draft of ``kind`` for the sampling test (an untrained EAGLE head)."""
+    if kind == "lm":
+        return CachedLM(draft_model)
+    if kind == "eagle":
+        return EagleProposer(untrained_head(target_model))
+    return NgramProposer()
+
+
+@pytest.mark.parametrize("kind", ["lm", "ngram", "eagle"])
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
 def test_speculative_sampling_matches_target_distribution(temperature, kind):
     """Every draft kind samples exactly the target's distribution, the n-gram lookup's point
-    mass included (its prompt repeats, so the lookup proposes at the first position)."""
+    mass included (its prompt repeats, so the lookup proposes at the first position) and the
+    EAGLE head's q over the target's features."""
     vocab = 8
     draft_model, target_model = build_tiny_pair(seed=4, vocab=vocab, head_std=0.12)
     target = LocalTarget(CachedLM(target_model))
-    draft = CachedLM(draft_model) if kind == "lm" else NgramProposer()
+    draft = _sampling_draft(kind, draft_model, target_model)
     sampling = SamplingConfig(temperature=temperature, top_k=6, top_p=0.95, max_new_tokens=2)
-    prompt = torch.tensor([3, 5, 2]) if kind == "lm" else _likely_repeat_prompt(target.lm, sampling)
+    prompt = torch.tensor([3, 5, 2])
+    if kind == "ngram":
+        prompt = _likely_repeat_prompt(target.lm, sampling)
     exact = _exact_two_token_distribution(target.lm, prompt, sampling)
     counts = dict.fromkeys(exact, 0)
     runs = 2000
@@ -271,7 +284,7 @@ def test_speculative_sampling_matches_target_distribution(temperature, kind):
         counts[key] += 1
         accepted += result.n_accepted
     # The lookup proposes one token here, which the flat target accepts about one time in ten.
-    minimum = 0.2 if kind == "lm" else 0.05
+    minimum = 0.05 if kind == "ngram" else 0.2
     assert accepted > runs * minimum, "the draft should get tokens accepted for the test to bite"
     cells = [(counts[k], exact[k] * runs) for k in exact]
     big = [(o, e) for o, e in cells if e >= 5]

@@ -384,13 +384,70 @@ def test_an_ngram_draft_is_its_own_pair_and_leaves_the_lm_ids_unchanged() -> Non
     assert {t.served.draft_kind for t in plan.trials} == {"lm"}
 
 
+EAGLE_PAIRS = """\
+  - name: e1
+    target: zoo:micro/target
+    draft: {kind: eagle, model: zoo:micro/eagle}
+  - name: e2
+    target: zoo:micro/target
+    draft: {kind: eagle, model: /heads/other}
+  - name: e3
+    target: zoo:micro/target
+    draft: {kind: eagle, job: head}
+datasets:"""
+
+EAGLE_JOB = """\
+training_jobs:
+  - {name: head, kind: eagle_head, base: zoo:micro/target, dataset: "builtin:code"}
+"""
+
+
+def test_an_eagle_draft_is_its_own_pair_identified_by_its_head() -> None:
+    """An EAGLE head's trials carry its kind and its model (or job) in their ids; the draft
+    models' ids do not move, and an ``eagle_head`` job needs no teacher."""
+    plan = _plan()
+    with_heads = _plan(BASE.replace("datasets:", EAGLE_PAIRS, 1) + EAGLE_JOB)
+    lm_ids = [t.trial_id for t in plan.trials]
+    assert [t.trial_id for t in with_heads.trials if t.pair in ("p1", "p2")] == lm_ids
+    heads = {pair: [t for t in with_heads.trials if t.pair == pair] for pair in ("e1", "e2", "e3")}
+    assert all(heads.values())
+    first = heads["e1"][0].served
+    assert (first.draft_kind, first.draft, first.draft_settings) == ("eagle", "zoo:micro/eagle", ())
+    identity = first.identity()
+    assert identity["draft_kind"] == "eagle" and identity["draft"] == "zoo:micro/eagle"
+    made = heads["e3"][0].served
+    assert (made.draft, made.draft_job, made.draft_kind) == (None, "head", "eagle")
+    assert made.draft_job_id == with_heads.jobs[0].job_id
+    ids = [{t.trial_id for t in trials} for trials in heads.values()]
+    assert all(a.isdisjoint(b) for a, b in itertools.combinations([*ids, set(lm_ids)], 2))
+
+
+@pytest.mark.parametrize(
+    "pair,message",
+    [
+        ("draft: {kind: eagle, job: kd}", "job 'kd' is a distillspec job; this needs eagle_head"),
+        ("draft: {job: head}", "job 'head' is a eagle_head job; this needs adaspec"),
+    ],
+)
+def test_a_draft_job_must_make_what_the_kind_drafts_with(pair: str, message: str) -> None:
+    jobs = EAGLE_JOB + (
+        "  - {name: kd, kind: distillspec, base: zoo:micro/draft-s, teacher: zoo:micro/target,"
+        ' dataset: "builtin:code"}\n'
+    )
+    with pytest.raises(SweepError, match=message):
+        _spec(BASE.replace("draft: zoo:micro/draft-s", pair) + jobs)
+
+
 @pytest.mark.parametrize(
     "draft,message",
     [
         ("{kind: ngram, model: zoo:micro/draft-s}", "has no 'model' or 'job'"),
         ("{kind: ngram, n_max: 1, n_min: 2}", "n_min"),
         ("{model: zoo:micro/draft-s, n_max: 5}", "kind: ngram"),
-        ("{kind: eagle}", "kind"),
+        ("{kind: medusa}", "kind"),
+        ("{kind: eagle}", "exactly one of the EAGLE head's 'model'"),
+        ("{kind: eagle, model: heads/e, job: e}", "exactly one of the EAGLE head's 'model'"),
+        ("{kind: eagle, model: heads/e, window: 8}", "kind: ngram"),
     ],
 )
 def test_bad_draft_kinds_name_the_field(draft: str, message: str) -> None:

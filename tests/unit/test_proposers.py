@@ -1,16 +1,25 @@
 """Draft kinds (workers.proposers): every kind × policy decodes losslessly, the n-gram lookup
-drafts a repeated passage, and a policy reads its match length."""
+drafts a repeated passage, a policy reads its match length, and a trained EAGLE head gets
+drafts accepted."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from support.eagle_heads import trained_head, untrained_head
 from support.tiny_models import build_tiny_pair, prompts
 
 from policies import POLICIES, make_policy
+from workers.eagle.artifact import save_eagle_head
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM
-from workers.proposers import DRAFT_KINDS, NgramProposer, NgramSettings, make_proposer
+from workers.proposers import (
+    DRAFT_KINDS,
+    EagleProposer,
+    NgramProposer,
+    NgramSettings,
+    make_proposer,
+)
 from workers.proposers.ngram import NgramIndex
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
@@ -25,6 +34,23 @@ def models():
     """The tiny pair as (draft, target) ``CachedLM`` on each model path."""
     draft, target = build_tiny_pair()
     return {path: (CachedLM(draft, **o), CachedLM(target, **o)) for path, o in PATHS.items()}
+
+
+@pytest.fixture(scope="module")
+def eagle_head(models):
+    """An EAGLE head trained briefly on the tiny target's greedy continuations (both paths
+    share the target model)."""
+    return trained_head(models["plain_torch"][1].model)
+
+
+def _proposer(kind: str, draft_lm: CachedLM, eagle_head):
+    """Return a proposer of ``kind``: the draft model, a lookup, the trained EAGLE head (an
+    untrained one is lossless too, but the oracle would keep none of its drafts)."""
+    if kind == "lm":
+        return make_proposer(kind, draft_lm)
+    if kind == "eagle":
+        return make_proposer(kind, head=eagle_head)
+    return make_proposer(kind)
 
 
 def _prompts() -> list[torch.Tensor]:
@@ -46,11 +72,11 @@ def _policy(name: str, max_draft_len: int):
 @pytest.mark.parametrize("kind", DRAFT_KINDS)
 @pytest.mark.parametrize("policy_name", sorted(POLICIES))
 def test_greedy_output_equals_target_only_for_every_kind_and_policy(
-    models, path, kind, policy_name
+    models, eagle_head, path, kind, policy_name
 ):
     draft_lm, target_lm = models[path]
     target = LocalTarget(target_lm)
-    proposer = make_proposer(kind, draft_lm) if kind == "lm" else make_proposer(kind)
+    proposer = _proposer(kind, draft_lm, eagle_head)
     if not _policy(policy_name, 5).features <= proposer.features:
         with pytest.raises(ValueError, match=f"draft of kind '{kind}'"):
             speculative_generate(
@@ -130,8 +156,12 @@ def test_bad_ngram_settings_and_kinds_name_the_field():
         NgramSettings(n_max=1, n_min=2)
     with pytest.raises(ValueError, match="window"):
         NgramSettings(window=0)
-    with pytest.raises(ValueError, match="unknown draft kind 'eagle'"):
+    with pytest.raises(ValueError, match="unknown draft kind 'medusa'"):
+        make_proposer("medusa")
+    with pytest.raises(ValueError, match="'head_path' and 'target_model'"):
         make_proposer("eagle")
+    with pytest.raises(ValueError, match=r"unknown parameter.*depth.*'eagle'"):
+        make_proposer("eagle", depth=2)
     with pytest.raises(ValueError, match="n_maximum"):
         make_proposer("ngram", n_maximum=3)
 
@@ -151,3 +181,42 @@ def test_the_match_policy_drafts_as_far_as_the_match_length_vouches(models):
     short = torch.tensor([2, 3, 9, 3])
     result = speculative_generate(NgramProposer(), target, policy, short, settings)
     assert result.rounds[0].drafted == 1
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_a_trained_eagle_head_gets_drafts_accepted_and_stays_lossless(
+    models, eagle_head, path, tmp_path
+):
+    """Trained briefly on the target's greedy continuations (the planted pattern) and loaded
+    from its artifact by ``make_proposer``, the head's drafts are accepted far more often than
+    an untrained head's on held-out prompts; the output is the target's with either."""
+    _, target_lm = models[path]
+    target = LocalTarget(target_lm)
+    save_eagle_head(tmp_path / "head", eagle_head, {})
+    trained = make_proposer("eagle", head_path=tmp_path / "head", target_model=target_lm.model)
+    untrained = EagleProposer(untrained_head(target_lm.model))
+    accepted = {}
+    for name, proposer in (("trained", trained), ("untrained", untrained)):
+        accepted[name] = 0
+        for index, prompt in enumerate(prompts(8, seed=99)):
+            prompt = prompt[:3]
+            settings = RequestSettings(GREEDY, seed=index)
+            reference = autoregressive_generate(target, prompt, settings).output_ids
+            result = speculative_generate(
+                proposer, target, make_policy("static", 4), prompt, settings
+            )
+            assert result.output_ids == reference, f"prompt {index} differs ({name})"
+            accepted[name] += result.n_accepted
+    assert accepted["trained"] > 2 * accepted["untrained"] + 8, accepted
+
+
+def test_an_eagle_proposer_refuses_a_target_that_sent_no_features(models):
+    """Without the target's features the head cannot draft: the error says what to ask for."""
+    _, target_lm = models["plain_torch"]
+    proposer = EagleProposer(untrained_head(target_lm.model))
+    with pytest.raises(ValueError, match="want_features=True"):
+        proposer.begin(torch.tensor([4, 5, 6]))
+    proposer.begin(torch.tensor([4, 5, 6]), torch.zeros(2, 64))
+    proposer.first([4, 5, 6], GREEDY, torch.Generator(), frozenset())
+    with pytest.raises(ValueError, match="want_features=True"):
+        proposer.observe(0, 7, None)

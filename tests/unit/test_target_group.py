@@ -9,12 +9,16 @@ import threading
 
 import pytest
 import torch
+from support.eagle_heads import untrained_head
 from support.tiny_models import build_tiny_pair, prompts
 
+from policies import make_policy
 from workers.actors import ChannelTargetGroup
 from workers.channel import ChannelAddress, serve_channel
 from workers.channel_wire import accept_handshake
+from workers.engine import RequestSettings, speculative_generate
 from workers.lm import CachedLM
+from workers.proposers import EagleProposer
 from workers.records import SamplingConfig
 from workers.target import LocalTarget, VerifyRequest
 from workers.trial import TrialRequest, run_trial
@@ -67,6 +71,30 @@ def test_a_trial_through_the_channels_decodes_as_the_local_target_does(models, p
     else:  # one prefill per request, one verify per round
         assert served.calls["prefill"] == 3
         assert served.calls["verify"] == sum(len(r.rounds) for r in through)
+
+
+def test_an_eagle_draft_gets_the_targets_features_through_the_channels(models) -> None:
+    """The prompt's and every round's features cross the channel: an EAGLE draft decodes
+    through the group as with the local target (same tokens, same acceptances)."""
+    _, local, remote = models
+    served = _Served(remote)
+    group = ChannelTargetGroup([served.address])
+    head = untrained_head(local.lm.model)
+    runs = {}
+    for name, target in (("through", group), ("here", local)):
+        proposer = EagleProposer(head)
+        runs[name] = [
+            speculative_generate(
+                proposer, target, make_policy("static", 3), p, RequestSettings(SAMPLING, seed=i)
+            )
+            for i, p in enumerate(prompts(3, seed=6))
+        ]
+    through, here = runs["through"], runs["here"]
+    assert [r.output_ids for r in through] == [r.output_ids for r in here]
+    assert [r.n_accepted for r in through] == [r.n_accepted for r in here]
+    assert sum(r.n_drafted for r in through) > 0
+    assert served.calls["prefill"] == 3
+    assert served.calls["verify"] == sum(len(r.rounds) for r in through)
 
 
 class _Checked(ChannelTargetGroup):

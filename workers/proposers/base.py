@@ -8,12 +8,17 @@ came from, so every draft-length policy and exact sampling verification apply to
   has nothing to propose (the round is then a plain target step, still lossless);
 - ``next(previous, ...)`` proposes the candidate after a kept ``previous``, or None;
 - ``rollback(length)`` drops whatever the proposer holds past ``length`` tokens after the
-  target's verdict (the draft LM's cache; nothing for a lookup).
+  target's verdict (the draft LM's cache; nothing for a lookup);
+- ``observe(n_accepted, next_token, features)`` hands it the verdict of every round with the
+  target's features at the kept positions (None unless the kind ``wants_target_features``).
+
+A kind that ``wants_target_features`` (an EAGLE head) is begun with the target's features of
+the prompt's processed tokens and observes each round's; the engine asks the target for them
+only then, so the other kinds cost nothing more.
 
 Kinds: ``lm`` (an independent draft language model, :mod:`workers.proposers.draft_lm`),
-``ngram`` (prompt lookup, :mod:`workers.proposers.ngram`); an EAGLE-style head that drafts
-from the target's hidden states is the third kind this contract leaves room for: it would
-implement the same three calls, reading the target's features through ``begin``/``first``.
+``ngram`` (prompt lookup, :mod:`workers.proposers.ngram`), ``eagle`` (an EAGLE-style feature
+head drafting from the target's hidden states, :mod:`workers.proposers.eagle`).
 
 A candidate's distribution is a dense row q (a model sampling) or a point mass at the token (a
 deterministic proposal, ``Candidate.probs`` None with ``point_mass`` True): then q(x) = 1, the
@@ -55,15 +60,19 @@ class Proposer(Protocol):
     """A draft kind as the engine's round loop drives it (see the module docstring).
 
     ``kind`` names it (a sweep's ``draft.kind``); ``features`` are the ``DraftStep`` features
-    it can fill in; ``step_cost`` is the draft forwards one ``first``/``next`` call makes.
+    it can fill in; ``step_cost`` is the draft forwards one ``first``/``next`` call makes;
+    ``wants_target_features`` whether it reads the target's hidden states (``begin`` and
+    ``observe`` then get them).
     """
 
     kind: ClassVar[str]
     features: ClassVar[frozenset[str]]
     step_cost: ClassVar[int]
+    wants_target_features: ClassVar[bool]
 
-    def begin(self, prompt: torch.Tensor) -> None:
-        """Start a request on ``prompt`` (1-D CPU ids; its last token is not yet processed)."""
+    def begin(self, prompt: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Start a request on ``prompt`` (1-D CPU ids; its last token is not yet processed);
+        ``features`` [P − 1, d]: the target's of the processed tokens, when wanted."""
 
     def first(
         self,
@@ -85,6 +94,10 @@ class Proposer(Protocol):
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` tokens of whatever the proposer has processed."""
+
+    def observe(self, n_accepted: int, next_token: int, features: torch.Tensor | None) -> None:
+        """Take a round's verdict: ``n_accepted`` drafts kept, then ``next_token``;
+        ``features`` [n_accepted + 1, d] the target's at the kept positions, when wanted."""
 
 
 #: Features every kind fills in; the engine adds ``target_hidden`` itself.

@@ -21,13 +21,15 @@ class DraftLMProposer:
 
     kind: ClassVar[str] = "lm"
     features: ClassVar[frozenset[str]] = COMMON_FEATURES | {"hidden"}
+    wants_target_features: ClassVar[bool] = False
     step_cost: ClassVar[int] = 1
 
     def __init__(self, lm: CachedLM) -> None:
         self.lm = lm
 
-    def begin(self, prompt: torch.Tensor) -> None:
-        """Reset the draft's cache and run the prompt up to its last token."""
+    def begin(self, prompt: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Reset the draft's cache and run the prompt up to its last token (``features``
+        unused: this kind reads no target features)."""
         self.lm.reset()
         if prompt.numel() > 1:
             self.lm.forward(prompt[:-1].to(self.lm.device), last_only=True)
@@ -60,6 +62,9 @@ class DraftLMProposer:
     def rollback(self, length: int) -> None:
         """Crop the draft's cache to ``length`` tokens (a no-op when it holds no more)."""
         self.lm.crop(length)
+
+    def observe(self, n_accepted: int, next_token: int, features: torch.Tensor | None) -> None:
+        """Nothing to take: the next ``first`` runs the emitted tokens."""
 
     @staticmethod
     def _candidate(

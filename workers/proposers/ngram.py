@@ -106,6 +106,7 @@ class NgramProposer:
 
     kind: ClassVar[str] = "ngram"
     features: ClassVar[frozenset[str]] = COMMON_FEATURES | {"match_length"}
+    wants_target_features: ClassVar[bool] = False
     step_cost: ClassVar[int] = 0
 
     def __init__(self, settings: NgramSettings | None = None) -> None:
@@ -113,8 +114,9 @@ class NgramProposer:
         self.index = NgramIndex(self.settings)
         self._round: _Round | None = None
 
-    def begin(self, prompt: torch.Tensor) -> None:
-        """Start a request: an empty index (it is filled from the sequence on lookup)."""
+    def begin(self, prompt: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Start a request: an empty index (it is filled from the sequence on lookup;
+        ``features`` unused)."""
         self.index = NgramIndex(self.settings)
         self._round = None
 
@@ -148,6 +150,9 @@ class NgramProposer:
 
     def rollback(self, length: int) -> None:
         """Nothing to drop: only emitted tokens are indexed."""
+
+    def observe(self, n_accepted: int, next_token: int, features: torch.Tensor | None) -> None:
+        """Nothing to take: the next lookup reads the emitted sequence."""
 
     def _candidate(self, wanted: frozenset[str]) -> Candidate | None:
         """Return the point-mass candidate at the round's position, or None past its end."""
