@@ -34,6 +34,8 @@ DEFAULTS = {
         **{"samples": 4, "prompt_tokens": 64, "max_new_tokens": 32, "thresholds": 20},
         **{"max_draft_len": 8, "cap": 16, "live_static": [2, 6], "threads": 1},
         "out": Path("bench-replay.json"),
+        # The leave-one-trial-out validation over a results DB (no models), added since.
+        "loo": None,
     },
     "handoff": {
         **PAIR,
