@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from common import (
     add_prompt_arguments,
     add_threads_argument,
     bench_parser,
+    checkout_commit,
     prepare,
     write_report,
 )
@@ -213,17 +213,10 @@ def _summary(rows: list[Row], k: int, batch_sizes: list[int], cpu: bool = False)
     return summary
 
 
-def _commit() -> str:
-    """Return the checked-out commit (with ``+dirty`` when the tree has changes)."""
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the ratios and write JSON; return the exit code."""
     args = _parse_args(argv)
-    commit = _commit()  # before the run: the code measured
+    commit = checkout_commit()  # before the run: the code measured
     no_draft = args.draft == "none"
     if no_draft:
         args.draft = None

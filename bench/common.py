@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from orchestrator.run.git_state import git_state
 from orchestrator.run.preflight import resolve_model_path
 from workers.json_files import write_json
 from workers.lm import DTYPES, load_causal_lm
@@ -164,3 +165,12 @@ def write_report(out: Path, report: Any) -> None:
     where."""
     write_json(out, report)
     print(f"JSON: {out}")
+
+
+def checkout_commit() -> str | None:
+    """Return the repository's commit, 12 hex digits with ``+dirty`` when the tree has changes
+    (None outside git), read without running git (``orchestrator.run.git_state``)."""
+    state = git_state(Path(__file__).resolve().parent.parent)
+    if state.commit is None:
+        return None
+    return state.commit[:12] + ("+dirty" if state.dirty else "")

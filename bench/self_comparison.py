@@ -28,11 +28,11 @@ from common import (
     add_pair_arguments,
     add_prompt_arguments,
     bench_parser,
+    checkout_commit,
     write_report,
 )
 
 from orchestrator.analysis.pairing import paired_ratio
-from orchestrator.run.git_state import git_state
 from orchestrator.run.runner import RunOptions, arm_groups, execute_plan
 from orchestrator.store import Store, open_store
 from orchestrator.sweep.planner import Plan, plan_sweep
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store.close()
     verdicts = sum(c["verdict"] in ("faster", "slower") for c in found)
     return {
-        "commit": _commit(),
+        "commit": checkout_commit(),
         "settings": {key: str(value) for key, value in vars(args).items()},
         "failed_trials": summary.failed,
         "seconds": time.perf_counter() - start,
@@ -138,12 +138,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "all_same_outputs": all(c["same_outputs"] for c in found),
         "comparisons": found,
     }
-
-
-def _commit() -> str | None:
-    """Return the checkout's commit, 12 hex digits (None outside git), read without git."""
-    commit = git_state(Path(__file__).resolve().parent.parent).commit
-    return None if commit is None else commit[:12]
 
 
 def main(argv: list[str] | None = None) -> int:
