@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.eagle_heads import trained_head, untrained_head
-from support.tiny_models import build_tiny_pair, prompts
+from support.draft_kinds import (
+    GREEDY,
+    PATHS,
+    briefly_trained_head,
+    check_lossless,
+    tiny_pair_on_paths,
+)
+from support.eagle_heads import untrained_head
+from support.tiny_models import prompts
 
 from policies import POLICIES, make_policy
 from workers.eagle.artifact import save_eagle_head
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
-from workers.lm import CachedLM
 from workers.proposers import (
     DRAFT_KINDS,
     EagleProposer,
@@ -24,77 +30,28 @@ from workers.proposers.ngram import NgramIndex
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
 
-GREEDY = SamplingConfig(max_new_tokens=16)
-PATHS = {"plain_torch": {"fast": True}, "transformers_modules": {"fast": False}}
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def models():
     """The tiny pair as (draft, target) ``CachedLM`` on each model path."""
-    draft, target = build_tiny_pair()
-    return {path: (CachedLM(draft, **o), CachedLM(target, **o)) for path, o in PATHS.items()}
+    return tiny_pair_on_paths()
 
 
 @pytest.fixture(scope="module")
 def eagle_head(models):
-    """An EAGLE head trained briefly on the tiny target's greedy continuations (both paths
-    share the target model)."""
-    return trained_head(models["plain_torch"][1].model)
+    """An EAGLE head trained briefly on the tiny target's greedy continuations."""
+    return briefly_trained_head(models)
 
 
-def _proposer(kind: str, draft_lm: CachedLM, eagle_head):
-    """Return a proposer of ``kind``: the draft model, a lookup, the trained EAGLE head (an
-    untrained one is lossless too, but the oracle would keep none of its drafts)."""
-    if kind == "lm":
-        return make_proposer(kind, draft_lm)
-    if kind == "eagle":
-        return make_proposer(kind, head=eagle_head)
-    return make_proposer(kind)
-
-
-def _prompts() -> list[torch.Tensor]:
-    """Random prompts, half of them with a repeated passage, so the lookup finds matches."""
-    plain = prompts(4, seed=2)
-    return plain + [torch.cat([p, p[:-1]]) for p in plain]
-
-
-def _policy(name: str, max_draft_len: int):
-    """Build any registered policy, giving trained-artifact policies a stand-in callable."""
-    if name == "specdecpp":
-        return make_policy(name, max_draft_len, head=lambda hidden: float(hidden[0]) + 2.0)
-    if name == "cali_ts":
-        return make_policy(name, max_draft_len, predictor=lambda step: 0.6)
-    return make_policy(name, max_draft_len)
-
-
-@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("kind", DRAFT_KINDS)
 @pytest.mark.parametrize("policy_name", sorted(POLICIES))
 def test_greedy_output_equals_target_only_for_every_kind_and_policy(
-    models, eagle_head, path, kind, policy_name
+    models, eagle_head, kind, policy_name
 ):
-    draft_lm, target_lm = models[path]
-    target = LocalTarget(target_lm)
-    proposer = _proposer(kind, draft_lm, eagle_head)
-    if not _policy(policy_name, 5).features <= proposer.features:
-        with pytest.raises(ValueError, match=f"draft of kind '{kind}'"):
-            speculative_generate(
-                proposer, target, _policy(policy_name, 5), _prompts()[0], RequestSettings(GREEDY)
-            )
-        return
-    total_drafted = 0
-    for index, prompt in enumerate(_prompts()):
-        settings = RequestSettings(GREEDY, seed=index)
-        reference = autoregressive_generate(target, prompt, settings).output_ids
-        result = speculative_generate(
-            proposer, target, _policy(policy_name, 5), prompt, settings, reference=reference
-        )
-        assert result.output_ids == reference, f"prompt {index} differs ({kind}, {policy_name})"
-        assert sum(r.emitted for r in result.rounds) == len(result.output_ids)
-        assert all(r.drafted <= 5 for r in result.rounds)
-        total_drafted += result.n_drafted
-    assert total_drafted > 0
+    """On the fast path (tests/integration/test_draft_kinds_paths.py: the transformers path)."""
+    check_lossless(models, eagle_head, "plain_torch", kind, policy_name)
 
 
 def _first_round(sequence: list[int], settings: NgramSettings, cap: int = 16) -> list[int]:
