@@ -18,6 +18,7 @@ from workers.engine import (
     speculative_generate,
 )
 from workers.lm import CachedLM
+from workers.proposers import Proposer, make_proposer
 from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 
 __all__ = [
@@ -54,7 +55,9 @@ class TrialRequest:
     Sample i is decoded with seed ``sample_seed(seed, i)`` so samples differ but every run of
     the trial is reproducible; ``indices`` are the prompts' positions in the whole trial when
     the request is one shard of it (default: 0, 1, ...), so a shard decodes its samples
-    exactly as the whole trial would.
+    exactly as the whole trial would. ``draft_kind`` is how candidates are proposed
+    (``workers.proposers``): ``lm`` by the worker's draft model, ``ngram`` by prompt lookup
+    with ``draft_settings`` (no model).
     """
 
     prompts: list[list[int]]
@@ -68,6 +71,8 @@ class TrialRequest:
     runtime_inputs: dict[str, Any] = field(default_factory=dict)
     artifact_path: str | None = None
     indices: tuple[int, ...] | None = None
+    draft_kind: str = "lm"
+    draft_settings: dict[str, Any] = field(default_factory=dict)
 
 
 def run_trial(
@@ -255,9 +260,23 @@ def _decode(
     prompt_ids = torch.tensor(prompt, dtype=torch.long)
     if policy is None:
         return autoregressive_generate(target, prompt_ids, settings)
-    if draft is None:
-        raise ValueError(f"policy {request.policy!r} needs a draft model")
+    proposer = _proposer(draft, request)
     reference = None
     if policy.needs_reference:
         reference = autoregressive_generate(target, prompt_ids, settings).output_ids
-    return speculative_generate(draft, target, policy, prompt_ids, settings, reference=reference)
+    return speculative_generate(proposer, target, policy, prompt_ids, settings, reference=reference)
+
+
+def _proposer(draft: CachedLM | None, request: TrialRequest) -> CachedLM | Proposer:
+    """Return what drafts ``request``'s candidates: the worker's draft model (kind ``lm``) or a
+    fresh n-gram lookup; raises ValueError for a kind the worker cannot serve."""
+    if request.draft_kind == "lm":
+        if draft is None:
+            raise ValueError(f"policy {request.policy!r} needs a draft model")
+        return draft
+    if request.draft_kind == "ngram":
+        return make_proposer("ngram", **request.draft_settings)
+    raise ValueError(
+        f"draft kind {request.draft_kind!r} does not run in a sweep's workers yet; "
+        "run it through workers.engine or bench/engine.py --draft-kind"
+    )

@@ -119,6 +119,13 @@ def _check_pair(
     """Resolve ``pair``'s models, load the target's tokenizer (and check the draft's against it)
     into ``inputs``; return the context of each model whose config says it."""
     where = f"pairs[{index}]"
+    if pair.draft.kind == "eagle":
+        problems.append(
+            f"{where}.draft.kind: an EAGLE head does not run in a sweep's workers yet; decode "
+            "with it through workers.engine or bench/engine.py --draft-kind eagle, or use "
+            "kind lm or ngram here"
+        )
+        return []
     target = _resolve(pair.target.model, f"{where}.target.model", problems)
     draft = None
     draft_ref = pair.draft.model

@@ -339,6 +339,8 @@ class GroupReplica:
             warmup_samples=min(warmup, len(token_ids)),
             eos_token_id=self.inputs.tokenizer(trial.pair).eos_token_id,
             artifact_path=self.artifacts[setting.job] if setting.job else None,
+            draft_kind=trial.served.draft_kind,
+            draft_settings=dict(trial.served.draft_settings),
         )
 
     def _draft(self, pair: str) -> Any:
