@@ -275,33 +275,6 @@ class Trial:
         """Return the identity and column entry of ``repeats`` (none for the default 1)."""
         return {} if self.repeats == 1 else {"repeats": self.repeats}
 
-    # A thin compatibility layer for orchestrator/analysis/costs, whose modules read these
-    # flat names; everything else reads the parts. Drop it once those reads are moved.
-    @property
-    def policy(self) -> str:
-        """The policy's name (``setting.policy``)."""
-        return self.setting.policy
-
-    @property
-    def params_dict(self) -> dict[str, Any]:
-        """The policy's parameters (``setting.params_dict``)."""
-        return self.setting.params_dict
-
-    @property
-    def max_draft_len(self) -> int:
-        """The max draft length (``setting.max_draft_len``)."""
-        return self.setting.max_draft_len
-
-    @property
-    def samples(self) -> int:
-        """The number of prompts (``prompts.samples``)."""
-        return self.prompts.samples
-
-    @property
-    def max_new_tokens(self) -> int:
-        """The output length (``sampling.max_new_tokens``)."""
-        return self.sampling.max_new_tokens
-
 
 def fit_group_identity(trial: Trial) -> dict[str, Any]:
     """Return what a cost-fit group is: the pair (by name), the prompt set and the sampling.

@@ -26,7 +26,7 @@ execution: {mode: replay%s}
 def _checks(extra: str) -> list[tuple[str, int, str]]:
     plan = plan_sweep(parse_sweep(SWEEP % extra))
     (group,) = replay_groups(plan)
-    return [(t.policy, t.max_draft_len, t.trial_id) for t in group.checks]
+    return [(t.setting.policy, t.setting.max_draft_len, t.trial_id) for t in group.checks]
 
 
 def test_one_mapping_gives_one_check_and_a_list_of_it_the_same_trial_id() -> None:

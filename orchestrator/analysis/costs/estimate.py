@@ -159,7 +159,7 @@ class SweepEstimate:
 
 def trial_tokens(trial: Trial) -> int:
     """Return the tokens a trial generates at most: samples × max_new_tokens."""
-    return trial.samples * trial.max_new_tokens
+    return trial.prompts.samples * trial.sampling.max_new_tokens
 
 
 def full_acceptance_tokens_per_s(profile: HardwareProfile, max_draft_len: int) -> float:
@@ -175,7 +175,9 @@ def trial_seconds(trial: Trial, profile: HardwareProfile) -> tuple[float, float]
     upper = trial_tokens(trial) / profile.ar_tokens_per_s
     if trial.is_baseline:
         return upper, upper
-    return upper, trial_tokens(trial) / full_acceptance_tokens_per_s(profile, trial.max_draft_len)
+    return upper, trial_tokens(trial) / full_acceptance_tokens_per_s(
+        profile, trial.setting.max_draft_len
+    )
 
 
 def target_sets(pairs: Sequence[PairSpec]) -> list[TargetSet]:
@@ -221,9 +223,10 @@ def _spread(
     key: str, pair: str, trial: Trial, seconds: tuple[float, float], options: EstimateOptions
 ) -> list[tuple[WorkUnit, float, float]]:
     """Cut one trial (or trace recording) into shard units, each with its share of seconds."""
-    ordered = bool(trial.params_dict.get("persist_across_requests", False))
-    units = trial_units(key, pair, trial.samples, options.shard_prompts, ordered=ordered)
-    share = [len(unit.prompts) / max(trial.samples, 1) for unit in units]
+    ordered = bool(trial.setting.params_dict.get("persist_across_requests", False))
+    samples = trial.prompts.samples
+    units = trial_units(key, pair, samples, options.shard_prompts, ordered=ordered)
+    share = [len(unit.prompts) / max(samples, 1) for unit in units]
     return [(unit, seconds[0] * s, seconds[1] * s) for unit, s in zip(units, share, strict=True)]
 
 

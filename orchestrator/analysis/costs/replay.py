@@ -126,7 +126,8 @@ def replay_rounds(trial: Trial, traces: Sequence[GreedyTrace]) -> list[list[Repl
     One policy object serves the trial's prompts in order, reset per prompt with its seed, so a
     policy with ``persist_across_requests`` carries its state over as it does live.
     """
-    policy = make_policy(trial.policy, trial.max_draft_len, **trial.params_dict)
+    setting = trial.setting
+    policy = make_policy(setting.policy, setting.max_draft_len, **setting.params_dict)
     return [
         replay(policy, trace, sample_seed(trial.seed, index)) for index, trace in enumerate(traces)
     ]
@@ -134,7 +135,8 @@ def replay_rounds(trial: Trial, traces: Sequence[GreedyTrace]) -> list[list[Repl
 
 def trial_demands(trial: Trial) -> StepDemands:
     """Return what ``trial``'s policy asks of each draft step."""
-    return policy_demands(trial.policy, trial.max_draft_len, trial.params_dict)
+    setting = trial.setting
+    return policy_demands(setting.policy, setting.max_draft_len, setting.params_dict)
 
 
 def replayed_results(
