@@ -19,7 +19,7 @@ from orchestrator.cli.common import (
 
 #: ``training.zoo.recipes.PROFILES`` keys, repeated here so ``--help`` does not import torch
 #: (``tests/test_cli.py`` checks that the two agree).
-ZOO_PROFILES = ("micro", "smol", "smol-base")
+ZOO_PROFILES = ("micro", "smol", "smol-base", "smol-eagle")
 
 
 def add_parser(commands: Any) -> None:

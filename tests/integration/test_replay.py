@@ -216,7 +216,8 @@ def test_every_disagreement_has_its_detour_at_every_cap(pair):
 @pytest.mark.slow
 def test_replay_equals_live_rounds_for_every_replayable_policy(pair):
     configs = _configs(pair.traces)
-    assert {name for name, _ in configs} == set(POLICIES)
+    # Every policy a draft model can serve (ngram_match reads a lookup's match length).
+    assert {name for name, _ in configs} == set(POLICIES) - {"ngram_match"}
     total, different, untraced = 0, 0, []
     detours, lengths = 0, set()
     for name, params in configs:
