@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy import stats
 from support.eagle_heads import untrained_head
+from support.sampling_checks import exact_two_token_distribution, g_test_p_value
 from support.tiny_models import build_tiny_pair
 
 from policies import make_policy
@@ -22,21 +22,6 @@ from workers.proposers import EagleProposer, NgramProposer
 from workers.records import SamplingConfig
 from workers.sampling import warp_probs
 from workers.target import LocalTarget
-
-
-def _exact_two_token_distribution(
-    target_lm: CachedLM, prompt: torch.Tensor, sampling: SamplingConfig
-) -> dict[tuple[int, int], float]:
-    """P(x1, x2 | prompt) under target-only sampling, computed from the target's logits."""
-    first = warp_probs(target_lm.full_logits(prompt)[-1], sampling)
-    joint = {}
-    for x1 in first.nonzero()[:, 0].tolist():
-        second = warp_probs(
-            target_lm.full_logits(torch.cat([prompt, torch.tensor([x1])]))[-1], sampling
-        )
-        for x2 in second.nonzero()[:, 0].tolist():
-            joint[(x1, x2)] = float(first[x1] * second[x2])
-    return joint
 
 
 def _likely_repeat_prompt(target_lm: CachedLM, sampling: SamplingConfig) -> torch.Tensor:
@@ -71,7 +56,7 @@ def test_speculative_sampling_matches_target_distribution(temperature, kind):
     prompt = torch.tensor([3, 5, 2])
     if kind == "ngram":
         prompt = _likely_repeat_prompt(target.lm, sampling)
-    exact = _exact_two_token_distribution(target.lm, prompt, sampling)
+    exact = exact_two_token_distribution(target.lm, prompt, sampling)
     counts = dict.fromkeys(exact, 0)
     runs = 2000
     accepted = 0
@@ -86,13 +71,5 @@ def test_speculative_sampling_matches_target_distribution(temperature, kind):
     # The lookup proposes one token here, which the flat target accepts about one time in ten.
     minimum = 0.05 if kind == "ngram" else 0.2
     assert accepted > runs * minimum, "the draft should get tokens accepted for the test to bite"
-    cells = [(counts[k], exact[k] * runs) for k in exact]
-    big = [(o, e) for o, e in cells if e >= 5]
-    rest_observed = sum(o for o, e in cells if e < 5)
-    rest_expected = sum(e for o, e in cells if e < 5)
-    observed = [o for o, _ in big] + ([rest_observed] if rest_expected > 0 else [])
-    expected = [e for _, e in big] + ([rest_expected] if rest_expected > 0 else [])
-    assert len(observed) >= 5
-    expected = [e * sum(observed) / sum(expected) for e in expected]
-    _, p_value = stats.power_divergence(observed, expected, lambda_="log-likelihood")
+    p_value = g_test_p_value(counts, exact, runs)
     assert p_value > 0.01, f"G-test rejects equality with target sampling: p={p_value:.4g}"

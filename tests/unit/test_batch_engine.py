@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy import stats
+from support.sampling_checks import exact_two_token_distribution, g_test_p_value
 from support.tiny_models import build_tiny_pair, prompts, tiny_config
 from transformers import LlamaForCausalLM
 
@@ -22,7 +22,6 @@ from workers.batch_engine import (
 from workers.engine import autoregressive_generate, speculative_generate
 from workers.lm import CachedLM
 from workers.records import RequestSettings, SamplingConfig
-from workers.sampling import warp_probs
 from workers.target import LocalTarget
 
 torch.set_num_threads(1)
@@ -113,34 +112,6 @@ def test_sampled_sequences_equal_batch_one_for_the_same_seed(pair):
     assert len({tuple(out) for out in alone}) > 1
 
 
-def _exact_two_token_distribution(
-    target: CachedLM, prompt: torch.Tensor, sampling: SamplingConfig
-) -> dict[tuple[int, int], float]:
-    """P(x1, x2 | prompt) under target-only sampling, from the target's logits."""
-    first = warp_probs(target.full_logits(prompt)[-1], sampling)
-    joint = {}
-    for x1 in first.nonzero()[:, 0].tolist():
-        longer = torch.cat([prompt, torch.tensor([x1])])
-        second = warp_probs(target.full_logits(longer)[-1], sampling)
-        for x2 in second.nonzero()[:, 0].tolist():
-            joint[(x1, x2)] = float(first[x1] * second[x2])
-    return joint
-
-
-def _g_test_p_value(counts: dict, exact: dict, runs: int) -> float:
-    """Return the G-test's p-value of ``counts`` against ``exact`` (cells below 5 expected
-    pooled), as tests/unit/test_engine.py computes it."""
-    cells = [(counts[k], exact[k] * runs) for k in exact]
-    big = [(o, e) for o, e in cells if e >= 5]
-    rest_observed = sum(o for o, e in cells if e < 5)
-    rest_expected = sum(e for o, e in cells if e < 5)
-    observed = [o for o, _ in big] + ([rest_observed] if rest_expected > 0 else [])
-    expected = [e for _, e in big] + ([rest_expected] if rest_expected > 0 else [])
-    assert len(observed) >= 5
-    expected = [e * sum(observed) / sum(expected) for e in expected]
-    return stats.power_divergence(observed, expected, lambda_="log-likelihood")[1]
-
-
 def test_batched_sampling_matches_the_target_distribution_per_sequence():
     vocab = 8
     draft_model, target_model = build_tiny_pair(seed=4, vocab=vocab, head_std=0.12)
@@ -157,13 +128,13 @@ def test_batched_sampling_matches_the_target_distribution_per_sequence():
     )
     assert sum(r.n_accepted for r in results) > 2 * runs * 0.2, "the test needs acceptances"
     for which, prompt in enumerate(prompts_):
-        exact = _exact_two_token_distribution(target, prompt, sampling)
+        exact = exact_two_token_distribution(target, prompt, sampling)
         counts = dict.fromkeys(exact, 0)
         for result in results[which::2]:
             key = tuple(result.output_ids)
             assert key in counts, f"sampled {key}, which has zero probability under the target"
             counts[key] += 1
-        p_value = _g_test_p_value(counts, exact, runs)
+        p_value = g_test_p_value(counts, exact, runs)
         assert p_value > 0.01, f"prompt {which}: G-test rejects the target's law, p={p_value:.3g}"
 
 
