@@ -69,6 +69,7 @@ from common import (
     add_threads_argument,
     add_warmup_argument,
     bench_parser,
+    checkout_commit,
     prepare,
     warmup_seconds,
 )
@@ -580,7 +581,7 @@ def _cell(fraction: float | None, us_per_round: float | None) -> tuple[str, str]
     return f"{fraction:.1%}", f"{us_per_round:.0f}"
 
 
-def _ar_targets(models: dict[str, tuple[CachedLM, CachedLM]]) -> dict[str, CachedLM]:
+def _ar_targets(models: dict[str, tuple[CachedLM | None, CachedLM]]) -> dict[str, CachedLM]:
     """Return the target of every path whose AR is compared with the baseline's: each of
     ``models``' and, where weights pack, a target on packed weights only (its one-token
     padding calibrated on that layout alone)."""
@@ -594,14 +595,15 @@ def _ar_targets(models: dict[str, tuple[CachedLM, CachedLM]]) -> dict[str, Cache
 
 
 def _ar_baseline(
-    models: dict[str, tuple[CachedLM, CachedLM]],
+    models: dict[str, tuple[CachedLM | None, CachedLM]],
     ids: list[torch.Tensor],
     settings: RequestSettings,
+    passes: int = AR_PASSES,
 ) -> dict:
-    """Run target-only AR on every path taking turns and check the baseline's; return the
-    report's ``ar_tokens_per_s`` and ``ar_baseline`` fields."""
+    """Run target-only AR on every path taking turns (``passes`` passes over the prompts) and
+    check the baseline's; return the report's ``ar_tokens_per_s`` and ``ar_baseline`` fields."""
     targets = _ar_targets(models)
-    runs = ar_on_every_path(targets, ids, settings, AR_PASSES, "target-only AR on every path")
+    runs = ar_on_every_path(targets, ids, settings, passes, "target-only AR on every path")
     check = check_baseline(runs, BASELINE_PATH)
     plan = targets[BASELINE_PATH].plan
     return {
@@ -667,9 +669,17 @@ def _save_rows(out: Path, report: dict, results: list[MethodResult]) -> None:
     write_json(out, {**report, "complete": False, "methods": rows})
 
 
-def _lookup_report(args: argparse.Namespace, inputs) -> dict:
-    """Return the run's description for the ``--draft-kind ngram`` or ``eagle`` report."""
+def _lookup_report(args: argparse.Namespace, inputs, target_model) -> dict:
+    """Return the run's description for the ``--draft-kind ngram`` or ``eagle`` report, with
+    target-only AR on every model path and the check that the rows' AR (the default path, a
+    sweep's baseline) is the fastest (``ar_baseline``; the exit status is 1 when it is not)."""
+    models = {
+        path: (None, CachedLM(target_model, **options)) for path, (_, options) in PATHS.items()
+    }
+    settings = RequestSettings(SamplingConfig(max_new_tokens=args.max_new_tokens))
     return {
+        "commit": checkout_commit(),
+        **_ar_baseline(models, inputs.prompt_tensors, settings, passes=1),
         "target": str(inputs.target_path),
         "dataset": args.dataset,
         "samples": len(inputs.prompts),
@@ -686,7 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.draft_kind in ("ngram", "eagle"):
         args.draft = None  # a lookup or an EAGLE head needs no draft model
         inputs = prepare(args)
-        return lookup_main(args, inputs, _lookup_report(args, inputs))
+        target_model = inputs.load(inputs.target_path)
+        report = _lookup_report(args, inputs, target_model)
+        return lookup_main(args, inputs, report, target_model)
     inputs = prepare(args)
     prompts, ids = inputs.prompts, inputs.prompt_tensors
     target_model, draft_model = inputs.load(inputs.target_path), inputs.load(inputs.draft_path)

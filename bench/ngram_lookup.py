@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm import tqdm
 
+from orchestrator.analysis.stats import paired_speed_ratio
 from orchestrator.run.preflight import resolve_model_path
 from policies import make_policy
 from workers.eagle.artifact import load_eagle_head
@@ -51,6 +52,8 @@ class LookupRow:
     acceptance_rate: float | None = None
     proposing_rounds: float | None = None
     matches_ar: bool | None = None
+    speedup_interval: tuple[float, float] | None = None
+    decode_speedup_interval: tuple[float, float] | None = None
 
 
 def add_ngram_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,7 +122,7 @@ def _row(name: str, results: list[GenerationResult], ar: LookupRow | None) -> Lo
     tokens = sum(r.n_generated for r in results)
     seconds = sum(r.seconds for r in results)
     rounds = [round_ for r in results for round_ in r.rounds]
-    decode = sum(r.draft_seconds + r.verify_seconds for r in rounds)
+    decode = sum(_decode_seconds(r) for r in results)
     if ar is None:
         return LookupRow(name, tokens, seconds, decode, tokens / seconds, tokens / decode)
     drafted = sum(r.n_drafted for r in results)
@@ -136,6 +139,44 @@ def _row(name: str, results: list[GenerationResult], ar: LookupRow | None) -> Lo
         proposing_rounds=sum(1 for r in rounds if r.drafted) / len(rounds),
         matches_ar=None,
     )
+
+
+def _decode_seconds(result: GenerationResult) -> float:
+    """Return ``result``'s decode time: its rounds' draft and verify seconds, prefill excluded."""
+    return sum(r.draft_seconds + r.verify_seconds for r in result.rounds)
+
+
+def with_intervals(
+    rows: list[LookupRow], runs: dict[str, list[GenerationResult]]
+) -> list[LookupRow]:
+    """Return ``rows`` with each speed-up's paired 95% interval over AR (prompt by prompt: a
+    jackknife t on the log ratio, ``orchestrator.analysis.stats.paired_speed_ratio``)."""
+    ar = runs["target-only AR"]
+    return [
+        row
+        if row.method == "target-only AR"
+        else replace(
+            row,
+            speedup_interval=_interval(runs[row.method], ar, lambda r: r.seconds),
+            decode_speedup_interval=_interval(runs[row.method], ar, _decode_seconds),
+        )
+        for row in rows
+    ]
+
+
+def _interval(
+    results: list[GenerationResult],
+    ar: list[GenerationResult],
+    seconds: Callable[[GenerationResult], float],
+) -> tuple[float, float] | None:
+    """Return the paired interval of ``results``' tokens/s over ``ar``'s, timed by ``seconds``."""
+    found = paired_speed_ratio(
+        [r.n_generated for r in results],
+        [seconds(r) for r in results],
+        [r.n_generated for r in ar],
+        [seconds(r) for r in ar],
+    )
+    return None if found is None else (found.low, found.high)
 
 
 def with_agreement(
@@ -156,11 +197,17 @@ def _outputs(results: list[GenerationResult]) -> list[list[int]]:
     return [r.output_ids for r in results]
 
 
+def _span(interval: tuple[float, float] | None) -> str:
+    """Return ``interval`` as "[low, high]", or "" without one."""
+    return "" if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 def print_rows(rows: list[LookupRow]) -> None:
-    """Print the lookup table."""
+    """Print the lookup table (the last column: the decode-only speed-up's paired 95%
+    interval over AR)."""
     print(
         f"{'method':44} {'tok/s':>7} {'xAR':>6} {'decode tok/s':>13} {'xAR':>6} "
-        f"{'accept':>7} {'propose':>8} {'=AR':>4}"
+        f"{'accept':>7} {'propose':>8} {'=AR':>4}  decode xAR 95%"
     )
     for r in rows:
         speedup = f"{r.speedup_vs_ar:.2f}" if r.speedup_vs_ar is not None else "-"
@@ -170,14 +217,14 @@ def print_rows(rows: list[LookupRow]) -> None:
         match = {True: "yes", False: "NO", None: "-"}[r.matches_ar]
         print(
             f"{r.method:44} {r.tokens_per_s:7.1f} {speedup:>6} {r.decode_tokens_per_s:13.1f} "
-            f"{decode:>6} {accept:>7} {propose:>8} {match:>4}"
+            f"{decode:>6} {accept:>7} {propose:>8} {match:>4}  {_span(r.decode_speedup_interval)}"
         )
 
 
-def lookup_main(args: argparse.Namespace, inputs, report: dict) -> int:
-    """Run the ``--draft-kind ngram`` or ``eagle`` benchmark and write its JSON; return the
-    exit code (1 when a row's outputs differ from AR's)."""
-    target_model = inputs.load(inputs.target_path)
+def lookup_main(args: argparse.Namespace, inputs, report: dict, target_model) -> int:
+    """Run the ``--draft-kind ngram`` or ``eagle`` benchmark on ``target_model`` and write its
+    JSON; return the exit code (1 when a row's outputs differ from AR's or ``report``'s AR
+    baseline check failed)."""
     target = CachedLM(target_model)
     if args.draft_kind == "eagle":
         if args.eagle_head is None:
@@ -194,9 +241,11 @@ def lookup_main(args: argparse.Namespace, inputs, report: dict) -> int:
             target, inputs.prompt_tensors, args.max_new_tokens, lambda: NgramProposer(settings)
         )
         report = {**report, "draft_kind": "ngram", "ngram": asdict(settings)}
-    rows = with_agreement(summarise(runs), runs)
+    rows = with_intervals(with_agreement(summarise(runs), runs), runs)
     report["methods"] = [asdict(r) for r in rows]
     write_json(args.out, report)
     print_rows(rows)
+    print(f"AR baseline: {report['ar_baseline']['message']}")
     print(f"JSON: {args.out}")
-    return 0 if all(r.matches_ar is not False for r in rows) else 1
+    lossless = all(r.matches_ar is not False for r in rows)
+    return 0 if lossless and report["ar_baseline"]["fair"] else 1

@@ -230,3 +230,31 @@ def test_the_eagle_kind_rows_match_ar(micro_zoo: ZooManifest, tmp_path: Path) ->
     rows = {m["method"]: m for m in report["methods"]}
     assert set(rows) == {"target-only AR", *(f"eagle static K={k}" for k in (2, 4, 8))}
     assert all(m["matches_ar"] for name, m in rows.items() if name != "target-only AR")
+
+
+def test_the_ngram_kind_reports_its_ar_baseline_and_paired_intervals(
+    micro_zoo: ZooManifest, tmp_path: Path
+) -> None:
+    """``--draft-kind ngram``: AR on every model path is checked before the rows (the rows' AR
+    is the sweep's baseline path), and each row carries its speed-up's paired interval over AR
+    (which contains the row's own ratio) and the commit measured."""
+    out = tmp_path / "ngram.json"
+    args = ["--target", str(micro_zoo.model_path("target")), "--dataset", "builtin:code"]
+    args += ["--samples", "3", "--max-new-tokens", "8", "--threads", "1"]
+    args += ["--draft-kind", "ngram", "--out", str(out)]
+    assert load_bench_script("engine").main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["ar_baseline"]["path"] == "plain_torch" and report["ar_baseline"]["fair"]
+    assert {"plain_torch", "plain_torch_unpacked", "transformers_modules"} <= set(
+        report["ar_tokens_per_s"]
+    )
+    assert report["commit"] and report["draft_kind"] == "ngram"
+    rows = {m["method"]: m for m in report["methods"]}
+    assert "ngram match-length (ratio 1, cap 8)" in rows
+    for name, row in rows.items():
+        if name == "target-only AR":
+            continue
+        low, high = row["decode_speedup_interval"]
+        assert row["matches_ar"] and low <= row["decode_speedup_vs_ar"] <= high
+        low, high = row["speedup_interval"]
+        assert low <= row["speedup_vs_ar"] <= high
