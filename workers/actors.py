@@ -1,13 +1,15 @@
 """Ray actors that host the models. They only move data: the decoding logic is the engine's.
 
 ``TargetWorker`` hosts the target (backend ``hf``: the whole model; backend ``deepspeed``: one
-AutoTP rank of ``tp_size``). ``DraftWorker`` hosts the draft model, drives the rounds through
-:func:`workers.trial.run_trial` (a group shard's arms interleaved: :func:`workers.trial.run_arms`),
-and calls the target group once per round through :class:`RemoteTargetGroup`, which fans each
-call out to every rank and returns rank 0's answer. The per-request calls (``prefill``,
-``verify``, ``generate``) travel over each rank's direct channel (:mod:`workers.channel`); the
-rest, and the actors' lifecycle, go through Ray. The classes run outside Ray too
-(``TargetWorker.__ray_actor_class__``), as ``bench/actors.py``'s Ray-free placement runs them.
+AutoTP rank of ``tp_size``). ``DraftWorker`` hosts the draft model (or an EAGLE head over the
+target's frozen embeddings, norm and LM head, fed the target's features each round), drives
+the rounds through :func:`workers.trial.run_trial` (a group shard's arms interleaved:
+:func:`workers.trial.run_arms`), and calls the target group once per round through
+:class:`RemoteTargetGroup`, which fans each call out to every rank and returns rank 0's
+answer. The per-request calls (``prefill``, ``verify``, ``generate``) travel over each rank's
+direct channel (:mod:`workers.channel`); the rest, and the actors' lifecycle, go through Ray.
+The classes run outside Ray too (``TargetWorker.__ray_actor_class__``), as ``bench/actors.py``'s
+Ray-free placement runs them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import ray
 import torch
 
 from workers.channel import ChannelAddress, ChannelClient, serve_channel
+from workers.eagle.artifact import load_head_for_target
 from workers.lm import CachedLM, SingleStepCalibration, StepOutput, load_causal_lm
-from workers.model_spec import ModelSpec, RankSpec
+from workers.model_spec import EagleHeadSpec, ModelSpec, RankSpec
+from workers.proposers import EagleProposer
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
 from workers.trace import GreedyTrace, record_trace
@@ -58,6 +62,24 @@ def load_model(model: ModelSpec, device: str) -> CachedLM:
     return CachedLM(lm, single_step=model.single_step)
 
 
+def on_cpu(answer: object) -> object:
+    """Return a target call's answer with its tensors on the CPU: prompt features, and a
+    verification's hidden state and features (an EAGLE head's or Cali-TS's), so that a draft
+    actor without the target's GPU can unpickle them; CPU tensors pass as they are."""
+    if isinstance(answer, torch.Tensor):
+        return answer.cpu()
+    if not isinstance(answer, VerifyResponse):
+        return answer
+    hidden, features = answer.hidden, answer.features
+    if all(t is None or t.device.type == "cpu" for t in (hidden, features)):
+        return answer  # every round on a CPU target: no copy of the response
+    return replace(
+        answer,
+        hidden=None if hidden is None else hidden.cpu(),
+        features=None if features is None else features.cpu(),
+    )
+
+
 @ray.remote
 class TargetWorker:
     """One target process: the whole model (hf) or one AutoTP rank (deepspeed)."""
@@ -76,9 +98,9 @@ class TargetWorker:
 
     def _call(self, method: str, args: tuple):
         """Run one of the target's methods in inference mode; Ray's calls and the channel's
-        take turns."""
+        take turns. Tensors in the answer come back on the CPU (``on_cpu``)."""
         with self.lock, torch.inference_mode():
-            return getattr(self.target, method)(*args)
+            return on_cpu(getattr(self.target, method)(*args))
 
     def open_channel(self) -> ChannelAddress:
         """Return this rank's direct channel (started on first use) for the per-request
@@ -229,14 +251,24 @@ class RemoteLM:
         self._cached_len = ray.get([rank.lm_crop.remote(length) for rank in self.ranks])[0]
 
 
+def load_draft(model: ModelSpec | EagleHeadSpec, device: str) -> CachedLM | EagleProposer:
+    """Load what a draft worker drafts with on ``device``: a draft model, or an EAGLE head over
+    its target's frozen parts as one proposer (its weights prepared once; every request
+    begins it afresh)."""
+    if isinstance(model, EagleHeadSpec):
+        return EagleProposer(load_head_for_target(model.path, model.target, device))
+    return load_model(model, device)
+
+
 @ray.remote
 class DraftWorker:
-    """The draft model plus the round driver; holds handles to the target group's ranks."""
+    """The draft (a draft model or an EAGLE head's proposer; None for a target-only or n-gram
+    pair) plus the round driver; holds handles to the target group's ranks."""
 
-    def __init__(self, model: ModelSpec | None, target_ranks: list) -> None:
+    def __init__(self, model: ModelSpec | EagleHeadSpec | None, target_ranks: list) -> None:
         self.draft = None
         if model is not None:
-            self.draft = load_model(model, _device())
+            self.draft = load_draft(model, _device())
         self.target = RemoteTargetGroup(target_ranks)
 
     def run_trial(self, request: TrialRequest) -> list[GenerationResult]:
@@ -257,15 +289,15 @@ class DraftWorker:
         return self.target.answered
 
     def single_step_calibration(self) -> SingleStepCalibration | None:
-        """Return how the draft's one-token steps were calibrated (None without a draft or when
-        ``ModelSpec`` forced a choice)."""
-        return None if self.draft is None else self.draft.calibration
+        """Return how the draft model's one-token steps were calibrated (None without a draft
+        model or when ``ModelSpec`` forced a choice)."""
+        return self.draft.calibration if isinstance(self.draft, CachedLM) else None
 
     def record_traces(
         self, prompts: list[list[int]], max_new_tokens: int, cap: int, eos_token_id: int | None
     ) -> list[GreedyTrace]:
         """Record the greedy trace of each prompt at ``cap`` (``workers.trace.record_trace``)."""
-        if self.draft is None:
+        if not isinstance(self.draft, CachedLM):
             raise ValueError("recording a trace needs a draft model")
         target = RemoteLM(self.target.ranks)
         return [

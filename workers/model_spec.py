@@ -1,4 +1,5 @@
-"""What a worker is asked to load: a model's location and a tensor-parallel rank's place.
+"""What a worker is asked to load: a model's location, an EAGLE head's, and a tensor-parallel
+rank's place.
 
 Plain data with no Ray or torch import, so the actors and the tensor-parallel target (and the
 orchestrator that builds both) share it without importing each other.
@@ -28,6 +29,16 @@ class ModelSpec:
     dtype: str = "float32"
     trust_remote_code: bool = False
     single_step: SingleStep = "auto"
+
+
+@dataclass(frozen=True)
+class EagleHeadSpec:
+    """An EAGLE head a draft worker loads (``workers.eagle``): the head's directory and the
+    target it reads, whose frozen embeddings, final norm and LM head the head is built over
+    (loaded from the target's checkpoint; the rest of the target is not kept)."""
+
+    path: str
+    target: ModelSpec
 
 
 @dataclass(frozen=True)

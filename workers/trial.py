@@ -21,6 +21,10 @@ from workers.lm import CachedLM
 from workers.proposers import Proposer, make_proposer
 from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 
+#: What a draft worker drafts with: a draft model, an EAGLE head's proposer, or nothing (a
+#: target-only or n-gram pair).
+Draft = CachedLM | Proposer | None
+
 __all__ = [
     "BASELINE_POLICY",
     "ArmRequest",
@@ -57,7 +61,7 @@ class TrialRequest:
     the request is one shard of it (default: 0, 1, ...), so a shard decodes its samples
     exactly as the whole trial would. ``draft_kind`` is how candidates are proposed
     (``workers.proposers``): ``lm`` by the worker's draft model, ``ngram`` by prompt lookup
-    with ``draft_settings`` (no model).
+    with ``draft_settings`` (no model), ``eagle`` by the worker's EAGLE head.
     """
 
     prompts: list[list[int]]
@@ -75,9 +79,7 @@ class TrialRequest:
     draft_settings: dict[str, Any] = field(default_factory=dict)
 
 
-def run_trial(
-    draft: CachedLM | None, target: TargetScorer, request: TrialRequest
-) -> list[GenerationResult]:
+def run_trial(draft: Draft, target: TargetScorer, request: TrialRequest) -> list[GenerationResult]:
     """Decode every prompt of ``request``; return one result per prompt (warm-up excluded).
 
     The first ``warmup_samples`` prompts are decoded once before timing starts, so that lazy
@@ -137,7 +139,7 @@ class GroupResults:
     errors: dict[str, Exception] = field(default_factory=dict)
 
 
-def run_arms(draft: CachedLM | None, target: TargetScorer, group: GroupRequest) -> GroupResults:
+def run_arms(draft: Draft, target: TargetScorer, group: GroupRequest) -> GroupResults:
     """Decode a group shard: for each sample index, every arm holding it, back to back.
 
     Each arm's warm-up runs first (untimed), then one block per sample index in ascending
@@ -187,9 +189,7 @@ def _indices(request: TrialRequest) -> tuple[int, ...]:
     return tuple(request.indices or range(len(request.prompts)))
 
 
-def _warmed_policy(
-    draft: CachedLM | None, target: TargetScorer, request: TrialRequest
-) -> DraftPolicy | None:
+def _warmed_policy(draft: Draft, target: TargetScorer, request: TrialRequest) -> DraftPolicy | None:
     """Decode ``request``'s warm-up prompts untimed (their own policy); return the policy its
     measured prompts run through (None for the AR baseline)."""
     runtime_inputs = dict(request.runtime_inputs)
@@ -218,7 +218,7 @@ class WarmUp:
 
 
 def warm_up(
-    draft: CachedLM | None, target: TargetScorer, request: TrialRequest, min_seconds: float
+    draft: Draft, target: TargetScorer, request: TrialRequest, min_seconds: float
 ) -> WarmUp:
     """Decode ``request`` (results discarded) in passes until ``min_seconds`` have gone by.
 
@@ -248,7 +248,7 @@ def _trial_policy(request: TrialRequest, runtime_inputs: dict[str, Any]) -> Draf
 
 
 def _decode(
-    draft: CachedLM | None,
+    draft: Draft,
     target: TargetScorer,
     request: TrialRequest,
     policy: DraftPolicy | None,
@@ -267,16 +267,20 @@ def _decode(
     return speculative_generate(proposer, target, policy, prompt_ids, settings, reference=reference)
 
 
-def _proposer(draft: CachedLM | None, request: TrialRequest) -> CachedLM | Proposer:
-    """Return what drafts ``request``'s candidates: the worker's draft model (kind ``lm``) or a
-    fresh n-gram lookup; raises ValueError for a kind the worker cannot serve."""
-    if request.draft_kind == "lm":
-        if draft is None:
-            raise ValueError(f"policy {request.policy!r} needs a draft model")
-        return draft
-    if request.draft_kind == "ngram":
+def _proposer(draft: Draft, request: TrialRequest) -> CachedLM | Proposer:
+    """Return what drafts ``request``'s candidates: the worker's draft model (kind ``lm``), a
+    fresh n-gram lookup, or the worker's EAGLE proposer (begun afresh by every request);
+    raises ValueError when the worker holds no draft of the request's kind."""
+    kind = request.draft_kind
+    if kind == "ngram":
         return make_proposer("ngram", **request.draft_settings)
-    raise ValueError(
-        f"draft kind {request.draft_kind!r} does not run in a sweep's workers yet; "
-        "run it through workers.engine or bench/engine.py --draft-kind"
-    )
+    if kind not in ("lm", "eagle"):
+        raise ValueError(f"draft kind {kind!r} does not run in a sweep's workers")
+    held = getattr(draft, "kind", "lm") if draft is not None else None
+    if held != kind:
+        what = "a draft model" if kind == "lm" else "an EAGLE head"
+        raise ValueError(
+            f"policy {request.policy!r} with draft kind {kind!r} needs {what}, but this worker "
+            f"holds {'nothing' if held is None else f'a draft of kind {held!r}'}"
+        )
+    return draft

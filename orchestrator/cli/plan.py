@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -20,7 +21,7 @@ from orchestrator.cli.estimates import (
     print_estimate,
     sweep_estimate,
 )
-from orchestrator.sweep.planner import Plan, plan_sweep
+from orchestrator.sweep.planner import Plan, live_eagle_notes, plan_sweep
 
 
 def add_parser(commands: Any, db: list[Any]) -> None:
@@ -54,8 +55,9 @@ def add_parser(commands: Any, db: list[Any]) -> None:
     add_estimate_options(command)
 
 
-def print_plan(console: Console, plan: Plan, all_trials: bool) -> None:
-    """Print a plan: counts, trials (grouped or all), jobs, skipped groups and resources."""
+def print_plan(console: Console, plan: Plan, all_trials: bool, notes: Sequence[str] = ()) -> None:
+    """Print a plan: counts, ``notes`` (e.g. ``live_eagle_notes``), trials (grouped or all),
+    jobs, skipped groups and resources."""
     counts = plan.counts()
     console.print(
         f"sweep {plan.sweep}: {counts['trials']} trials ({counts['baselines']} AR baselines + "
@@ -70,6 +72,8 @@ def print_plan(console: Console, plan: Plan, all_trials: bool) -> None:
             f"{len(plan.trials) - replayed} run live (AR baselines and live checks)",
             markup=False,
         )
+    for note in notes:
+        console.print(note, markup=False)
     if all_trials:
         print_table(console, report.plan_trial_rows(plan), report.PLAN_TRIAL_COLUMNS, "trials")
     else:
@@ -89,7 +93,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     """``plan``: print what a sweep expands to (and, with ``--estimate``, what it costs)."""
     spec = load_sweep_file(args.sweep)
     plan = plan_sweep(spec)
-    print_plan(console, plan, args.all)
+    print_plan(console, plan, args.all, live_eagle_notes(spec))
     if args.estimate:
         print_estimate(console, sweep_estimate(args, spec, plan))
     return EXIT_OK

@@ -3,8 +3,9 @@
 A missing model path, a draft whose tokenizer differs from the target's, a dataset that cannot
 be loaded or has fewer rows than ``samples``, or an output (``max_new_tokens``) that leaves no
 room for a prompt in the target's or the draft's context is reported here, all problems at
-once, and nothing runs. What the checks load (model paths, tokenizers, context sizes, prompts)
-is kept for the run. Each model loads its repository's code only when its own
+once, and nothing runs; so is an EAGLE head that does not fit its pair's target
+(``orchestrator.run.eagle_checks``). What the checks load (model paths, tokenizers, context
+sizes, prompts) is kept for the run. Each model loads its repository's code only when its own
 ``trust_remote_code`` says so.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
+from orchestrator.run.eagle_checks import eagle_pair_problems
 from orchestrator.sweep.planner import Plan, prompt_set
 from orchestrator.sweep.spec import (
     MAX_DRAFT_LEN_LIMIT,
@@ -119,13 +121,6 @@ def _check_pair(
     """Resolve ``pair``'s models, load the target's tokenizer (and check the draft's against it)
     into ``inputs``; return the context of each model whose config says it."""
     where = f"pairs[{index}]"
-    if pair.draft.kind == "eagle":
-        problems.append(
-            f"{where}.draft.kind: an EAGLE head does not run in a sweep's workers yet; decode "
-            "with it through workers.engine or bench/engine.py --draft-kind eagle, or use "
-            "kind lm or ngram here"
-        )
-        return []
     target = _resolve(pair.target.model, f"{where}.target.model", problems)
     draft = None
     draft_ref = pair.draft.model
@@ -143,7 +138,9 @@ def _check_pair(
     inputs.tokenizers[pair.name] = tokenizer
     target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust)
     contexts = [_model_context("target", pair.target.model, target_config)]
-    if draft is not None:
+    if pair.draft.kind == "eagle":
+        problems += eagle_pair_problems(where, pair, draft, target, target_config)
+    elif draft is not None:
         trust = pair.draft.trust_remote_code
         draft_tokenizer = _load_tokenizer(draft, f"{where}.draft.model", problems, trust)
         if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():

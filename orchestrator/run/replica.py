@@ -67,7 +67,7 @@ from orchestrator.sweep.target_sets import SharedTarget
 from orchestrator.sweep.work_units import ArmShard, WorkUnit
 from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
-from workers.model_spec import ModelSpec, RankSpec, SingleStep, free_port
+from workers.model_spec import EagleHeadSpec, ModelSpec, RankSpec, SingleStep, free_port
 from workers.prompt_format import response_text
 from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 from workers.step_plan import StepPlan
@@ -391,19 +391,29 @@ class GroupReplica:
 
     def _start_draft(self, pair: str) -> None:
         """Create ``pair``'s draft actor in its bundle, next to the running ranks, with the
-        node's one-token step choice for its model; warm it up."""
+        node's one-token step choice for its model (an EAGLE head: over the target's frozen
+        parts, no step choice); warm it up."""
         path = self.inputs.model_paths[pair].draft
+        draft = self.shared.pairs[self.shared.pair_names.index(pair)].draft
         if path is None:
             self._create_draft(pair, None)
+        elif draft.kind == "eagle":
+            self._create_draft(pair, EagleHeadSpec(str(path), self._target_model(pair)))
         else:
             key = StepKey(str(self.node), str(path), self.shared.target.dtype)
-            trust = self.shared.pairs[self.shared.pair_names.index(pair)].draft.trust_remote_code
+            trust = draft.trust_remote_code
             self.step_choices.load(
                 key, lambda mode: self._create_draft(pair, self._model(path, mode, trust))
             )
-        self._warm_up(pair, path is not None)
+        self._warm_up(pair, draft.kind if path is not None else None)
 
-    def _create_draft(self, pair: str, model: ModelSpec | None) -> StepPlan | None:
+    def _target_model(self, pair: str) -> ModelSpec:
+        """Return the spec of ``pair``'s target as an EAGLE head's draft actor loads it (for
+        its frozen embeddings, norm and LM head only: no step choice)."""
+        path = self.inputs.model_paths[pair].target
+        return self._model(path, "plain", self.shared.target.trust_remote_code)
+
+    def _create_draft(self, pair: str, model: ModelSpec | EagleHeadSpec | None) -> StepPlan | None:
         """Create ``pair``'s draft actor loading ``model`` (None: target-only pair); return the
         step plan its calibration chose (None when it did not calibrate)."""
         index = self.shared.pair_names.index(pair)
@@ -411,11 +421,14 @@ class GroupReplica:
         options = {**options, "max_concurrency": DRAFT_CONCURRENCY}
         self.drafts[pair] = DraftWorker.options(**options).remote(model, self.ranks)
         ray.get(self.drafts[pair].node_id.remote())
-        return None if model is None else _step_plan(self.drafts[pair], model.single_step)
+        if not isinstance(model, ModelSpec):
+            return None
+        return _step_plan(self.drafts[pair], model.single_step)
 
-    def _warm_up(self, pair: str, has_draft: bool) -> None:
+    def _warm_up(self, pair: str, kind: str | None) -> None:
         """Decode one prompt's first tokens on ``pair``'s new draft actor, untimed, for
-        ``warmup_seconds`` (at least once).
+        ``warmup_seconds`` (at least once): speculatively with its draft of ``kind``, or
+        target-only when it holds none (``kind`` None).
 
         The first forwards of a fresh process pay for lazy initialisation and allocator growth
         (on a GPU, seconds of slower steps: ``workers.trial.GPU_WARMUP_SECONDS``); without this
@@ -427,8 +440,9 @@ class GroupReplica:
         request = TrialRequest(
             prompts=prompt,
             sampling=SamplingConfig(max_new_tokens=WARMUP_TOKENS),
-            policy="static" if has_draft else BASELINE_POLICY,
+            policy=BASELINE_POLICY if kind is None else "static",
             max_draft_len=WARMUP_DRAFT_LEN,
+            draft_kind=kind or "lm",
         )
         draft = self.drafts[pair]
         self._wait(draft, draft.warm_up.remote(request, self.warmup_seconds))

@@ -433,3 +433,17 @@ def replay_groups(plan: Plan) -> list[ReplayGroup]:
         cap = max(trial.setting.max_draft_len for trial in members)
         groups.append(ReplayGroup(key, trace_key(members[0], cap), cap, tuple(members)))
     return groups
+
+
+def live_eagle_notes(spec: SweepSpec) -> list[str]:
+    """Return one line per EAGLE pair of a replay or mixed sweep saying that its trials run
+    live: replay reads a draft model's greedy traces, and an EAGLE head's are not recorded."""
+    mode = spec.execution.mode
+    if mode == LIVE_MODE:
+        return []
+    return [
+        f"pair {pair.name}: draft kind eagle runs live in mode {mode} (replay reads a draft "
+        "model's greedy traces; an EAGLE head's are not recorded)"
+        for pair in spec.pairs
+        if pair.draft.kind == "eagle"
+    ]

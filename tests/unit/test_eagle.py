@@ -20,7 +20,12 @@ from training.eagle_training import (
 from training.job_settings import JobConfigError
 from training.jobs import JobConfig, check_job_config
 from training.lm_trainer import TrainConfig, torch_threads
-from workers.eagle.artifact import load_eagle_head, load_speculators, save_eagle_head
+from workers.eagle.artifact import (
+    load_eagle_head,
+    load_speculators,
+    read_eagle_config,
+    save_eagle_head,
+)
 from workers.eagle.drafter import EagleDrafter
 from workers.eagle.head import EagleConfig, EagleHead, TargetParts
 from workers.eagle.step import EagleStep
@@ -155,6 +160,21 @@ def test_own_artifact_round_trip(target, tmp_path):
     features, tokens = torch.randn(1, 5, 64), torch.randint(0, VOCAB, (1, 5))
     with torch.no_grad():
         torch.testing.assert_close(loaded(features, tokens), head(features, tokens))
+
+
+def test_read_eagle_config_reads_either_layout_and_names_a_directory_that_is_no_head(
+    target, tmp_path
+):
+    head = _head(target, head_vocab=(0, 1, 5, 9))
+    save_eagle_head(tmp_path / "own", head, {})
+    assert read_eagle_config(tmp_path / "own") == head.config
+    published = _head(target, target_norm=False)
+    _write_speculators(tmp_path / "spec", published, old_names=False)
+    assert read_eagle_config(tmp_path / "spec") == published.config
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match=r"config\.json has kind None.*not an EAGLE head"):
+        read_eagle_config(tmp_path / "model")
 
 
 def _write_speculators(path, head: EagleHead, old_names: bool, model_type: str = "eagle") -> None:

@@ -9,7 +9,14 @@ import textwrap
 import pytest
 from support.paths import REPO
 
-from orchestrator.sweep.planner import CODE_VERSION, Plan, canonical_json, config_id, plan_sweep
+from orchestrator.sweep.planner import (
+    CODE_VERSION,
+    Plan,
+    canonical_json,
+    config_id,
+    live_eagle_notes,
+    plan_sweep,
+)
 from orchestrator.sweep.spec import SweepError, SweepSpec, load_sweep, parse_sweep
 
 BASE = """\
@@ -420,6 +427,19 @@ def test_an_eagle_draft_is_its_own_pair_identified_by_its_head() -> None:
     assert made.draft_job_id == with_heads.jobs[0].job_id
     ids = [{t.trial_id for t in trials} for trials in heads.values()]
     assert all(a.isdisjoint(b) for a, b in itertools.combinations([*ids, set(lm_ids)], 2))
+
+
+def test_eagle_pairs_run_live_in_a_mixed_sweep_and_the_plan_says_so() -> None:
+    text = BASE.replace("datasets:", EAGLE_PAIRS, 1) + EAGLE_JOB
+    mixed = _spec(text + "execution: {mode: mixed, record_rounds: true}\n")
+    plan = plan_sweep(mixed)
+    modes = {(t.served.draft_kind, t.mode) for t in plan.trials}
+    assert ("lm", "replay") in modes
+    assert {mode for kind, mode in modes if kind == "eagle"} == {"live"}
+    notes = live_eagle_notes(mixed)
+    assert [note.split(":")[0] for note in notes] == ["pair e1", "pair e2", "pair e3"]
+    assert "runs live in mode mixed" in notes[0]
+    assert live_eagle_notes(_spec(text)) == []
 
 
 @pytest.mark.parametrize(

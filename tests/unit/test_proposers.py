@@ -1,6 +1,6 @@
 """Draft kinds (workers.proposers): every kind × policy decodes losslessly, the n-gram lookup
-drafts a repeated passage, a policy reads its match length, and a trained EAGLE head gets
-drafts accepted."""
+drafts a repeated passage, a policy reads its match length, a trained EAGLE head gets drafts
+accepted, and a worker's trial drafts with the EAGLE proposer it holds."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ from workers.proposers import (
     make_proposer,
 )
 from workers.proposers.ngram import NgramIndex
-from workers.records import SamplingConfig
+from workers.records import BASELINE_POLICY, SamplingConfig
 from workers.target import LocalTarget
+from workers.trial import TrialRequest, run_trial
 
 torch.set_num_threads(1)
 
@@ -177,3 +178,28 @@ def test_an_eagle_proposer_refuses_a_target_that_sent_no_features(models):
     proposer.first([4, 5, 6], GREEDY, torch.Generator(), frozenset())
     with pytest.raises(ValueError, match="want_features=True"):
         proposer.observe(0, 7, None)
+
+
+def _trial(kind: str, policy: str = "static") -> TrialRequest:
+    """A three-prompt trial of ``policy`` drafting with ``kind`` (greedy)."""
+    ids = [p[:3].tolist() for p in prompts(3, seed=5)]
+    return TrialRequest(ids, GREEDY, policy, max_draft_len=4, draft_kind=kind)
+
+
+def test_a_worker_holding_an_eagle_proposer_runs_every_prompt_of_a_trial(models, eagle_head):
+    """A sweep's draft worker holds one EAGLE proposer and begins it afresh for every prompt:
+    each output is the target's, and the head's drafts are accepted."""
+    target = LocalTarget(models["plain_torch"][1])
+    baseline = run_trial(None, target, _trial("lm", BASELINE_POLICY))
+    results = run_trial(EagleProposer(eagle_head), target, _trial("eagle"))
+    assert [r.output_ids for r in results] == [r.output_ids for r in baseline]
+    assert sum(r.n_accepted for r in results) > 0
+
+
+@pytest.mark.parametrize("kind", ["lm", "eagle"])
+def test_a_worker_without_a_draft_of_the_requests_kind_says_so(models, eagle_head, kind):
+    target = LocalTarget(models["plain_torch"][1])
+    held = models["plain_torch"][0] if kind == "eagle" else EagleProposer(eagle_head)
+    for draft in (None, held):
+        with pytest.raises(ValueError, match=f"draft kind '{kind}' needs"):
+            run_trial(draft, target, _trial(kind))

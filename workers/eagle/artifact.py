@@ -14,7 +14,8 @@ verifier's features and feeds the layer's output to the verifier's LM head with 
 between (``target_norm`` False). EAGLE-3 checkpoints (``eagle3``: fused layers, their own
 vocabulary mapping) are not read.
 
-Either kind is built over the target the caller passes (its embeddings, norm and LM head).
+Either kind is built over the target the caller passes (its embeddings, norm and LM head);
+``load_head_for_target`` loads that target's parts from its checkpoint (a sweep's draft worker).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, PreTrainedModel
 
 from workers.eagle.head import EagleConfig, EagleHead, TargetParts, rope_theta
+from workers.lm import DTYPES, load_causal_lm
+from workers.model_spec import ModelSpec
 
 CONFIG_FILE = "config.json"
 EAGLE_KIND = "eagle_head"
@@ -59,21 +62,46 @@ def is_speculators(config: dict[str, Any]) -> bool:
     return "speculators_config" in config or "speculators_model_type" in config
 
 
+def read_eagle_config(path: str | Path) -> EagleConfig:
+    """Return the ``EagleConfig`` of the head at ``path`` (either layout), weights unread.
+
+    ValueError names the file when the directory holds no EAGLE head (a model's directory,
+    another artifact kind) or a speculators head of a kind not supported.
+    """
+    config = read_config(path)
+    if is_speculators(config):
+        return speculators_eagle_config(config, Path(path))
+    if config.get("kind") != EAGLE_KIND:
+        raise ValueError(
+            f"{Path(path) / CONFIG_FILE} has kind {config.get('kind')!r}, not {EAGLE_KIND!r}: "
+            "not an EAGLE head (an eagle_head job's artifact, a zoo eagle head such as "
+            "zoo:smol-eagle/eagle, or a speculators checkpoint)"
+        )
+    return EagleConfig.from_json(config["eagle"])
+
+
 def load_eagle_head(path: str | Path, target: PreTrainedModel) -> EagleHead:
     """Return the head at ``path`` (either layout) over ``target``'s frozen parts, eval mode.
 
     ValueError names the file and what does not fit (another kind, another target's shape).
     """
-    config = read_config(path)
-    if is_speculators(config):
+    if is_speculators(read_config(path)):
         return load_speculators(path, target)
-    if config.get("kind") != EAGLE_KIND:
-        raise ValueError(
-            f"{Path(path) / CONFIG_FILE} has kind {config.get('kind')!r}, not {EAGLE_KIND!r}"
-        )
-    head = EagleHead(EagleConfig.from_json(config["eagle"]), TargetParts.of(target))
+    head = EagleHead(read_eagle_config(path), TargetParts.of(target))
     head.load_state_dict(load_file(str(Path(path) / HEAD_FILE)))
     return head.eval()
+
+
+def load_head_for_target(path: str | Path, target: ModelSpec, device: str) -> EagleHead:
+    """Return the head at ``path`` on ``device``, in ``target``'s dtype, over the frozen parts
+    of the target ``target`` names (what a draft worker serving an EAGLE pair holds).
+
+    The target loads on the CPU and only its embeddings, final norm and LM head move to
+    ``device`` with the head; the rest of it is dropped when this returns.
+    """
+    model = load_causal_lm(target.path, target.dtype, "cpu", target.trust_remote_code)
+    head = load_eagle_head(path, model)
+    return head.to(device=device, dtype=DTYPES[target.dtype])
 
 
 def speculators_eagle_config(config: dict[str, Any], path: Path) -> EagleConfig:

@@ -1,0 +1,69 @@
+"""Preflight checks of an EAGLE pair (``draft: {kind: eagle}``): the head fits its target.
+
+A head reads its target's last-layer features and drafts through the target's own frozen
+embeddings, norm and LM head (``workers.eagle``), so it fits only a target of its width and
+vocabulary: a head given by ``model`` is checked against the target's config, and a head made
+by an ``eagle_head`` job (``job``) must be trained on the pair's target (the job's ``base``). The
+draft worker is fed the target's features over the target group's channel, which rank 0 of a
+tensor-parallel (deepspeed) target would answer from its shard's forward; that path is not
+verified, so such a pair is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.sweep.spec import PairSpec
+from workers.eagle.artifact import read_eagle_config
+from workers.eagle.head import EagleConfig
+
+#: The target config fields a head must share with its target.
+SHARED_FIELDS = ("hidden_size", "vocab_size")
+
+
+def eagle_pair_problems(
+    where: str, pair: PairSpec, draft: Path | None, target: Path, target_config: Any
+) -> list[str]:
+    """Return the problems of EAGLE pair ``pair`` (at ``where``, e.g. ``pairs[0]``): ``draft``
+    is its head's directory (``model``) or its job's base (``job``), None when it did not
+    resolve (a problem already recorded); ``target`` its target's path and ``target_config``
+    that target's config."""
+    problems = []
+    if pair.target.backend != "hf":
+        problems.append(
+            f"{where}.target.tp_size: a draft of kind 'eagle' runs over a single-actor target "
+            f"(backend hf, tp_size 1) only; a tensor-parallel target's (backend "
+            f"{pair.target.backend}, tp_size {pair.target.tp_size}) features are not served "
+            "to it yet: use backend hf, or draft kind lm or ngram"
+        )
+    if draft is None:
+        return problems
+    if pair.draft.job is not None:
+        if draft != target:
+            problems.append(
+                f"{where}.draft.job: job {pair.draft.job!r} trains its head on {draft}, not on "
+                f"this pair's target {target}; a head fits only the target it was trained on: "
+                "set the job's base to the pair's target model"
+            )
+        return problems
+    try:
+        head = read_eagle_config(draft)
+    except ValueError as exc:
+        return [*problems, f"{where}.draft.model: {exc}"]
+    return problems + head_fit_problems(f"{where}.draft.model", head, target_config)
+
+
+def head_fit_problems(where: str, head: EagleConfig, target_config: Any) -> list[str]:
+    """Return a problem for each of ``SHARED_FIELDS`` where ``head`` differs from the target
+    config ``target_config`` (a transformers config)."""
+    problems = []
+    for name in SHARED_FIELDS:
+        mine, theirs = getattr(head, name), getattr(target_config, name, None)
+        if mine != theirs:
+            problems.append(
+                f"{where}: the EAGLE head's {name} is {mine} but the target's is {theirs}; a "
+                "head fits only the target it was trained for: give a head trained on this "
+                "target (an eagle_head job with it as base)"
+            )
+    return problems

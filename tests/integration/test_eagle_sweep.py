@@ -1,0 +1,132 @@
+"""Sweeps whose pair drafts with an EAGLE head run on real Ray actors with the micro zoo: a head
+trained by the sweep's own ``eagle_head`` job, and a head given by path. Greedy trials (static
+K and an adaptive policy) reproduce the AR baseline's tokens, sampled ones run, the trials are
+stored with their draft kind; preflight refuses a head that does not fit the pair, naming the
+field."""
+
+from __future__ import annotations
+
+import pytest
+from support.eagle_heads import untrained_head
+
+from orchestrator.run.preflight import PreflightError
+from orchestrator.run.runner import RunOptions, execute_plan, preflight
+from orchestrator.store import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import parse_sweep
+from workers.eagle.artifact import save_eagle_head
+from workers.lm import load_causal_lm
+
+JOB_SWEEP = """\
+name: eagle-job
+pairs: [{name: micro-eagle, target: "zoo:micro/target", draft: {kind: eagle, job: head}}]
+datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 16}]
+temperatures: [0, 0.7]
+policies: [{name: static}, {name: svip}]
+max_draft_lens: [3]
+execution: {warmup_samples: 0, retries: 0}
+training_jobs:
+  - name: head
+    kind: eagle_head
+    base: "zoo:micro/target"
+    dataset: {name: "builtin:code", samples: 24}
+    epochs: 2
+    config: {prompt_tokens: 16, response_tokens: 16, head_vocab: 256, lr: 0.005,
+             eval_fraction: 0.25}
+"""
+
+PATH_SWEEP = """\
+name: eagle-path
+pairs: [{name: micro-eagle, target: "zoo:micro/target", draft: {kind: eagle, model: HEAD}}]
+datasets: [{name: "builtin:code", samples: 3, max_new_tokens: 16}]
+temperatures: [0]
+policies: [{name: static}, {name: svip}]
+max_draft_lens: [3]
+execution: {warmup_samples: 0, retries: 0}
+"""
+
+
+@pytest.fixture
+def head_dir(micro_zoo, tmp_path):
+    """An (untrained, seeded) EAGLE head over the micro target, saved as an artifact."""
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    return save_eagle_head(tmp_path / "head", untrained_head(target), {})
+
+
+def _run(spec_text: str, name: str, tmp_path):
+    """Plan, preflight and run a sweep into a fresh SQLite store; return (plan, store)."""
+    spec = parse_sweep(spec_text, name)
+    plan = plan_sweep(spec)
+    store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.register_sweep(spec, plan)
+    summary = execute_plan(spec, plan, store, RunOptions(progress=False), preflight(spec, plan))
+    assert (summary.ran, summary.failed) == (len(plan.trials), 0), summary.failures
+    return plan, store
+
+
+def _check_greedy_equals_baseline(plan, store) -> int:
+    """Assert every greedy trial's outputs are its AR baseline's; return the drafted tokens."""
+    drafted = 0
+    for trial in plan.trials:
+        if trial.sampling.temperature > 0 or trial.is_baseline:
+            continue
+        expected = [s.output_ids for s in store.sample_outputs(trial.baseline_id)]
+        samples = store.sample_outputs(trial.trial_id)
+        assert [s.output_ids for s in samples] == expected, trial.setting.policy
+        drafted += sum(s.drafted for s in samples)
+    return drafted
+
+
+def test_a_head_trained_by_the_sweeps_job_runs_on_ray(job_env, ray_local, tmp_path):
+    plan, store = _run(JOB_SWEEP, "eagle-job.yaml", tmp_path)
+    assert len(plan.trials) == 6  # baseline, static, svip at each temperature
+    assert _check_greedy_equals_baseline(plan, store) > 0
+    sampled = [t for t in plan.trials if t.sampling.temperature > 0 and not t.is_baseline]
+    assert sampled and all(
+        sum(s.drafted for s in store.sample_outputs(t.trial_id)) > 0 for t in sampled
+    )
+    rows = store.trials("eagle-job")
+    assert {row.config["draft_kind"] for row in rows} == {"eagle"}
+    assert {row.draft_job for row in rows} == {"head"}
+    assert [job.status for job in store.training_jobs()] == ["done"]
+    store.close()
+
+
+def test_a_head_given_by_path_runs_on_ray(job_env, head_dir, ray_local, tmp_path):
+    plan, store = _run(PATH_SWEEP.replace("HEAD", str(head_dir)), "eagle-path.yaml", tmp_path)
+    assert _check_greedy_equals_baseline(plan, store) > 0
+    rows = store.trials("eagle-path")
+    assert {(row.config["draft_kind"], row.draft) for row in rows} == {("eagle", str(head_dir))}
+    store.close()
+
+
+def _refused(text: str) -> list[str]:
+    """Return the preflight problems of sweep ``text`` (it must be refused)."""
+    spec = parse_sweep(text, "refused.yaml")
+    with pytest.raises(PreflightError) as refused:
+        preflight(spec, plan_sweep(spec))
+    return refused.value.problems
+
+
+def test_a_model_directory_that_is_not_a_head_is_refused(job_env):
+    problems = _refused(PATH_SWEEP.replace("HEAD", "zoo:micro/draft-xs"))
+    assert len(problems) == 1
+    assert problems[0].startswith("pairs[0].draft.model: ")
+    assert "not an EAGLE head" in problems[0]
+
+
+def test_a_head_job_trained_on_another_model_is_refused(job_env):
+    text = JOB_SWEEP.replace('base: "zoo:micro/target"', 'base: "zoo:micro/draft-xs"')
+    problems = _refused(text)
+    assert len(problems) == 1
+    assert problems[0].startswith("pairs[0].draft.job: job 'head' trains its head on ")
+
+
+def test_a_tensor_parallel_target_is_refused_naming_tp_size(job_env, head_dir):
+    text = PATH_SWEEP.replace("HEAD", str(head_dir)).replace(
+        'target: "zoo:micro/target"',
+        'target: {model: "zoo:micro/target", backend: deepspeed, tp_size: 2}',
+    )
+    problems = _refused(text)
+    assert len(problems) == 1
+    assert problems[0].startswith("pairs[0].target.tp_size: a draft of kind 'eagle'")
