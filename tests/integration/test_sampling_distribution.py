@@ -3,8 +3,9 @@
 A Monte-Carlo check (2000 decodes per case, a G-test against the exact two-token distribution
 computed from the target's logits): the exact one-step check stays in tests/unit/test_engine.py;
 this one decodes whole requests through the engine, the n-gram lookup's point mass and the
-EAGLE head's q included. No zoo and no Ray, but about a minute and a half of CPU in all, so it
-lives in the integration tier to keep the unit tier under two minutes.
+EAGLE head's q included, and through the batched engine per sequence. No zoo and no Ray, but
+about a minute and a half of CPU in all, so it lives in the integration tier to keep the unit
+tier under two minutes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from support.sampling_checks import exact_two_token_distribution, g_test_p_value
 from support.tiny_models import build_tiny_pair
 
 from policies import make_policy
+from workers.batch_cache import BatchedLM
+from workers.batch_engine import BatchRequest, batch_speculative_generate
 from workers.engine import RequestSettings, speculative_generate
 from workers.lm import CachedLM
 from workers.proposers import EagleProposer, NgramProposer
@@ -73,3 +76,29 @@ def test_speculative_sampling_matches_target_distribution(temperature, kind):
     assert accepted > runs * minimum, "the draft should get tokens accepted for the test to bite"
     p_value = g_test_p_value(counts, exact, runs)
     assert p_value > 0.01, f"G-test rejects equality with target sampling: p={p_value:.4g}"
+
+
+def test_batched_sampling_matches_the_target_distribution_per_sequence():
+    vocab = 8
+    draft_model, target_model = build_tiny_pair(seed=4, vocab=vocab, head_std=0.12)
+    draft, target = CachedLM(draft_model), CachedLM(target_model)
+    sampling = SamplingConfig(temperature=0.9, top_k=6, top_p=0.95, max_new_tokens=2)
+    prompts_ = [torch.tensor([3, 5, 2]), torch.tensor([4, 7, 6, 2, 5])]
+    runs = 800
+    requests = [
+        BatchRequest(prompts_[seed % 2], RequestSettings(sampling, seed=seed))
+        for seed in range(2 * runs)
+    ]
+    results = batch_speculative_generate(
+        BatchedLM(draft, 8), BatchedLM(target, 8), lambda: make_policy("static", 2), requests
+    )
+    assert sum(r.n_accepted for r in results) > 2 * runs * 0.2, "the test needs acceptances"
+    for which, prompt in enumerate(prompts_):
+        exact = exact_two_token_distribution(target, prompt, sampling)
+        counts = dict.fromkeys(exact, 0)
+        for result in results[which::2]:
+            key = tuple(result.output_ids)
+            assert key in counts, f"sampled {key}, which has zero probability under the target"
+            counts[key] += 1
+        p_value = g_test_p_value(counts, exact, runs)
+        assert p_value > 0.01, f"prompt {which}: G-test rejects the target's law, p={p_value:.3g}"

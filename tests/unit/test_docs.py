@@ -1,7 +1,9 @@
 """The documentation against the code: commands, sweep snippets, the sweep-file reference, links.
 
-README.md, docs/guide/*.md and docs/lab/README.md show commands and YAML: each command's `--help`
-must work and name every flag the example uses, and each YAML block must pass the real loader.
+README.md, docs/guide/*.md and docs/lab/README.md show commands and YAML: each orchestrator
+command must parse and its `--help` name every flag the example uses (the training and bench
+commands' `--help`, a subprocess importing the heavy frameworks, is checked in
+tests/integration/test_doc_script_commands.py), and each YAML block must pass the real loader.
 The sweep-file reference (docs/guide/sweep-files.md) has one table per spec model, field names in
 backticks in the first column; the tables must list exactly the spec's fields, so a field added
 to the spec fails here until it is documented. Nothing in the repository may point outside it.
@@ -11,19 +13,25 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 import shlex
 import subprocess
-import sys
 import tomllib
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import BaseModel
+from support.doc_examples import (
+    GUIDE,
+    README,
+    CodeBlock,
+    code_blocks,
+    documented_commands,
+    guide_files,
+    markdown_files,
+)
 from support.paths import REPO
 
 from orchestrator.cli import build_parser
@@ -31,8 +39,6 @@ from orchestrator.sweep.spec import SweepSpec, parse_sweep
 from policies import POLICIES, policy_parameters
 from training.__main__ import load_job_config
 
-README = REPO / "README.md"
-GUIDE = REPO / "docs" / "guide"
 SWEEP_REFERENCE = GUIDE / "sweep-files.md"
 TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest"
 README_MAX_LINES = 250
@@ -49,119 +55,7 @@ MINIMAL_SWEEP = {
 }
 #: First line of a YAML block that is a `python -m training KIND` config, not a sweep.
 JOB_CONFIG_MARK = re.compile(r"^# python -m training (\w+) config$")
-FENCE = re.compile(r"^```(\w*)\s*$")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-SHELL_BREAKS = {"&&", "||", ";", "|", "&"}
-
-
-@dataclass(frozen=True)
-class CodeBlock:
-    """A fenced code block of a Markdown file."""
-
-    path: Path
-    lang: str
-    text: str
-
-
-@dataclass(frozen=True)
-class DocCommand:
-    """A command shown in the docs: how it runs (module or script) and its arguments."""
-
-    source: Path
-    program: str  # "orchestrator", "training" or a bench/ script path
-    args: tuple[str, ...]
-
-    def flags(self) -> list[str]:
-        """Return the long options the example uses (without any ``=value``)."""
-        return [arg.split("=", 1)[0] for arg in self.args if arg.startswith("--")]
-
-
-def guide_files() -> list[Path]:
-    """Return the files whose examples are checked: the README, the guide, the lab's index."""
-    return [README, *sorted(GUIDE.glob("*.md")), REPO / "docs" / "lab" / "README.md"]
-
-
-def markdown_files() -> list[Path]:
-    """Return every Markdown file whose links are checked."""
-    return [README, *sorted((REPO / "docs").rglob("*.md"))]
-
-
-def code_blocks(path: Path) -> list[CodeBlock]:
-    """Return the fenced code blocks of ``path`` with their language tag."""
-    blocks: list[CodeBlock] = []
-    lang: str | None = None
-    lines: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        fence = FENCE.match(line.strip())
-        if fence and lang is None:
-            lang, lines = fence.group(1), []
-        elif line.strip() == "```" and lang is not None:
-            blocks.append(CodeBlock(path, lang, "\n".join(lines)))
-            lang = None
-        elif lang is not None:
-            lines.append(line)
-    return blocks
-
-
-def shell_commands(block: CodeBlock) -> list[list[str]]:
-    """Return the shell commands of a block as token lists (continuations joined, comments off)."""
-    commands: list[list[str]] = []
-    pending = ""
-    for raw in block.text.splitlines():
-        line = raw[2:] if raw.startswith("$ ") else raw
-        if not pending and not line.strip():
-            continue
-        pending = f"{pending} {line.rstrip()}" if pending else line.rstrip()
-        if pending.endswith("\\"):
-            pending = pending[:-1]
-            continue
-        try:
-            tokens = shlex.split(pending, comments=True)
-        except ValueError:  # an open quote: the command goes on on the next line
-            continue
-        commands.append(tokens)
-        pending = ""
-    assert not pending, f"{block.path}: unterminated command {pending!r}"
-    return commands
-
-
-def segments(tokens: list[str]) -> list[list[str]]:
-    """Split a command's tokens at ``&&``, ``;``, pipes and the like."""
-    parts: list[list[str]] = [[]]
-    for token in tokens:
-        if token in SHELL_BREAKS:
-            parts.append([])
-        else:
-            parts[-1].append(token)
-    return [part for part in parts if part]
-
-
-def doc_command(source: Path, tokens: list[str]) -> DocCommand | None:
-    """Return the SpecSweep command in ``tokens`` (after any ``ray job submit ... --``), if any."""
-    for index, token in enumerate(tokens):
-        if not Path(token).name.startswith("python"):
-            continue
-        rest = tokens[index + 1 :]
-        if rest[:1] == ["-m"] and len(rest) > 1 and rest[1] in ("orchestrator", "training"):
-            return DocCommand(source, rest[1], tuple(rest[2:]))
-        if rest and rest[0].startswith("bench/") and rest[0].endswith(".py"):
-            return DocCommand(source, rest[0], tuple(rest[1:]))
-    return None
-
-
-def documented_commands() -> list[DocCommand]:
-    """Return every SpecSweep command in the shell blocks of the README and the guide."""
-    found: list[DocCommand] = []
-    for path in guide_files():
-        for block in code_blocks(path):
-            if block.lang not in ("bash", "sh", "shell", "console", ""):
-                continue
-            for tokens in shell_commands(block):
-                for part in segments(tokens):
-                    command = doc_command(path, part)
-                    if command is not None:
-                        found.append(command)
-    return found
 
 
 def orchestrator_help(args: list[str]) -> str:
@@ -171,47 +65,6 @@ def orchestrator_help(args: list[str]) -> str:
         build_parser().parse_args([*args, "--help"])
     assert exited.value.code == 0, f"--help of {args} exited {exited.value.code}"
     return out.getvalue()
-
-
-#: Runs each [program, argv] of its JSON input as ``python -m`` / ``python SCRIPT`` would, in one
-#: interpreter (torch is imported once), and prints [exit code, stdout] per item as JSON.
-HELP_RUNNER = """
-import contextlib, io, json, runpy, sys
-items = json.loads(sys.stdin.read())
-results = []
-sys.path.insert(0, "bench")
-for program, argv in items:
-    out = io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out):
-        try:
-            if program.endswith(".py"):
-                sys.argv = [program, *argv]
-                runpy.run_path(program, run_name="__main__")
-            else:
-                sys.argv = [program, *argv]
-                runpy.run_module(program, run_name="__main__", alter_sys=True)
-        except SystemExit as exit_request:
-            code = exit_request.code if isinstance(exit_request.code, int) else 1
-    results.append([code, out.getvalue()])
-sys.__stdout__.write(json.dumps(results))
-"""
-
-
-def script_helps(commands: list[DocCommand]) -> list[tuple[int, str]]:
-    """Return (exit code, help text) of each command run with ``--help`` appended."""
-    items = [[command.program, [*command.args, "--help"]] for command in commands]
-    done = subprocess.run(
-        [sys.executable, "-c", HELP_RUNNER],
-        input=json.dumps(items),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [tuple(result) for result in json.loads(done.stdout)]
 
 
 def test_docs_show_the_commands_checked_here() -> None:
@@ -241,21 +94,6 @@ def test_orchestrator_commands_in_the_docs_parse_and_their_flags_exist() -> None
                 assert (REPO / arg).is_file(), (
                     f"{command.source.relative_to(REPO)}: no such sweep {arg}"
                 )
-
-
-def test_training_and_bench_commands_in_the_docs_answer_help_with_their_flags() -> None:
-    commands = [c for c in documented_commands() if c.program != "orchestrator"]
-    for command in commands:
-        if command.program.endswith(".py"):
-            assert (REPO / command.program).is_file(), (
-                f"{command.source.relative_to(REPO)}: no {command.program}"
-            )
-    for command, (code, help_text) in zip(commands, script_helps(commands), strict=True):
-        shown = f"{command.source.relative_to(REPO)}: {command.program} {shlex.join(command.args)}"
-        assert code == 0, f"{shown}: --help exited {code}"
-        assert "usage:" in help_text, f"{shown}: --help printed no usage"
-        for flag in command.flags():
-            assert flag in help_text, f"{shown}: {flag} is not in its --help"
 
 
 def yaml_blocks() -> list[CodeBlock]:

@@ -49,11 +49,11 @@ def _policy(name: str, max_draft_len: int):
 
 @pytest.fixture(scope="module")
 def greedy_references(pair) -> list[tuple[torch.Tensor, list[int]]]:
-    """Fifty prompts with the target-only greedy output of each."""
+    """Twenty-four prompts with the target-only greedy output of each."""
     _, target = pair
     return [
         (prompt, autoregressive_generate(target, prompt, RequestSettings(GREEDY)).output_ids)
-        for prompt in prompts(50, seed=1)
+        for prompt in prompts(24, seed=1)
     ]
 
 

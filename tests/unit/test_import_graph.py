@@ -10,6 +10,7 @@ made by ``importlib.import_module`` (``training.jobs.JOB_KINDS``) are not read.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -85,6 +86,12 @@ def import_graph(root: Path, packages: Iterable[str]) -> Graph:
     return graph
 
 
+@functools.cache
+def project_graph() -> Graph:
+    """Return the repository's import graph, parsed once for every test here (read only)."""
+    return import_graph(ROOT, PACKAGES)
+
+
 def within(graph: Mapping[str, set[str]], prefix: str) -> Graph:
     """Return the part of ``graph`` among modules named ``prefix`` or lying under it."""
 
@@ -158,12 +165,12 @@ def test_the_graph_builder_reads_every_kind_of_import(tmp_path: Path) -> None:
 
 
 def test_training_has_no_import_cycle() -> None:
-    cycle = find_cycle(within(import_graph(ROOT, PACKAGES), "training"))
+    cycle = find_cycle(within(project_graph(), "training"))
     assert cycle is None, "import cycle in training/: " + " -> ".join(cycle or [])
 
 
 def test_training_modules_import_only_their_layer_and_below() -> None:
-    training = within(import_graph(ROOT, PACKAGES), "training")
+    training = within(project_graph(), "training")
     unplaced = sorted(m for m in training if layer_of(m, TRAINING_LAYERS) is None)
     assert not unplaced, f"place these modules in TRAINING_LAYERS: {unplaced}"
     upward = [
@@ -219,7 +226,7 @@ def top_level_imports(root: Path, package: str) -> dict[str, set[str]]:
 
 
 def test_no_import_cycle_in_any_package() -> None:
-    cycle = find_cycle(import_graph(ROOT, PACKAGES))
+    cycle = find_cycle(project_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
@@ -230,7 +237,7 @@ def _orchestrator_rank(module: str) -> int:
 
 
 def test_orchestrator_modules_import_only_their_layer_and_below() -> None:
-    orchestrator = within(import_graph(ROOT, PACKAGES), "orchestrator")
+    orchestrator = within(project_graph(), "orchestrator")
     unplaced = sorted(
         m for m in orchestrator if m != "orchestrator" and layer_of(m, ORCHESTRATOR_LAYERS) is None
     )
@@ -245,7 +252,7 @@ def test_orchestrator_modules_import_only_their_layer_and_below() -> None:
 
 
 def test_the_dashboard_reads_the_store_and_its_analysis_only() -> None:
-    graph = import_graph(ROOT, PACKAGES)
+    graph = project_graph()
     ours = [
         f"{module} -> {target}"
         for module, targets in sorted(within_package(graph, "dashboard").items())
@@ -263,7 +270,7 @@ def within_package(graph: Mapping[str, set[str]], prefix: str) -> Graph:
 
 
 def test_workers_and_policies_import_no_higher_package() -> None:
-    graph = import_graph(ROOT, PACKAGES)
+    graph = project_graph()
     upward = [
         f"{module} -> {target}"
         for package in ("workers", "policies")
