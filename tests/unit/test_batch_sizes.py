@@ -5,7 +5,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from support.store_records import stored_trial
 
+from orchestrator.analysis import report
+from orchestrator.store.records import StoredTrial
 from orchestrator.store.row_values import trial_values
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import SweepError, parse_sweep
@@ -90,3 +93,34 @@ def test_batches_need_a_draft_model_and_fresh_policies() -> None:
     assert "policies[0]:" in problems and "persist_across_requests" in problems
     parse_sweep(text + "batch_sizes: [1]\n")  # batch 1 runs them as before
 
+
+def _stored(batch: int | None, total: float) -> StoredTrial:
+    """A done static trial at ``batch`` with its total tokens/s."""
+    return stored_trial(
+        trial_id=f"t{batch}",
+        pair="p",
+        dataset="code",
+        temperature=0.0,
+        policy="static",
+        params={},
+        max_draft_len=2,
+        status="done",
+        batch_size=batch,
+        tokens_per_s=total / 2,
+        total_tokens_per_s=total,
+    )
+
+
+def test_summary_and_labels_show_the_batch_size_only_when_a_sweep_has_one() -> None:
+    plain = [_stored(1, 10.0)]
+    group, columns = report.summary_layout(plain)
+    assert (group, columns) == (report.SUMMARY_GROUP, report.SUMMARY_COLUMNS)
+    assert "total_tokens_per_s" not in report.summary_rows(plain, group)[0]
+    assert "batch" not in report.trial_label(plain[0])
+    batched = [_stored(1, 10.0), _stored(4, 30.0)]
+    group, columns = report.summary_layout(batched)
+    assert group == (*report.SUMMARY_GROUP, "batch_size")
+    assert columns[-1] == "total_tokens_per_s" and "batch_size" in columns
+    rows = report.summary_rows(batched, group)
+    assert [(r["batch_size"], r["total_tokens_per_s"]) for r in rows] == [(1, 10.0), (4, 30.0)]
+    assert report.trial_label(batched[1]).endswith("temp 0, batch 4)")
