@@ -30,6 +30,7 @@ PAGES = (
     ("views/cost_model.py", "Cost model", ":material/timer:"),
     ("views/compare.py", "Compare sweeps", ":material/compare_arrows:"),
     ("views/compare_trials.py", "Compare trials", ":material/balance:"),
+    ("views/batches.py", "Batch sizes", ":material/stacked_line_chart:"),
 )
 ALL_TRIALS = "(all trials)"
 STATUSES = ("done", "pending", "running", "failed")
@@ -38,6 +39,7 @@ FILTERS = (
     ("datasets", "Dataset"),
     ("temperatures", "Temperature"),
     ("max_draft_lens", "Max draft length"),
+    ("batch_sizes", "Batch size"),
 )
 
 cached_sweep_names = st.cache_data(ttl=data.CACHE_TTL_S, show_spinner=False)(data.load_sweep_names)

@@ -289,3 +289,49 @@ def comparison_figure(table: pd.DataFrame, metric: str) -> go.Figure:
     figure.add_hline(y=0.0, line=dict(color=BASELINE_COLOUR))
     figure.update_layout(yaxis_title=f"{metric}: B − A", height=380)
     return figure
+
+
+def batch_speedup_figure(best: pd.DataFrame, speedup: str, label: str) -> go.Figure:
+    """Return speedup vs batch size (log axis), one line per policy and pair (its best setting
+    at each batch size), with the speedup-1 line where speculation stops paying."""
+    figure = px.line(
+        best,
+        x="batch_size",
+        y=speedup,
+        color="policy",
+        line_dash="pair",
+        markers=True,
+        log_x=True,
+        color_discrete_map=policy_colors(best["policy"].unique()),
+        hover_data=["threshold", "max_draft_len", "n_trials"],
+    )
+    figure.add_hline(y=1.0, line=dict(color=BASELINE_COLOUR, dash="dash"))
+    figure.update_layout(
+        xaxis_title="batch size",
+        yaxis_title=f"{label} speedup over AR at the same batch size (best setting)",
+        height=440,
+    )
+    return figure
+
+
+def throughput_latency_figure(points: pd.DataFrame) -> go.Figure:
+    """Return total tokens/s against per-sequence tokens/s, one line per setting through its
+    batch sizes (each point labelled with its batch size)."""
+    figure = px.line(
+        points,
+        x="tokens_per_s",
+        y="total_tokens_per_s",
+        color="policy",
+        line_group="setting",
+        markers=True,
+        text="batch_size",
+        color_discrete_map=policy_colors(points["policy"].unique()),
+        hover_data=["setting", "batch_size", "n_trials"],
+    )
+    figure.update_traces(textposition="top center")
+    figure.update_layout(
+        xaxis_title="per-sequence tokens/s (what a user waits for)",
+        yaxis_title="total tokens/s (throughput)",
+        height=440,
+    )
+    return figure

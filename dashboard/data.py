@@ -103,6 +103,7 @@ TRIAL_COLUMNS = (
     "threshold",
     "max_draft_len",
     "seed",
+    "batch_size",
     "is_baseline",
     "mode",
     "baseline_id",
@@ -124,6 +125,7 @@ _NUMERIC_COLUMNS = (
     "verify_seconds",
     "prefill_seconds",
     "decode_seconds",
+    "total_tokens_per_s",
 )
 
 
@@ -163,6 +165,7 @@ class TrialFilters:
     datasets: tuple[str, ...] = ()
     temperatures: tuple[float, ...] = ()
     max_draft_lens: tuple[int, ...] = ()
+    batch_sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,7 @@ def filter_options(trials: pd.DataFrame) -> dict[str, list[Any]]:
         "datasets": sorted(trials["dataset"].dropna().unique().tolist()),
         "temperatures": sorted(float(t) for t in trials["temperature"].dropna().unique()),
         "max_draft_lens": sorted(int(k) for k in drafting["max_draft_len"].dropna().unique()),
+        "batch_sizes": sorted(int(b) for b in trials["batch_size"].dropna().unique()),
     }
 
 
@@ -326,6 +330,8 @@ def apply_filters(trials: pd.DataFrame, filters: TrialFilters) -> pd.DataFrame:
         keep &= trials["temperature"].isin(filters.temperatures)
     if filters.max_draft_lens:
         keep &= trials["is_baseline"] | trials["max_draft_len"].isin(filters.max_draft_lens)
+    if filters.batch_sizes:
+        keep &= trials["batch_size"].isin(filters.batch_sizes)
     return trials[keep].reset_index(drop=True)
 
 

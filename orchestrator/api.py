@@ -10,6 +10,8 @@ the trials the store does not have yet::
     print(result.summary.ran, result.summary.failed)
     frame = result.to_dataframe()  # one row per trial of the sweep
     same = load_results("sqlite:///results.db", "demo")
+    for schedule in draft_schedules("sqlite:///results.db", "batches"):
+        print(schedule_snippet(schedule, "vllm"))  # or "trtllm"
 
 The runner (and with it Ray) is imported when a sweep is prepared, not when this module is.
 """
@@ -22,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from orchestrator.analysis import draft_schedule
+from orchestrator.analysis.draft_schedule import DraftSchedule, schedule_snippet
 from orchestrator.store import Store, open_store
 from orchestrator.sweep.planner import Plan, plan_sweep
 from orchestrator.sweep.spec import SweepSpec, load_sweep
@@ -31,7 +35,16 @@ if TYPE_CHECKING:
     from orchestrator.run.preflight import PreparedInputs
     from orchestrator.run.runner import SweepSummary
 
-__all__ = ["PreparedSweep", "SweepResult", "load_results", "prepare", "run_sweep"]
+__all__ = [
+    "DraftSchedule",
+    "PreparedSweep",
+    "SweepResult",
+    "draft_schedules",
+    "load_results",
+    "prepare",
+    "run_sweep",
+    "schedule_snippet",
+]
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,18 @@ def load_results(db: str | None, sweep: str) -> pd.DataFrame:
         if sweep not in names:
             raise LookupError(f"no sweep named {sweep!r} (stored: {', '.join(names) or 'none'})")
         return store.trials_dataframe(sweep)
+
+
+def draft_schedules(db: str | None, sweep: str | None = None) -> list[DraftSchedule]:
+    """Return the best static K per measured batch size of the stored sweep ``sweep`` (of the
+    whole store when None), one schedule per pair, dataset and temperature
+    (:mod:`orchestrator.analysis.draft_schedule`; :func:`schedule_snippet` writes one for vLLM
+    or TensorRT-LLM). Raises LookupError when there is no sweep called ``sweep``."""
+    with open_store(db, read_only=True) as store:
+        names = store.sweep_names()
+        if sweep is not None and sweep not in names:
+            raise LookupError(f"no sweep named {sweep!r} (stored: {', '.join(names) or 'none'})")
+        return draft_schedule.draft_schedules(store.trials(sweep))
 
 
 def _run_prepared(prepared: PreparedSweep, store: Store, options: object) -> SweepResult:

@@ -4,12 +4,13 @@ In a batch, a round's verification costs what its longest block costs and every 
 token is paid for by all rows, so serving engines shorten K as the batch grows.
 TensorRT-LLM's ``speculative_config.draft_len_schedule`` maps upper bounds of the batch size to
 a draft length (``{4: 4, 8: 2, 32: 1}``: batches of 1–4 draft 4, 5–8 draft 2, 9–32 draft 1,
-larger ones do not speculate); vLLM's ``num_speculative_tokens_per_batch_size`` maps inclusive
-ranges (``{"1-16": 3, "64-128": 2, "256-4096": 0}``, gaps inheriting the previous range's K,
-clamped to ``num_speculative_tokens``). ``schedule`` here takes TensorRT-LLM's shape, written
+larger ones do not speculate); vLLM's ``num_speculative_tokens_per_batch_size`` lists inclusive
+ranges as ``[range_start, range_end, K]`` entries starting at 1 (``[[1, 16, 3], [64, 128, 2],
+[256, 4096, 0]]``, gaps and sizes above the last range taking the previous range's K, clamped
+to ``num_speculative_tokens``). ``schedule`` here takes TensorRT-LLM's shape, written
 ``"BOUND:K BOUND:K ..."`` (``"4:4 8:2 32:1"``; a mapping {bound: K} or (bound, K) pairs are
 taken too); a vLLM table without gaps is the same table with each range's upper end as its
-bound (``{"1-16": 3, "17-128": 2}`` is ``"16:3 128:2"``). Above the last bound K is 0
+bound (``[[1, 16, 3], [17, 128, 2]]`` is ``"16:3 128:2"`` up to 128). Above the last bound K is 0
 (speculation off); K never exceeds the policy's ``max_draft_len``. The batched engine
 (``workers.batch_engine``) tells the policy the batch size before every round
 (``observe_batch``); a batch-1 engine never does, so it runs the schedule's K for a batch of one.

@@ -20,6 +20,9 @@ from threading import Lock
 import ray
 import torch
 
+from workers.batch_engine import BatchRequest
+from workers.batch_target import BATCH_METHODS, BatchTarget, ChannelBatchedLM
+from workers.batch_trial import run_group
 from workers.channel import ChannelAddress, ChannelClient, serve_channel
 from workers.eagle.artifact import load_head_for_target
 from workers.lm import CachedLM, SingleStepCalibration, StepOutput, load_causal_lm
@@ -33,7 +36,6 @@ from workers.trial import (
     GroupResults,
     TrialRequest,
     WarmUp,
-    run_arms,
     run_trial,
     warm_up,
 )
@@ -85,8 +87,10 @@ class TargetWorker:
     """One target process: the whole model (hf) or one AutoTP rank (deepspeed)."""
 
     def __init__(self, model: ModelSpec, rank: RankSpec | None = None) -> None:
+        self.batch: BatchTarget | None = None
         if rank is None:
             self.target = LocalTarget(load_model(model, _device()))
+            self.batch = BatchTarget(self.target.lm)
         else:
             from workers.tensor_parallel import TensorParallelTarget
 
@@ -97,10 +101,14 @@ class TargetWorker:
         self.channel: ChannelAddress | None = None
 
     def _call(self, method: str, args: tuple):
-        """Run one of the target's methods in inference mode; Ray's calls and the channel's
-        take turns. Tensors in the answer come back on the CPU (``on_cpu``)."""
+        """Run one of the target's methods in inference mode (the batched ones on its batched
+        caches); Ray's calls and the channel's take turns. Tensors in the answer come back on
+        the CPU (``on_cpu``)."""
+        owner = self.batch if method in BATCH_METHODS else self.target
+        if owner is None:
+            raise ValueError(f"{method}: batched decoding runs on a target of backend hf only")
         with self.lock, torch.inference_mode():
-            return on_cpu(getattr(self.target, method)(*args))
+            return on_cpu(getattr(owner, method)(*args))
 
     def open_channel(self) -> ChannelAddress:
         """Return this rank's direct channel (started on first use) for the per-request
@@ -196,6 +204,14 @@ class ChannelTargetGroup:
         """Decode with the target alone: one call per rank for the whole request."""
         return self._on_channels("generate", prompt_ids, settings)
 
+    def batched(self, slots: int) -> ChannelBatchedLM:
+        """Return the target's batched cache of ``slots`` rows, one call per forward."""
+        return ChannelBatchedLM(self._on_channels, slots)
+
+    def batch_generate(self, requests: list[BatchRequest], slots: int) -> list[GenerationResult]:
+        """Decode ``requests`` with the target alone, ``slots`` at a time: one call."""
+        return self._on_channels("batch_generate", requests, slots)
+
 
 class RemoteTargetGroup(ChannelTargetGroup):
     """The channels of a target group of Ray actors (``TargetWorker`` ranks).
@@ -276,8 +292,9 @@ class DraftWorker:
         return run_trial(self.draft, self.target, request)
 
     def run_arms(self, group: GroupRequest) -> GroupResults:
-        """Run a group shard's arms interleaved prompt by prompt (``workers.trial.run_arms``)."""
-        return run_arms(self.draft, self.target, group)
+        """Run a group shard's arms: interleaved prompt by prompt at batch size 1
+        (``workers.trial.run_arms``), as batch queues above (``workers.batch_trial``)."""
+        return run_group(self.draft, self.target, group)
 
     def warm_up(self, request: TrialRequest, min_seconds: float) -> WarmUp:
         """Decode ``request`` untimed for at least ``min_seconds`` (``workers.trial.warm_up``)."""

@@ -21,8 +21,10 @@ sampled sequence is the batch-1 sequence of the same seed unless rounding moves 
 a boundary; the sampled tokens' distribution is the target's either way.
 
 Timing: every sequence's ``RoundRecord`` carries the batch round's draft and verify seconds
-(what the round cost the batch), and its ``GenerationResult.seconds`` runs from its prefill to
-its last round, waiting for its neighbours included.
+(what the round cost the batch), and its ``GenerationResult.seconds`` runs from joining the
+batch (its prefill, split off as ``prefill_seconds``) to its last round, waiting for its
+neighbours included: what its user waits for. ``batch_seconds`` is its share of the batch's
+wall time (``workers.batch_time``), what the batch's throughput divides by.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 
 from policies import BatchAware, DraftPolicy, DraftStep, RequestContext, RoundOutcome
 from workers.batch_cache import BatchedLM, BatchStep
+from workers.batch_time import time_shares
 from workers.records import (
     GenerationResult,
     RequestSettings,
@@ -81,6 +84,7 @@ class _Sequence:
     target_gen: torch.Generator
     sequence: list[int]
     start: float
+    prefilled: float
     output: list[int] = field(default_factory=list)
     rounds: list[RoundRecord] = field(default_factory=list)
     stopped_on_eos: bool = False
@@ -106,13 +110,17 @@ class _Sequence:
         )
 
     def result(self) -> GenerationResult:
-        """Return the finished request's result."""
+        """Return the finished request's result: its time from joining the batch (its prefill
+        included) to now, split at the end of its prefill."""
+        end = time.perf_counter()
         return GenerationResult(
             prompt_ids=self.request.prompt_ids.tolist(),
             output_ids=self.output[: self.max_new_tokens],
             rounds=self.rounds,
-            seconds=time.perf_counter() - self.start,
+            seconds=end - self.start,
             stopped_on_eos=self.stopped_on_eos,
+            prefill_seconds=self.prefilled - self.start,
+            decode_seconds=end - self.prefilled,
         )
 
 
@@ -164,10 +172,12 @@ def _continuous_batching(
     round_: Callable[[list[_Sequence]], None],
 ) -> list[GenerationResult]:
     """Run rounds over the active sequences until every request is done; before each round the
-    free rows take the next waiting requests (``start`` prefills them together)."""
+    free rows take the next waiting requests (``start`` prefills them together). Each result
+    carries its share of the batch's wall time (``workers.batch_time``)."""
     waiting, free = deque(range(n_requests)), deque(range(slots))
     active: list[_Sequence] = []
-    results: list[GenerationResult | None] = [None] * n_requests
+    finished: dict[int, GenerationResult] = {}
+    joined: dict[int, float] = {}
     while waiting or active:
         joins = []
         while waiting and free:
@@ -179,9 +189,13 @@ def _continuous_batching(
             round_(running)
         for seq in active:
             if seq.done:
-                results[seq.index] = seq.result()
+                finished[seq.index], joined[seq.index] = seq.result(), seq.start
                 free.append(seq.slot)
         active = [seq for seq in active if not seq.done]
+    results = [finished[index] for index in range(n_requests)]
+    spans = [(joined[i], joined[i] + r.seconds) for i, r in enumerate(results)]
+    for result, share in zip(results, time_shares(spans), strict=True):
+        result.batch_seconds = share
     return results
 
 
@@ -207,6 +221,7 @@ def _start_sequences(
         long = [row for row, prompt in enumerate(prompts) if prompt.numel() > 1]
         if long:
             lm.forward([joins[row][1] for row in long], [prompts[row][:-1] for row in long], True)
+    prefilled = time.perf_counter()
     return [
         _Sequence(
             index=index,
@@ -217,6 +232,7 @@ def _start_sequences(
             target_gen=_generator(requests[index].settings.seed, "target"),
             sequence=prompt.tolist(),
             start=began,
+            prefilled=prefilled,
         )
         for (index, slot), prompt in zip(joins, prompts, strict=True)
     ]

@@ -2,7 +2,8 @@
 
 A speculative round makes one draft-to-target call; through Ray's actor calls that costs about
 0.75 ms here, a tenth of a small model's round. The target actor therefore also serves its
-per-request calls (``prefill``, ``verify`` and the AR baseline's ``generate``) on a TCP listener
+per-request calls (``prefill``, ``verify`` and the AR baseline's ``generate``; at a batch size
+above 1 ``batch_forward`` and ``batch_generate``, ``workers.batch_target``) on a TCP listener
 bound to its node's address, with a random key handed out through Ray, so only the draft actor
 that asked for the address can call. Ray still creates, places, watches and kills the actors,
 and every other call goes through Ray.
@@ -53,7 +54,7 @@ from typing import Any, Protocol
 
 from workers.channel_wire import ChannelBusy, WireError, accept_handshake, connect_handshake
 
-CHANNEL_METHODS = frozenset({"prefill", "verify", "generate"})
+CHANNEL_METHODS = frozenset({"prefill", "verify", "generate", "batch_forward", "batch_generate"})
 #: Seconds a connection has to complete the whole handshake.
 HANDSHAKE_TIMEOUT_S = 5.0
 #: Handshakes running at once; a connection beyond them is closed at once.

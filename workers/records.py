@@ -80,6 +80,11 @@ class GenerationResult:
     the first included, which also runs the prompt's last token). ``seconds`` = prefill +
     decode exactly (one clock read ends prefill and starts decode). Both are None for results
     stored before they were recorded.
+
+    ``batch_seconds`` (the batched engine only, ``workers.batch_time``) is the request's share
+    of its batch's wall time: every instant split evenly among the requests in the batch then,
+    so the shares of a batch queue sum to its wall time. None for a request decoded alone, whose
+    share is its ``seconds``.
     """
 
     prompt_ids: list[int]
@@ -89,6 +94,7 @@ class GenerationResult:
     stopped_on_eos: bool = False
     prefill_seconds: float | None = None
     decode_seconds: float | None = None
+    batch_seconds: float | None = None
 
     @property
     def n_generated(self) -> int:
@@ -121,6 +127,7 @@ def result_to_json(result: GenerationResult) -> dict[str, Any]:
         "stopped_on_eos": result.stopped_on_eos,
         "prefill_seconds": result.prefill_seconds,
         "decode_seconds": result.decode_seconds,
+        **({} if result.batch_seconds is None else {"batch_seconds": result.batch_seconds}),
     }
 
 
@@ -134,4 +141,5 @@ def result_from_json(data: dict[str, Any]) -> GenerationResult:
         stopped_on_eos=data["stopped_on_eos"],
         prefill_seconds=data.get("prefill_seconds"),
         decode_seconds=data.get("decode_seconds"),
+        batch_seconds=data.get("batch_seconds"),
     )

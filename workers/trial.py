@@ -33,9 +33,12 @@ __all__ = [
     "GroupResults",
     "TrialRequest",
     "WarmUp",
+    "arm_call",
+    "request_runtime_inputs",
     "run_arms",
     "run_trial",
     "sample_seed",
+    "trial_policy",
     "warm_up",
 ]
 
@@ -61,7 +64,9 @@ class TrialRequest:
     the request is one shard of it (default: 0, 1, ...), so a shard decodes its samples
     exactly as the whole trial would. ``draft_kind`` is how candidates are proposed
     (``workers.proposers``): ``lm`` by the worker's draft model, ``ngram`` by prompt lookup
-    with ``draft_settings`` (no model), ``eagle`` by the worker's EAGLE head.
+    with ``draft_settings`` (no model), ``eagle`` by the worker's EAGLE head. ``batch_size``
+    above 1 decodes the prompts that many at a time through the batched engine
+    (``workers.batch_trial``).
     """
 
     prompts: list[list[int]]
@@ -77,6 +82,7 @@ class TrialRequest:
     indices: tuple[int, ...] | None = None
     draft_kind: str = "lm"
     draft_settings: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 1
 
 
 def run_trial(draft: Draft, target: TargetScorer, request: TrialRequest) -> list[GenerationResult]:
@@ -111,10 +117,12 @@ class ArmRequest:
 @dataclass(frozen=True)
 class GroupRequest:
     """The arms of one group shard, run interleaved prompt by prompt in an order seeded by
-    ``seed`` (``workers.arm_order``)."""
+    ``seed`` (``workers.arm_order``). ``shard`` is the shard's index in its group: at a batch
+    size above 1 the arms take turns once per shard, in the order of block ``shard``."""
 
     arms: tuple[ArmRequest, ...]
     seed: int = 0
+    shard: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,7 @@ def run_arms(draft: Draft, target: TargetScorer, group: GroupRequest) -> GroupRe
     arms = group.arms
     results: dict[str, list[GenerationResult]] = {arm.key: [] for arm in arms}
     errors: dict[str, Exception] = {}
-    policies = [_arm_call(errors, arm, _warmed_policy, draft, target, arm.request) for arm in arms]
+    policies = [arm_call(errors, arm, _warmed_policy, draft, target, arm.request) for arm in arms]
     wanted = [dict(zip(_indices(arm.request), arm.request.prompts, strict=True)) for arm in arms]
     log: list[ArmSample] = []
     for index in sorted(set().union(*wanted)):
@@ -162,7 +170,7 @@ def run_arms(draft: Draft, target: TargetScorer, group: GroupRequest) -> GroupRe
                 continue
             started, seed = time.time(), sample_seed(arm.request.seed, index)
             prompt, policy = wanted[position][index], policies[position]
-            result = _arm_call(
+            result = arm_call(
                 errors, arm, _decode, draft, target, arm.request, policy, prompt, seed
             )
             if arm.key not in errors:
@@ -172,7 +180,7 @@ def run_arms(draft: Draft, target: TargetScorer, group: GroupRequest) -> GroupRe
     return GroupResults(kept, tuple(log), errors)
 
 
-def _arm_call(errors: dict[str, Exception], arm: ArmRequest, call: Any, *args: Any) -> Any:
+def arm_call(errors: dict[str, Exception], arm: ArmRequest, call: Any, *args: Any) -> Any:
     """Return ``call(*args)`` for ``arm``; an error of the arm's own (not a broken channel to
     the target, nor Ray's) is kept in ``errors`` under its key instead, and None returned."""
     try:
@@ -184,6 +192,17 @@ def _arm_call(errors: dict[str, Exception], arm: ArmRequest, call: Any, *args: A
         return None
 
 
+def request_runtime_inputs(request: TrialRequest) -> dict[str, Any]:
+    """Return the trained callables ``request``'s policy is built with: its own, and those its
+    artifact directory holds."""
+    runtime_inputs = dict(request.runtime_inputs)
+    if request.artifact_path is not None:
+        from workers.heads import load_runtime_inputs
+
+        runtime_inputs.update(load_runtime_inputs(request.policy, request.artifact_path))
+    return runtime_inputs
+
+
 def _indices(request: TrialRequest) -> tuple[int, ...]:
     """Return the sample indices of ``request``'s prompts (default 0, 1, ...)."""
     return tuple(request.indices or range(len(request.prompts)))
@@ -192,16 +211,12 @@ def _indices(request: TrialRequest) -> tuple[int, ...]:
 def _warmed_policy(draft: Draft, target: TargetScorer, request: TrialRequest) -> DraftPolicy | None:
     """Decode ``request``'s warm-up prompts untimed (their own policy); return the policy its
     measured prompts run through (None for the AR baseline)."""
-    runtime_inputs = dict(request.runtime_inputs)
-    if request.artifact_path is not None:
-        from workers.heads import load_runtime_inputs
-
-        runtime_inputs.update(load_runtime_inputs(request.policy, request.artifact_path))
+    runtime_inputs = request_runtime_inputs(request)
     warmup = request.prompts[: request.warmup_samples]
-    warmup_policy = _trial_policy(request, runtime_inputs) if warmup else None
+    warmup_policy = trial_policy(request, runtime_inputs) if warmup else None
     for prompt in warmup:
         _decode(draft, target, request, warmup_policy, prompt, seed=request.seed)
-    return _trial_policy(request, runtime_inputs)
+    return trial_policy(request, runtime_inputs)
 
 
 @dataclass(frozen=True)
@@ -240,7 +255,7 @@ def sample_seed(trial_seed: int, index: int) -> int:
     return trial_seed * 1_000_003 + index
 
 
-def _trial_policy(request: TrialRequest, runtime_inputs: dict[str, Any]) -> DraftPolicy | None:
+def trial_policy(request: TrialRequest, runtime_inputs: dict[str, Any]) -> DraftPolicy | None:
     """Return a new policy for ``request`` (None for the AR baseline)."""
     if request.policy == BASELINE_POLICY:
         return None

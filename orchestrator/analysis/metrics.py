@@ -10,6 +10,11 @@ Two speeds (docs/methods.md, "Prefill and decode"): ``decode_tokens_per_s`` divi
 samples' decode seconds alone (the seed papers' measure, the headline), ``tokens_per_s`` by their
 whole seconds, prefill included (end-to-end). The decode figures are None when a sample has no
 decode seconds (results stored before they were recorded).
+
+At a batch size above 1 both are per sequence (each sequence's time runs from joining the batch
+to leaving it, its neighbours' turns included: what a user waits for), and
+``total_tokens_per_s`` is the throughput: tokens over the samples' shares of the batch's wall
+time (``GenerationResult.batch_seconds``; a sample decoded alone has its whole ``seconds``).
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class TrialMetrics:
     decode_seconds: float | None = None
     decode_tokens_per_s: float | None = None
     decode_tokens_per_s_interval: Interval | None = None
+    total_tokens_per_s: float | None = None
+    total_tokens_per_s_interval: Interval | None = None
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -145,17 +152,24 @@ class SampleCounts:
     accepted: int
     rounds: int
     decode_seconds: float | None = None
+    batch_seconds: float | None = None
+
+    @property
+    def share_seconds(self) -> float:
+        """The sample's share of its batch's wall time (its own seconds when decoded alone)."""
+        return self.seconds if self.batch_seconds is None else self.batch_seconds
 
 
 @dataclass(frozen=True)
 class TrialIntervals:
-    """The 95% intervals of a trial's end-to-end and decode-only tokens/s, acceptance rate
-    and mean accepted."""
+    """The 95% intervals of a trial's end-to-end, decode-only and total tokens/s, acceptance
+    rate and mean accepted."""
 
     tokens_per_s: Interval | None
     acceptance_rate: Interval | None
     mean_accepted: Interval | None
     decode_tokens_per_s: Interval | None = None
+    total_tokens_per_s: Interval | None = None
 
 
 def all_or_none(values: Sequence[float | None]) -> list[float] | None:
@@ -177,6 +191,7 @@ def trial_intervals(samples: Sequence[SampleCounts]) -> TrialIntervals:
         acceptance_rate=ratio_interval([s.accepted for s in samples], [s.drafted for s in samples]),
         mean_accepted=ratio_interval([s.accepted for s in samples], [s.rounds for s in samples]),
         decode_tokens_per_s=ratio_interval(tokens, decode) if decode is not None else None,
+        total_tokens_per_s=ratio_interval(tokens, [s.share_seconds for s in samples]),
     )
 
 
@@ -208,6 +223,7 @@ def per_prompt(samples: Sequence[SampleCounts], blocks: Sequence[int]) -> list[S
                 seen.accepted + sample.accepted,
                 seen.rounds + sample.rounds,
                 _sum_or_none(seen.decode_seconds, sample.decode_seconds),
+                seen.share_seconds + sample.share_seconds,
             )
         )
     return list(summed.values())
@@ -235,10 +251,17 @@ def trial_metrics(
     accepted = sum(r.accepted for r in rounds)
     counts = [
         SampleCounts(
-            r.n_generated, r.seconds, r.n_drafted, r.n_accepted, len(r.rounds), r.decode_seconds
+            r.n_generated,
+            r.seconds,
+            r.n_drafted,
+            r.n_accepted,
+            len(r.rounds),
+            r.decode_seconds,
+            r.batch_seconds,
         )
         for r in results
     ]
+    shares = math.fsum(count.share_seconds for count in counts)
     intervals = trial_intervals(counts if blocks is None else per_prompt(counts, blocks))
     prefill = all_or_none([r.prefill_seconds for r in results])
     decode = all_or_none([r.decode_seconds for r in results])
@@ -269,4 +292,6 @@ def trial_metrics(
         decode_seconds=math.fsum(decode) if decode is not None else None,
         decode_tokens_per_s=ratio(generated, math.fsum(decode)) if decode is not None else None,
         decode_tokens_per_s_interval=intervals.decode_tokens_per_s,
+        total_tokens_per_s=ratio(generated, shares),
+        total_tokens_per_s_interval=intervals.total_tokens_per_s,
     )

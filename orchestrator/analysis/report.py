@@ -52,6 +52,9 @@ SUMMARY_COLUMNS = (
     "best_on",
     "acceptance_rate",
 )
+#: What a sweep measured at a batch size other than 1 adds to the summary's group and columns.
+BATCH_GROUP = ("batch_size",)
+BATCH_COLUMNS = ("total_tokens_per_s",)
 STATUS_COLUMNS = ("sweep", "planned", "done", "failed", "pending", "running")
 FAILED_COLUMNS = (
     "trial_id",
@@ -144,6 +147,9 @@ HEADERS = {
     "speedup": "e2e speedup",
     "decode_tokens_per_s": "decode tok/s",
     "decode_speedup": "decode speedup",
+    "batch_size": "batch",
+    "draft_len": "K",
+    "total_tokens_per_s": "total tok/s",
     "e2e_tokens_per_s": "e2e tok/s",
     "e2e_speedup": "e2e speedup",
     "best_speedup": "best speedup",
@@ -202,6 +208,20 @@ def group_rows(rows: Iterable[T], keys: Sequence[str]) -> dict[tuple[Hashable, .
     return groups
 
 
+def has_batches(rows: Iterable[StoredTrial]) -> bool:
+    """Return whether any of ``rows`` was measured at a batch size other than 1."""
+    return any((row.batch_size or 1) != 1 for row in rows)
+
+
+def summary_layout(rows: Sequence[StoredTrial]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Return the summary's group keys and columns for ``rows``: with the batch size and the
+    total tokens/s when a trial was measured at a batch size other than 1."""
+    if not has_batches(rows):
+        return SUMMARY_GROUP, SUMMARY_COLUMNS
+    group = (*SUMMARY_GROUP, *BATCH_GROUP)
+    return group, (*group, *SUMMARY_COLUMNS[len(SUMMARY_GROUP) :], *BATCH_COLUMNS)
+
+
 def summary_rows(
     rows: Iterable[StoredTrial],
     group_by: Sequence[str] = SUMMARY_GROUP,
@@ -214,7 +234,8 @@ def summary_rows(
     None where a trial was stored without its decode seconds), the best trial's speedup
     (``best_speedup``, its paired 95% interval ``best_speedup_ci``, ``best_trial``,
     ``best_on``: the prompts it was chosen and measured on, ``best_note`` that in words, see
-    :func:`best_cells`) and the mean ``acceptance_rate``.
+    :func:`best_cells`), the mean ``acceptance_rate`` and, grouped by batch size, the mean
+    ``total_tokens_per_s``.
     Exists for the table ``submit`` prints at the end of a run: how each policy did on each
     dataset.
     """
@@ -232,9 +253,17 @@ def summary_rows(
                 "e2e_speedup": mean_or_none(row.speedup for row in done),
                 **best_cells(done, measured),
                 "acceptance_rate": mean_or_none(row.acceptance_rate for row in done),
+                **_batch_cells(group_by, done),
             }
         )
     return summary
+
+
+def _batch_cells(group_by: Sequence[str], done: Sequence[StoredTrial]) -> dict[str, Any]:
+    """Return the mean total tokens/s of a group when the summary groups by batch size."""
+    if not set(BATCH_GROUP) <= set(group_by):
+        return {}
+    return {"total_tokens_per_s": mean_or_none(row.total_tokens_per_s for row in done)}
 
 
 def _mean_of_all(values: Iterable[float | None]) -> float | None:
@@ -319,11 +348,13 @@ def interval_text(row: StoredTrial, figure: str) -> str:
 
 
 def trial_label(row: StoredTrial) -> str:
-    """Return "id (policy params, max DL n, pair, dataset, temp t)" for messages."""
+    """Return "id (policy params, max DL n, pair, dataset, temp t)" for messages (and
+    ", batch B" when the batch size is not 1)."""
     params = format_params(row.params or {})
+    batch = f", batch {row.batch_size}" if (row.batch_size or 1) != 1 else ""
     return (
         f"{row.trial_id} ({row.policy} {params}, max DL {row.max_draft_len}, "
-        f"{row.pair}, {row.dataset}, temp {format_value(row.temperature)})"
+        f"{row.pair}, {row.dataset}, temp {format_value(row.temperature)}{batch})"
     )
 
 

@@ -285,11 +285,12 @@ def _print_results(
 ) -> None:
     """Print the end-of-run summary table of a sweep's trial rows, then how its best settings
     were chosen."""
-    summary = report.summary_rows(rows, measured=measured)
+    group, columns = report.summary_layout(rows)
+    summary = report.summary_rows(rows, group, measured=measured)
     print_table(
         console,
         summary,
-        report.SUMMARY_COLUMNS,
+        columns,
         f"sweep {sweep}: means over done trials (speedups vs the AR baseline; decode-only "
         "excludes prefill, e2e includes it)",
     )

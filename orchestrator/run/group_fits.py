@@ -24,12 +24,14 @@ from orchestrator.sweep.trial import fit_group_identity
 
 
 def store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:
-    """Fit and store the cost model of every group not in ``skip``; return a note per group."""
+    """Fit and store the cost model of every group not in ``skip``; return a note per group.
+
+    Groups at a batch size above 1 are not fit: the cost model prices batch-1 rounds."""
     if not spec.execution.record_rounds:
         return ["no cost fit: the sweep ran with record_rounds: false, so no rounds are stored"]
     grouped: dict[str, list[Trial]] = {}
     for trial in plan.trials:
-        if trial.mode == LIVE_MODE:
+        if trial.mode == LIVE_MODE and trial.batch_size == 1:
             grouped.setdefault(fit_group_key(trial), []).append(trial)
     notes = []
     for key, trials in grouped.items():

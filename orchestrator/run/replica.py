@@ -158,7 +158,8 @@ class GroupReplica:
                 ArmRequest(trial.trial_id, self._request(trial, arm.samples)) for trial, arm in arms
             )
             start = time.perf_counter()
-            ref = draft.run_arms.remote(GroupRequest(requests, seed=first.seed))
+            group = GroupRequest(requests, seed=first.seed, shard=unit.shard)
+            ref = draft.run_arms.remote(group)
             done: GroupResults = self._wait(draft, ref)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, WorkerStalled):
             self.close()
@@ -341,6 +342,7 @@ class GroupReplica:
             artifact_path=self.artifacts[setting.job] if setting.job else None,
             draft_kind=trial.served.draft_kind,
             draft_settings=dict(trial.served.draft_settings),
+            batch_size=trial.batch_size,
         )
 
     def _draft(self, pair: str) -> Any:

@@ -292,7 +292,7 @@ class _SweepRun:
                 group,
                 [trial.trial_id for trial in arms],
                 first.prompts.samples,
-                self.spec.execution.shard_prompts,
+                max(self.spec.execution.shard_prompts, first.batch_size),
                 repeats=first.repeats,
                 ordered=ordered,
             )

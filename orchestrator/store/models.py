@@ -170,6 +170,13 @@ class TrialRow(Base):
     decode_tokens_per_s_high: Mapped[float | None] = mapped_column(Float)
     decode_speedup_low: Mapped[float | None] = mapped_column(Float)
     decode_speedup_high: Mapped[float | None] = mapped_column(Float)
+    #: Batches (revision 0010): how many prompts decoded together (1 for trials stored before),
+    #: and the throughput, generated tokens over the samples' shares of the batch's wall time,
+    #: with its 95% interval. ``tokens_per_s`` and ``decode_tokens_per_s`` are per sequence.
+    batch_size: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    total_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    total_tokens_per_s_low: Mapped[float | None] = mapped_column(Float)
+    total_tokens_per_s_high: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (
         _status_check("ck_trials_status", TRIAL_STATUSES),
@@ -197,6 +204,7 @@ TRIAL_METRIC_COLUMNS = (
     "prefill_seconds",
     "decode_seconds",
     "decode_tokens_per_s",
+    "total_tokens_per_s",
 )
 #: The headline figures of a trial (people filter and plot these): TrialMetrics' and the
 #: speedups, decode-only first (the seed papers' measure), then end to end.
@@ -219,6 +227,7 @@ INTERVAL_FIGURES = (
     "speedup",
     "acceptance_rate",
     "mean_accepted",
+    "total_tokens_per_s",
 )
 #: The speedups among them: the store computes them against the baseline (not TrialMetrics).
 SPEEDUP_FIGURES = ("decode_speedup", "speedup")
@@ -260,6 +269,8 @@ class SampleResultRow(Base):
     decode_seconds: Mapped[float | None] = mapped_column(Float)
     decode_tokens_per_s: Mapped[float | None] = mapped_column(Float)
     decode_speedup: Mapped[float | None] = mapped_column(Float)
+    #: The sample's share of its batch's wall time (revision 0010; None when decoded alone).
+    batch_seconds: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("trial_id", "sample_index", name="uq_sample_results"),)
 

@@ -125,6 +125,10 @@ class StoredTrial:
     decode_tokens_per_s_high: float | None
     decode_speedup_low: float | None
     decode_speedup_high: float | None
+    batch_size: int = 1
+    total_tokens_per_s: float | None = None
+    total_tokens_per_s_low: float | None = None
+    total_tokens_per_s_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,7 @@ class StoredSample:
     decode_seconds: float | None
     decode_tokens_per_s: float | None
     decode_speedup: float | None
+    batch_seconds: float | None = None
 
 
 @dataclass(frozen=True)

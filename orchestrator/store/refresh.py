@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -73,13 +74,21 @@ def _refresh_trial(session: Session, row: TrialRow) -> None:
             .order_by(SampleResultRow.sample_index)
         )
     )
-    intervals = trial_intervals(
-        [
-            SampleCounts(
-                s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds, s.decode_seconds
-            )
-            for s in samples
-        ]
+    counts = [
+        SampleCounts(
+            s.generated_tokens,
+            s.seconds,
+            s.drafted,
+            s.accepted,
+            s.n_rounds,
+            s.decode_seconds,
+            s.batch_seconds,
+        )
+        for s in samples
+    ]
+    intervals = trial_intervals(counts)
+    row.total_tokens_per_s = ratio(
+        sum(c.tokens for c in counts), math.fsum(c.share_seconds for c in counts)
     )
     for name in INTERVAL_COLUMNS:
         interval = getattr(intervals, name)

@@ -93,6 +93,7 @@ def sample_values(
         "prefill_seconds": result.prefill_seconds,
         "decode_seconds": result.decode_seconds,
         "decode_tokens_per_s": sample_decode_tokens_per_s(result),
+        "batch_seconds": result.batch_seconds,
     }
 
 

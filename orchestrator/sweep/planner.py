@@ -16,8 +16,9 @@ names) is one trial, stored once, and resubmitting a sweep skips trials already 
 own ``trust_remote_code`` enters the identity only when set, so older ids are unchanged.
 
 An AR baseline (policy ``ar``, max draft length 0) is added per (pair, dataset, temperature,
-seed); it keeps the draft in its identity because speedups compare against the same pair's
-worker processes. Each trial carries its baseline's id.
+seed, batch size); it keeps the draft in its identity because speedups compare against the same
+pair's worker processes. Each trial carries its baseline's id. A batch size enters an id only
+when it is not 1 (``Trial.batch_entry``), so ids planned before batch sizes existed stay.
 """
 
 from __future__ import annotations
@@ -152,8 +153,9 @@ class Plan:
 def plan_sweep(spec: SweepSpec) -> Plan:
     """Expand ``spec`` into an ordered, de-duplicated :class:`Plan`.
 
-    Order: by pair (each pair's models load once), then dataset, temperature and seed, with the
-    AR baseline first in each group. Greedy-only policies are skipped at temperature > 0. In
+    Order: by pair (each pair's models load once), then dataset, temperature, seed and batch
+    size, with the AR baseline (at the group's batch size) first in each group. Greedy-only
+    policies are skipped at temperature > 0. In
     ``mode: replay`` each group has the live baseline, then the live check trials
     (``execution.live_check``: one or a list), then every policy trial in mode ``replay``.
     """
@@ -167,12 +169,12 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     skipped: list[SkippedGroup] = []
     for pair in spec.pairs:
         served = _served_pair(pair, job_ids)
-        for dataset, temperature, seed in itertools.product(
-            spec.datasets, spec.temperatures, sorted(set(spec.seeds))
+        for dataset, temperature, seed, batch_size in itertools.product(
+            spec.datasets, spec.temperatures, sorted(set(spec.seeds)), sorted(set(spec.batch_sizes))
         ):
             sampling = _sampling(temperature, dataset.max_new_tokens)
             group = _TrialGroup(
-                spec, pair.name, served, prompt_set(dataset), sampling, seed, job_ids
+                spec, pair.name, served, prompt_set(dataset), sampling, seed, job_ids, batch_size
             )
             baseline = group.baseline()
             trials.setdefault(baseline.trial_id, baseline)
@@ -296,7 +298,8 @@ def _sorted_items(settings: list[dict[str, Any]]) -> list[ParamItems]:
 
 @dataclass(frozen=True)
 class _TrialGroup:
-    """One (pair, dataset, sampling, seed) cell of the grid; builds its trials from its parts."""
+    """One (pair, dataset, sampling, seed, batch size) cell of the grid; builds its trials from
+    its parts."""
 
     spec: SweepSpec
     pair: str
@@ -305,6 +308,7 @@ class _TrialGroup:
     sampling: SamplingConfig
     seed: int
     job_ids: dict[str, str]
+    batch_size: int = 1
 
     @property
     def temperature(self) -> float:
@@ -342,6 +346,7 @@ class _TrialGroup:
             baseline_id=baseline_id,
             mode=mode,
             repeats=self.spec.execution.repeats,
+            batch_size=self.batch_size,
         )
 
     def _setting(
@@ -385,8 +390,12 @@ class _TrialGroup:
             seed=self.seed,
             policy=policy,
             n_trials=n_trials,
-            reason=f"{reason} at temperature {self.temperature:g}",
+            reason=f"{reason} at temperature {self.temperature:g}" + self._batch_note(),
         )
+
+    def _batch_note(self) -> str:
+        """Return ", batch size B" for a batch size other than 1 (else nothing)."""
+        return "" if self.batch_size == 1 else f", batch size {self.batch_size}"
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ MAX_NEW_TOKENS_LIMIT = 100_000
 MAX_TP_SIZE = 64
 MAX_GPUS = 64.0
 MAX_GRID_TRIALS = 100_000
+#: The largest batch size a sweep may measure (``batch_sizes``).
+MAX_BATCH_SIZE = 1024
 ZOO_PREFIX = "zoo:"
 #: A training job's ``base`` of the form ``job:NAME`` starts from another job's draft artifact.
 JOB_REF_PREFIX = "job:"
@@ -606,6 +608,7 @@ class SweepSpec(_Frozen):
     policies: NonEmpty[PolicySpec]
     max_draft_lens: NonEmpty[Annotated[int, Field(ge=1, le=MAX_DRAFT_LEN_LIMIT)]]
     seeds: NonEmpty[Annotated[int, Field(ge=0, lt=2**32)]] = (0,)
+    batch_sizes: NonEmpty[Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]] = (1,)
     training_jobs: tuple[TrainingJobSpec, ...] = ()
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
 
@@ -639,6 +642,7 @@ class SweepSpec(_Frozen):
             problems += self._replay_problems()
         if self.execution.mode != "live":
             problems += self._record_rounds_problems()
+        problems += self._batch_problems()
         size = self.grid_size()
         if size > MAX_GRID_TRIALS:
             problems.append(((), f"the grid expands to {size} trials (limit {MAX_GRID_TRIALS})"))
@@ -686,6 +690,40 @@ class SweepSpec(_Frozen):
                 problems.append((("policies", index, "job"), message))
                 continue
             for message in _replay_problems(policy.name, policy.settings()):
+                problems.append((("policies", index), message))
+        return problems
+
+    def _batch_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return what cannot run at a batch size above 1: a replaying sweep (replay times
+        batch-1 rounds), a deepspeed target, a draft other than a model, a policy whose state
+        persists across requests (each request of a batch gets its own policy)."""
+        batched = [size for size in self.batch_sizes if size > 1]
+        if not batched:
+            return []
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        if self.execution.mode != "live":
+            problems.append(
+                (
+                    ("batch_sizes",),
+                    f"batch sizes {batched} run only live, but execution.mode is "
+                    f"{self.execution.mode!r}: set execution.mode: live or batch_sizes: [1]",
+                )
+            )
+        for index, pair in enumerate(self.pairs):
+            if pair.target.backend != "hf":
+                loc = ("pairs", index, "target", "backend")
+                message = f"batch sizes {batched} (batch_sizes) need backend hf"
+                problems.append((loc, message))
+            if pair.draft.kind != "lm":
+                loc = ("pairs", index, "draft", "kind")
+                message = f"batch sizes {batched} (batch_sizes) need a draft model (kind lm)"
+                problems.append((loc, message))
+        for index, policy in enumerate(self.policies):
+            if any(setting.get("persist_across_requests") for setting in policy.settings()):
+                message = (
+                    f"batch sizes {batched} (batch_sizes) give each request its own policy, so "
+                    "persist_across_requests must be false"
+                )
                 problems.append((("policies", index), message))
         return problems
 
@@ -741,6 +779,7 @@ class SweepSpec(_Frozen):
             * len(self.temperatures)
             * settings
             * len(self.seeds)
+            * len(self.batch_sizes)
         )
 
 

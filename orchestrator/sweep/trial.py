@@ -194,7 +194,9 @@ class Trial:
     group's AR baseline (None for the baseline itself). ``is_check`` marks a replaying group's
     live check (not part of the identity). ``repeats`` is how often each prompt is decoded
     (``execution.repeats``); it enters the id and the columns only when it is not 1, so the
-    ids of trials planned before repeats existed are unchanged.
+    ids of trials planned before repeats existed are unchanged. ``batch_size`` is how many of
+    its prompts decode together (``batch_sizes``); it enters the id and the columns only when it
+    is not 1, as ``repeats`` does, and the group's AR baseline runs at the same batch size.
     """
 
     sweep: str
@@ -210,10 +212,12 @@ class Trial:
     is_check: bool = False
     code_version: str = CODE_VERSION
     repeats: int = 1
+    batch_size: int = 1
 
     def identity(self) -> dict[str, Any]:
         """Return what the trial id hashes: every part's identity, the seed, the warm-up, the
-        code version, the mode when it is not ``live`` and the repeats when not 1."""
+        code version, the mode when it is not ``live``, the repeats and the batch size when
+        not 1."""
         mode = {} if self.mode == LIVE_MODE else {"mode": self.mode}
         return {
             **self.served.identity(),
@@ -225,6 +229,7 @@ class Trial:
             "code_version": self.code_version,
             **mode,
             **self._repeats(),
+            **self.batch_entry(),
         }
 
     @cached_property
@@ -269,19 +274,30 @@ class Trial:
             "mode": self.mode,
             "is_check": self.is_check,
             **self._repeats(),
+            **self.batch_entry(),
         }
 
     def _repeats(self) -> dict[str, int]:
         """Return the identity and column entry of ``repeats`` (none for the default 1)."""
         return {} if self.repeats == 1 else {"repeats": self.repeats}
 
+    def batch_entry(self) -> dict[str, int]:
+        """Return the identity and column entry of ``batch_size`` (none for the default 1)."""
+        return {} if self.batch_size == 1 else {"batch_size": self.batch_size}
+
 
 def fit_group_identity(trial: Trial) -> dict[str, Any]:
     """Return what a cost-fit group is: the pair (by name), the prompt set and the sampling.
 
-    Seeds and policies share a group: the cost of a forward depends on neither.
+    Seeds and policies share a group: the cost of a forward depends on neither. The batch size
+    does, so it enters when it is not 1 (keys of batch-1 groups are unchanged).
     """
-    return {"pair": trial.pair, **trial.prompts.identity(), **asdict(trial.sampling)}
+    return {
+        "pair": trial.pair,
+        **trial.prompts.identity(),
+        **asdict(trial.sampling),
+        **trial.batch_entry(),
+    }
 
 
 def fit_group_key(trial: Trial) -> str:

@@ -48,6 +48,7 @@ COMMANDS = (
     ("compare",),
     ("refresh",),
     ("export",),
+    ("schedule",),
     ("zoo",),
     ("zoo", "build"),
 )
@@ -353,6 +354,25 @@ def test_status_of_an_unknown_sweep_exits_2(
 ) -> None:
     assert cli.main(["--db", filled.url, "status", "nope"]) == 2
     assert "no sweep named 'nope'" in capsys.readouterr().err
+
+
+def test_schedule_writes_the_static_k_for_each_engine(
+    filled: FilledStore, capsys: pytest.CaptureFixture
+) -> None:
+    k = trial_of(filled.plan, "static").setting.max_draft_len
+    assert cli.main(["--db", filled.url, "schedule", filled.spec.name, "--format", "trtllm"]) == 0
+    out = capsys.readouterr().out
+    assert "best static K per batch size" in " ".join(out.split())
+    assert f"  max_draft_len: {k}\n  draft_len_schedule:\n    1: {k}\n" in out
+    assert cli.main(["schedule", str(filled.path), "--format", "vllm"]) == 0  # a whole store
+    (snippet,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert json.loads(snippet)["num_speculative_tokens_per_batch_size"] == [[1, 1, k]]
+
+
+def test_schedule_errors_exit_2(filled: FilledStore, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["--db", filled.url, "schedule", "nope", "--format", "vllm"]) == 2
+    assert "no sweep named 'nope'" in capsys.readouterr().err
+    assert cli.main(["--db", filled.url, "schedule", filled.spec.name, "--format", "x"]) == 2
 
 
 def _check_exported(rows: list[dict[str, Any]], filled: FilledStore) -> None:

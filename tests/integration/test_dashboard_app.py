@@ -20,6 +20,7 @@ from support.dashboard_seed import (
     SYNTHETIC_T_DRAFT,
     SYNTHETIC_T_TARGET,
     seed_real_sweep,
+    seed_synthetic_batches,
     seed_synthetic_sweeps,
 )
 from support.paths import REPO
@@ -28,7 +29,7 @@ from dashboard.data import FILL_COMMAND
 from orchestrator.store import open_store
 
 APP = REPO / "dashboard" / "app.py"
-FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS = (
+FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS, BATCHES = (
     "views/frontiers.py",
     "views/paper_tables.py",
     "views/robustness.py",
@@ -36,8 +37,9 @@ FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS = (
     "views/cost_model.py",
     "views/compare.py",
     "views/compare_trials.py",
+    "views/batches.py",
 )
-PAGES = (FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS)
+PAGES = (FRONTIERS, TABLES, ROBUSTNESS, ACCEPTANCE, COST, COMPARE, COMPARE_TRIALS, BATCHES)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,14 @@ def synthetic_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A store holding the synthetic sweeps (hand-made results, exact cost model)."""
     url = f"sqlite:///{tmp_path_factory.mktemp('dash-app') / 'results.db'}"
     seed_synthetic_sweeps(url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def batches_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store holding a synthetic sweep measured at batch sizes 1, 4 and 16."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('dash-batches') / 'results.db'}"
+    seed_synthetic_batches(url)
     return url
 
 
@@ -217,6 +227,27 @@ def test_compare_page_lines_up_two_sweeps(synthetic_url, monkeypatch) -> None:
     delta = static["tokens_per_s B"].item() - static["tokens_per_s A"].item()
     assert static["tokens_per_s Δ"].item() == pytest.approx(delta, abs=1e-3)
     assert len(app.download_button) == 1 and len(figures(app)) == 1
+
+
+def test_batch_page_plots_the_crossover_and_the_frontier(batches_url, monkeypatch) -> None:
+    app = open_app(batches_url, monkeypatch, BATCHES)
+    crossover, frontier = figures(app)
+    (static,) = [t for t in crossover["data"] if t["name"] == "static, micro"]  # policy, pair
+    assert static["x"] == [1, 4, 16]
+    assert static["y"][0] > 1.0 > static["y"][-1]  # speculation stops paying as B grows
+    assert [shape["y0"] for shape in crossover["layout"]["shapes"]] == [1.0]
+    assert crossover["layout"]["xaxis"]["type"] == "log"
+    assert {t["name"] for t in frontier["data"]} == {"ar", "static"}
+    ar = [t for t in frontier["data"] if t["name"] == "ar"]
+    assert sorted(x for t in ar for x in t["text"]) == [1, 4, 16]
+
+
+def test_batch_page_says_how_to_measure_batches_on_a_batch_one_sweep(
+    synthetic_url, monkeypatch
+) -> None:
+    app = open_app(synthetic_url, monkeypatch, BATCHES)
+    assert "batch_sizes" in app.info[0].value
+    assert not figures(app)
 
 
 def test_pages_never_write_to_the_store(synthetic_url, monkeypatch) -> None:

@@ -16,12 +16,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from support.dashboard_seed import seed_real_sweep
+from support.dashboard_seed import seed_real_sweep, seed_synthetic_batches
 from support.paths import REPO
 
 from dashboard.charts import PALETTE, POLICY_ORDER
@@ -57,6 +59,13 @@ def real_url(micro_zoo, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def served_app(real_url: str, tmp_path: Path):
     """Yield the URL of ``streamlit run dashboard/app.py`` on the real store (localhost only)."""
+    with serving(real_url, tmp_path) as url:
+        yield url
+
+
+@contextmanager
+def serving(store_url: str, tmp_path: Path) -> Iterator[str]:
+    """Yield the URL of ``streamlit run dashboard/app.py`` on ``store_url`` (localhost only)."""
     port = free_port("127.0.0.1")
     log = (tmp_path / "streamlit.log").open("w")
     command = [
@@ -75,7 +84,7 @@ def served_app(real_url: str, tmp_path: Path):
         "false",
         "--",
         "--db",
-        real_url,
+        store_url,
     ]
     server = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -167,3 +176,29 @@ def test_pareto_page_draws_the_frontiers_in_chromium(served_app: str, tmp_path: 
     plot_area = main[:, :-LEGEND_WIDTH, :]  # data markers and lines, legend swatches excluded
     in_plot = sum(colour_pixels(plot_area, hex_) for hex_ in trace_colours().values())
     assert in_plot >= MIN_TRACE_PIXELS, (in_plot, path)
+
+
+def charts_screenshot(url: str, tmp_path: Path, name: str) -> tuple[np.ndarray, Path]:
+    """Return the main area of a screenshot of ``url`` once its charts are drawn (retried until
+    ``SCREENSHOT_DEADLINE_S``), and the screenshot's path."""
+    deadline = time.monotonic() + SCREENSHOT_DEADLINE_S
+    attempt = 0
+    while True:
+        path = tmp_path / f"{name}-{attempt}.png"
+        image = screenshot(url, path, tmp_path / f"{name}-profile-{attempt}")
+        main = np.asarray(image, dtype=int)[:, MAIN_AREA_LEFT:, :]
+        if coloured_pixels(main) >= MIN_COLOURED_PIXELS or time.monotonic() > deadline:
+            return main, path
+        time.sleep(RETRY_PAUSES_S[min(attempt, len(RETRY_PAUSES_S) - 1)])
+        attempt += 1
+
+
+@pytest.mark.slow
+def test_batch_page_draws_the_crossover_in_chromium(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'batches.db'}"
+    seed_synthetic_batches(store)
+    with serving(store, tmp_path) as url:
+        main, path = charts_screenshot(f"{url}batches", tmp_path, "batches")
+    assert coloured_pixels(main) >= MIN_COLOURED_PIXELS, f"no chart drawn: {path}"
+    static = PALETTE[POLICY_ORDER.index("static")]
+    assert colour_pixels(main[:, :-LEGEND_WIDTH, :], static) >= MIN_TRACE_PIXELS, path

@@ -221,3 +221,62 @@ def synthetic_result(trial: Trial, sample: int, scale: float) -> GenerationResul
         rounds=records,
         seconds=sum(r.draft_seconds + r.verify_seconds for r in records),
     )
+
+
+BATCH_SWEEP = """
+name: synthetic-batches
+pairs:
+  - name: micro
+    target: {model: "zoo:micro/target"}
+    draft: {model: "zoo:micro/draft-s"}
+datasets:
+  - {name: "builtin:code", samples: 2, max_new_tokens: 12}
+temperatures: [0.0]
+policies:
+  - name: static
+max_draft_lens: [2, 4]
+batch_sizes: [1, 4, 16]
+"""
+#: How much a synthetic verify slows per drafted token and extra row of the batch.
+BATCH_VERIFY_GROWTH = 0.2
+
+
+def seed_synthetic_batches(url: str) -> list[Trial]:
+    """Record :data:`BATCH_SWEEP` with synthetic results whose speedup falls with the batch size:
+    a round's verify costs t_target · (1 + growth · (B − 1) · drafted), and each sample's share
+    of the batch's wall time is its seconds / B. Returns the planned trials."""
+    spec = parse_sweep(BATCH_SWEEP, "batches.yaml")
+    plan = plan_sweep(spec)
+    with open_store(url) as store:
+        store.register_sweep(spec, plan)
+        for trial in plan.trials:
+            results = [batched_result(trial, sample) for sample in range(2)]
+            store.record_trial(trial, results, trial_metrics(results))
+    return list(plan.trials)
+
+
+def batched_result(trial: Trial, sample: int) -> GenerationResult:
+    """Return a synthetic result of ``trial`` at its batch size (:func:`seed_synthetic_batches`)."""
+    alone = synthetic_result(trial, sample, 1.0)
+    growth = BATCH_VERIFY_GROWTH * (trial.batch_size - 1)
+    rounds = [
+        RoundRecord(
+            r.drafted,
+            r.accepted,
+            r.bonus,
+            r.draft_forwards,
+            r.draft_seconds,
+            r.verify_seconds * (1 + growth * r.drafted),
+        )
+        for r in alone.rounds
+    ]
+    seconds = sum(r.draft_seconds + r.verify_seconds for r in rounds)
+    return GenerationResult(
+        prompt_ids=alone.prompt_ids,
+        output_ids=alone.output_ids,
+        rounds=rounds,
+        seconds=seconds,
+        prefill_seconds=0.0,
+        decode_seconds=seconds,
+        batch_seconds=seconds / trial.batch_size if trial.batch_size > 1 else None,
+    )

@@ -87,6 +87,7 @@ def make_trials(rows=ROWS) -> pd.DataFrame:
             n_accepted=n_accepted,
             draft=None if draft_job else "d-model",
             draft_job=draft_job,
+            batch_size=1,
         )
         records.append(record)
     return pd.DataFrame(records, columns=list(data.TRIAL_COLUMNS))
@@ -114,6 +115,7 @@ def test_filter_options_leave_out_the_baselines_max_length() -> None:
         "datasets": ["code", "math"],
         "temperatures": [0.0, 1.0],
         "max_draft_lens": [2, 4],
+        "batch_sizes": [1],
     }
 
 
