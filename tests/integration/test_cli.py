@@ -457,11 +457,12 @@ def test_submit_when_everything_is_done_says_so(
     assert fake_runner.calls == ["preflight"]
     summary = [line for line in out.splitlines() if "│ static" in line]
     cells = [cell.strip() for cell in summary[0].split("│")[1:-1]]
-    # pair, dataset, temp, policy, max DL, trials, done, decode tokens/s, decode speedup, e2e
-    # tokens/s, e2e speedup, best, CI, best's prompts, acceptance (results without decode
-    # seconds: no decode-only figures; the interval of two identical samples is a point)
+    # pair, draft kind, dataset, temp, policy, max DL, trials, done, decode tokens/s, decode
+    # speedup, e2e tokens/s, e2e speedup, best, CI, best's prompts, acceptance (results without
+    # decode seconds: no decode-only figures; the interval of two identical samples is a point)
     assert cells == [
         "demo",
+        "lm",
         "builtin:code",
         "0",
         "static",
