@@ -155,7 +155,7 @@ def _check_pair(
         draft_tokenizer = _load_tokenizer(draft, f"{draft_at}.model", problems, trust)
         if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
             problems.append(
-                f"{draft_at}: the draft's tokenizer ({draft_ref}) differs from the "
+                f"{where}: the draft's tokenizer ({draft_ref}) differs from the "
                 f"target's ({pair.target.model}); speculative decoding needs one vocabulary"
             )
         if draft_tokenizer is not None:
