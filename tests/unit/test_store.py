@@ -188,7 +188,7 @@ def test_prefill_decode_migration_keeps_rows_and_leaves_old_ones_without_a_split
 def test_draft_kind_migration_gives_stored_rows_lm_and_new_trials_their_kind(
     db_url: str,
 ) -> None:
-    """0010 adds ``trials.draft_kind``: a trial stored at 0009 reads back as ``lm`` after the
+    """0011 adds ``trials.draft_kind``: a trial stored at 0009 reads back as ``lm`` after the
     upgrade, a lookup draft's trial is stored as ``ngram``, and a downgrade keeps every row."""
     spec, plan = spec_and_plan(
         SWEEP.replace("draft: zoo:micro/draft-s", "drafts: [zoo:micro/draft-s, {kind: ngram}]")

@@ -84,7 +84,7 @@ PINNED = [
 def _digest(plan: Plan) -> str:
     """Return a short hash of every id, key and store value the plan yields.
 
-    The ``draft_kind`` column (revision 0010) came after these pins: it is checked to be
+    The ``draft_kind`` column (revision 0011) came after these pins: it is checked to be
     ``lm`` apart and left out of the hashed values, so the pins still cover everything else.
     """
     rows: list[object] = [
