@@ -1,7 +1,9 @@
 """Plotly figure builders for the dashboard pages (data in, figure out; no Streamlit).
 
 Each policy keeps one colour on every page (:func:`policy_colors`); the greedy oracle is drawn
-as black stars and the AR baseline in grey, as references rather than competitors.
+as black stars and the AR baseline in grey, as references rather than competitors. Where the
+trials have drafts of several kinds (``trials.draft_kind``), the Pareto view draws each policy
+once per kind, labelled ``policy (kind)`` and marked by the kind's symbol (:data:`KIND_SYMBOLS`).
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ HOVER_COLUMNS = (
     "tokens_per_s",
     "speedup",
     "acceptance_rate",
+    "draft_kind",
 )
 _HOVER = (
-    "<b>%{customdata[0]}</b><br>threshold %{customdata[1]}<br>max draft length "
-    "%{customdata[2]}<br>trials %{customdata[3]}<br>tokens/s %{customdata[4]:.3g}<br>"
-    "speedup %{customdata[5]:.3g}<br>acceptance %{customdata[6]:.3g}<br>"
-    "x %{x:.3g}, y %{y:.3g}<extra></extra>"
+    "<b>%{customdata[0]}</b> (%{customdata[7]} draft)<br>threshold %{customdata[1]}<br>max "
+    "draft length %{customdata[2]}<br>trials %{customdata[3]}<br>tokens/s "
+    "%{customdata[4]:.3g}<br>speedup %{customdata[5]:.3g}<br>acceptance %{customdata[6]:.3g}"
+    "<br>x %{x:.3g}, y %{y:.3g}<extra></extra>"
 )
+#: The marker of each draft kind's points on the Pareto view.
+KIND_SYMBOLS = {"lm": "circle", "ngram": "diamond", "eagle": "square"}
 
 
 def policy_colors(policies: Iterable[str]) -> dict[str, str]:
@@ -73,21 +78,26 @@ def frontier_figure(
     figure = go.Figure()
     colours = policy_colors(points["policy"].unique())
     drafting = points[~points["is_baseline"] & (points["policy"] != ORACLE_POLICY)]
-    for policy, rows in drafting.groupby("policy", sort=True):
-        colour = colours[policy]
-        figure.add_trace(_markers(rows, x, y, policy, colour, dict(size=9, opacity=0.45)))
+    several = drafting["draft_kind"].nunique(dropna=False) > 1
+    for (policy, kind), rows in drafting.groupby(["policy", "draft_kind"], sort=True):
+        name = f"{policy} ({kind})" if several else str(policy)
+        colour, symbol = colours[policy], KIND_SYMBOLS.get(str(kind), "circle")
+        style = dict(size=9, opacity=0.45, symbol=symbol)
+        figure.add_trace(_markers(rows, x, y, name, colour, style))
         if {f"{y}_low", f"{y}_high"} <= set(rows.columns):
-            figure.add_trace(_error_bars(rows, x, y, policy, colour))
+            figure.add_trace(_error_bars(rows, x, y, name, colour))
         front = rows[rows["on_front"]].sort_values([x, y])
         figure.add_trace(
             go.Scatter(
                 x=front[x],
                 y=front[y],
                 mode="lines+markers",
-                name=policy,
-                legendgroup=policy,
-                line=dict(color=colour, width=3),
-                marker=dict(color=colour, size=11),
+                name=name,
+                legendgroup=name,
+                line=dict(
+                    color=colour, width=3, dash="dot" if several and kind != "lm" else "solid"
+                ),
+                marker=dict(color=colour, size=11, symbol=symbol),
                 customdata=front[list(HOVER_COLUMNS)],
                 hovertemplate=_HOVER,
             )
@@ -128,7 +138,7 @@ def _markers(
         y=rows[y],
         mode="markers",
         name=name,
-        legendgroup=name if show_legend else str(rows["policy"].iloc[0]),
+        legendgroup=name,
         showlegend=show_legend,
         marker=dict(color=colour, **style),
         customdata=rows[list(HOVER_COLUMNS)],

@@ -85,6 +85,8 @@ ORACLE_POLICY = "oracle"
 #: The figures the pages compare settings by (the store's headline trial metrics).
 METRIC_COLUMNS = HEADLINE_METRICS
 SETTING_COLUMNS = ("threshold", "max_draft_len")
+#: What a Pareto point and frontier belong to: a policy on drafts of one kind (or the baseline).
+FRONTIER_KEYS = ["policy", "draft_kind", "is_baseline"]
 #: Trial columns the dashboard keeps (JSON columns other than params are dropped).
 TRIAL_COLUMNS = (
     "trial_id",
@@ -92,6 +94,7 @@ TRIAL_COLUMNS = (
     "target",
     "draft",
     "draft_job",
+    "draft_kind",
     "dataset",
     "split",
     "samples",
@@ -141,7 +144,7 @@ class Speed:
 DECODE_ONLY = Speed("decode_tokens_per_s", "decode_speedup", "decode-only")
 END_TO_END = Speed("tokens_per_s", "speedup", "end-to-end")
 #: What the best-setting table shows: one row per policy and cell of the grid.
-BEST_GROUP = ("pair", "dataset", "temperature", "policy")
+BEST_GROUP = ("pair", "draft_kind", "dataset", "temperature", "policy")
 
 
 def speeds(trials: pd.DataFrame) -> list[Speed]:
@@ -370,18 +373,20 @@ def config_points(trials: pd.DataFrame) -> pd.DataFrame:
     """Return one point per policy setting: mean metrics over the trials that share it.
 
     These are the points of the Pareto views: a policy's threshold sweep gives one point per
-    (threshold, max draft length), averaged over the selected pairs, datasets, temperatures.
+    (threshold, max draft length) and draft kind, averaged over the selected pairs, datasets,
+    temperatures.
     Each point carries a 95% interval (``<metric>_low/_high``, its error bars): a point of one
     trial keeps that trial's interval bounds; a mean of k trials gets mean ± √(Σ h_i²)/k, h_i
     a trial's half-width (the trials measured independently, normal approximation). NaN when
     a trial of the point has no interval.
     """
-    means = setting_means(trials, ["policy", "is_baseline"], METRIC_COLUMNS)
-    group = ["policy", "is_baseline", *SETTING_COLUMNS]
+    means = setting_means(trials, FRONTIER_KEYS, METRIC_COLUMNS)
+    group = [*FRONTIER_KEYS, *SETTING_COLUMNS]
     for figure in INTERVAL_FIGURES:
         bounds = pooled_intervals(trials, group, figure)
         means = means.merge(bounds, on=group, how="left")
-    return means.sort_values(["policy", "max_draft_len", "threshold"]).reset_index(drop=True)
+    order = ["policy", "draft_kind", "max_draft_len", "threshold"]
+    return means.sort_values(order).reset_index(drop=True)
 
 
 def pooled_intervals(trials: pd.DataFrame, group: list[str], figure: str) -> pd.DataFrame:
@@ -414,13 +419,14 @@ def pooled_intervals(trials: pd.DataFrame, group: list[str], figure: str) -> pd.
 def mark_frontiers(
     points: pd.DataFrame, x: str, y: str, maximise_x: bool, maximise_y: bool
 ) -> pd.DataFrame:
-    """Return ``points`` with an ``on_front`` column: Pareto-optimal within its policy on (x, y).
+    """Return ``points`` with an ``on_front`` column: Pareto-optimal within its policy and
+    draft kind on (x, y).
 
-    Exists to draw one frontier per policy from its threshold sweep.
+    Exists to draw one frontier per policy and draft kind from its threshold sweep.
     """
     marked = points.copy()
     marked["on_front"] = False
-    for _policy, rows in marked.groupby("policy", sort=False):
+    for _key, rows in marked.groupby(["policy", "draft_kind"], sort=False, dropna=False):
         mask = pareto_mask(rows[[x, y]].to_numpy(dtype=float), [maximise_x, maximise_y])
         marked.loc[rows.index, "on_front"] = mask
     return marked

@@ -77,9 +77,9 @@ def speedup_by_domain_table(trials: pd.DataFrame, speed: Speed = END_TO_END) -> 
 def trial_interval_table(trials: pd.DataFrame) -> pd.DataFrame:
     """Return one row per trial: its configuration and each figure with its 95% interval.
 
-    Columns: policy, setting, pair, dataset, temperature, then per figure the estimate and
-    ``<figure> low`` / ``<figure> high`` (the stored interval bounds; speedup's paired with
-    the AR baseline's prompts), best speedup first.
+    Columns: policy, setting, pair, draft kind, dataset, temperature, then per figure the
+    estimate and ``<figure> low`` / ``<figure> high`` (the stored interval bounds; speedup's
+    paired with the AR baseline's prompts), best speedup first.
     """
     table = pd.DataFrame(
         {
@@ -89,6 +89,7 @@ def trial_interval_table(trials: pd.DataFrame) -> pd.DataFrame:
                 for t, k in zip(trials["threshold"], trials["max_draft_len"], strict=True)
             ],
             "pair": trials["pair"],
+            "draft kind": trials["draft_kind"],
             "dataset": trials["dataset"],
             "temperature": trials["temperature"],
         }

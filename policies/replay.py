@@ -21,6 +21,11 @@ What replay promises and what it cannot:
   ``GreedyTrace.target_margins`` record the logit gaps so such a difference can be traced.
 - Policies that read hidden states (``hidden``, ``target_hidden``: a trained SpecDec++ head, a
   Cali-TS predictor) are refused; the trace stores no hidden states.
+- A lookup draft (``ngram``) proposes the continuation of a match found in the sequence at
+  the round's start, so its candidates depend on where the round starts, not on the position
+  alone: its trace holds, per round start, the lookup's proposals with their ``match_length``
+  (``GreedyTrace.lookups``), entropy 0 and max probability 1 (a point mass), and no draft
+  forward (``step_cost`` 0). Every policy replays over it (``ngram_match`` only over it).
 - Sampling (temperature > 0): replay is not exact and is not offered. The draft's tokens are
   drawn from the draft-side generator, whose stream position depends on how many tokens earlier
   rounds drafted, the target's acceptance uniforms are drawn per drafted token, and the
@@ -49,13 +54,15 @@ class DraftPrediction:
 
     ``entropy`` (nats) and ``max_prob`` are of the softmax of the raw logits, as the engine
     shows them in greedy mode; ``margin`` is the gap between the two largest logits (small means
-    the argmax is a near-tie).
+    the argmax is a near-tie; None for a lookup's proposal, which has no logits).
+    ``match_length`` is a lookup proposal's match length (None for a draft model's).
     """
 
     token: int
     entropy: float
     max_prob: float
-    margin: float
+    margin: float | None
+    match_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,11 @@ class GreedyTrace:
     is the draft's greedy continuation after prompt + T[:p] + ``on_path[p].token``, as far as a
     round can reach: min(``cap`` − 1, len(T) − 2 − p) tokens. The trace serves any max draft
     length up to ``cap``.
+
+    A lookup draft's trace has instead ``lookups[s]``: the proposals of a round that starts at
+    output position s (at most ``cap``, none past position len(T) − 2; s absent: no match),
+    ``on_path`` and ``off_path`` empty, ``target_margins`` empty (T decoded by the target
+    alone), and ``step_cost`` 0: the draft forwards one proposal costs (1 for a draft model).
     """
 
     prompt_ids: tuple[int, ...]
@@ -80,6 +92,8 @@ class GreedyTrace:
     target_margins: tuple[float, ...]
     on_path: tuple[DraftPrediction, ...]
     off_path: dict[int, tuple[DraftPrediction, ...]] = field(default_factory=dict)
+    lookups: dict[int, tuple[DraftPrediction, ...]] | None = None
+    step_cost: int = 1
 
     @property
     def reference(self) -> tuple[int, ...]:
@@ -103,6 +117,18 @@ class GreedyTrace:
         if first_disagreement is None or position <= first_disagreement:
             return self.on_path[position]
         return self.off_path[first_disagreement][position - first_disagreement - 1]
+
+    def proposal(
+        self, start: int, position: int, first_disagreement: int | None
+    ) -> DraftPrediction | None:
+        """Return the candidate at ``position`` of a round that started at ``start`` (None: the
+        draft proposes nothing more, a lookup past its match): a lookup's proposal, else
+        :meth:`candidate`."""
+        if self.lookups is None:
+            return self.candidate(position, first_disagreement)
+        found = self.lookups.get(start, ())
+        offset = position - start
+        return found[offset] if offset < len(found) else None
 
 
 @dataclass(frozen=True)
@@ -129,6 +155,8 @@ def check_replayable(policy: DraftPolicy, trace: GreedyTrace) -> None:
     fails with a message naming the cause instead of replaying something that is not exact.
     """
     missing = sorted(set(policy.features) & UNREPLAYABLE_FEATURES)
+    if "match_length" in policy.features and trace.lookups is None:
+        missing.append("match_length (a lookup draft's feature)")
     if missing:
         raise ValueError(
             f"policy {policy.name!r} reads {', '.join(missing)}, which a greedy trace does not "
@@ -190,19 +218,22 @@ def _draft_round(
 ) -> tuple[list[DraftPrediction], int]:
     """Return the candidates ``policy`` keeps in a round starting at ``start``, and forwards.
 
-    The forward count follows ``workers.engine._draft_block``: none for an empty cap, else one
-    for the pending tokens and one after each kept candidate the policy continues after, when
-    its index is below the cap.
+    The forward count follows ``workers.engine._draft_block``: none for an empty cap, else the
+    trace's ``step_cost`` for the pending tokens and one more after each kept candidate the
+    policy continues after, when its index is below the cap (a lookup: none at all). A
+    draft that proposes nothing more ends the round, as the engine ends it.
     """
     if cap <= 0:
         return [], 0
     wanted = policy.features
     proposed: list[DraftPrediction] = []
-    forwards = 1
+    forwards = trace.step_cost
     left_path: int | None = None
     for index in range(1, cap + 1):
         position = start + index - 1
-        prediction = trace.candidate(position, left_path)
+        prediction = trace.proposal(start, position, left_path)
+        if prediction is None:
+            break
         features = "entropy" in wanted or "max_prob" in wanted
         step = DraftStep(
             index=index,
@@ -210,6 +241,7 @@ def _draft_round(
             token=prediction.token if "token" in wanted else None,
             entropy=prediction.entropy if features else None,
             max_prob=prediction.max_prob if features else None,
+            match_length=prediction.match_length if "match_length" in wanted else None,
         )
         decision = policy.decide(step)
         if not decision.keeps:
@@ -219,7 +251,7 @@ def _draft_round(
             left_path = position
         if not decision.continues or index == cap:
             break
-        forwards += 1
+        forwards += trace.step_cost
     return proposed, forwards
 
 

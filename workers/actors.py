@@ -28,9 +28,10 @@ from workers.eagle.artifact import load_head_for_target
 from workers.lm import CachedLM, SingleStepCalibration, StepOutput, load_causal_lm
 from workers.model_spec import EagleHeadSpec, ModelSpec, RankSpec
 from workers.proposers import EagleProposer
+from workers.proposers.ngram import NgramSettings
 from workers.records import GenerationResult, RequestSettings, SamplingConfig
 from workers.target import LocalTarget, VerifyRequest, VerifyResponse
-from workers.trace import GreedyTrace, record_trace
+from workers.trace import GreedyTrace, record_lookup_trace, record_trace
 from workers.trial import (
     GroupRequest,
     GroupResults,
@@ -311,9 +312,28 @@ class DraftWorker:
         return self.draft.calibration if isinstance(self.draft, CachedLM) else None
 
     def record_traces(
-        self, prompts: list[list[int]], max_new_tokens: int, cap: int, eos_token_id: int | None
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        cap: int,
+        eos_token_id: int | None,
+        lookup: NgramSettings | None = None,
     ) -> list[GreedyTrace]:
-        """Record the greedy trace of each prompt at ``cap`` (``workers.trace.record_trace``)."""
+        """Record the greedy trace of each prompt at ``cap``: the draft model's
+        (``workers.trace.record_trace``), or with ``lookup`` set an n-gram lookup's with those
+        settings (``workers.trace.record_lookup_trace``: no draft model needed)."""
+        if lookup is not None:
+            return [
+                record_lookup_trace(
+                    self.target,
+                    torch.tensor(prompt, dtype=torch.long),
+                    max_new_tokens,
+                    cap,
+                    eos_token_id,
+                    lookup,
+                )
+                for prompt in prompts
+            ]
         if not isinstance(self.draft, CachedLM):
             raise ValueError("recording a trace needs a draft model")
         target = RemoteLM(self.target.ranks)

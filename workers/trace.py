@@ -11,20 +11,37 @@ the draft's prediction at the bonus position (with its detour when it differs fr
 bonus token, since another policy's round may draft there). So a recording costs about one
 live run of static K = cap, and the recorded features are the ones the live engine computes, up
 to the last bits where the live run forwards a block of a different size.
+
+A lookup draft (``ngram``) has no model to record: :func:`record_lookup_trace` decodes T with
+the target alone (one AR run, not stopped at EOS, since a round may verify past it), and
+:func:`lookup_trace` computes from the prompt and T the lookup's proposals of a round starting
+at each position, as ``workers.proposers.ngram`` proposes them live.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from policies.replay import DraftPrediction, GreedyTrace
 from workers.lm import CachedLM
-from workers.records import SamplingConfig
+from workers.proposers.ngram import NgramIndex, NgramSettings
+from workers.records import RequestSettings, SamplingConfig
 from workers.sampling import entropy, feature_probs
 
-__all__ = ["DraftPrediction", "GreedyTrace", "record_trace"]
+if TYPE_CHECKING:
+    from workers.engine import TargetScorer
+
+__all__ = [
+    "DraftPrediction",
+    "GreedyTrace",
+    "lookup_trace",
+    "record_lookup_trace",
+    "record_trace",
+]
 
 _GREEDY = SamplingConfig()
 
@@ -177,4 +194,70 @@ def _prediction(logits: torch.Tensor) -> DraftPrediction:
         entropy=float(entropy(probs)),
         max_prob=float(probs.max()),
         margin=float(top[0] - top[-1]),
+    )
+
+
+def record_lookup_trace(
+    target: TargetScorer,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    cap: int,
+    eos_token_id: int | None,
+    settings: NgramSettings,
+) -> GreedyTrace:
+    """Return the greedy trace of a lookup draft with ``settings`` on ``prompt_ids``: T from
+    the target's own greedy decoding (``target.generate``, not stopped at EOS), then
+    :func:`lookup_trace`."""
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    prompt = prompt_ids.to(torch.long).cpu()
+    decoded = target.generate(
+        prompt, RequestSettings(SamplingConfig(max_new_tokens=max_new_tokens))
+    )
+    return lookup_trace(
+        prompt.tolist(), decoded.output_ids, max_new_tokens, cap, eos_token_id, settings
+    )
+
+
+def lookup_trace(
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    max_new_tokens: int,
+    cap: int,
+    eos_token_id: int | None,
+    settings: NgramSettings,
+) -> GreedyTrace:
+    """Return the lookup draft's trace of ``prompt`` whose greedy continuation is ``tokens``.
+
+    T is ``tokens`` cut ``cap`` tokens after its first EOS (no round reaches further); for each
+    round start s a round can draft at (0 to len(T) − 2), the lookup over prompt + T[:s]
+    proposes the tokens after its match, at most ``cap`` and none past position len(T) − 2,
+    each with the match's length, entropy 0 and max probability 1 (a point mass).
+    """
+    limit = min(len(tokens), max_new_tokens)
+    if eos_token_id is not None and eos_token_id in tokens[:limit]:
+        limit = min(limit, list(tokens).index(eos_token_id) + cap + 1)
+    target = [int(token) for token in tokens[:limit]]
+    index = NgramIndex(settings)
+    lookups: dict[int, tuple[DraftPrediction, ...]] = {}
+    for start in range(len(target) - 1):
+        sequence = [*prompt, *target[:start]]
+        found = index.lookup(sequence)
+        if found is None:
+            continue
+        reach = min(cap, found.end - found.start, len(target) - 1 - start)
+        lookups[start] = tuple(
+            DraftPrediction(sequence[found.start + offset], 0.0, 1.0, None, found.match_length)
+            for offset in range(reach)
+        )
+    return GreedyTrace(
+        prompt_ids=tuple(int(token) for token in prompt),
+        max_new_tokens=max_new_tokens,
+        cap=cap,
+        eos_token_id=eos_token_id,
+        target_tokens=tuple(target),
+        target_margins=(),
+        on_path=(),
+        lookups=lookups,
+        step_cost=0,
     )

@@ -13,7 +13,9 @@ st.header("Pareto frontiers")
 st.caption(
     "One point per policy setting (threshold, max draft length), averaged over the trials the "
     "sidebar keeps; each policy's line joins its Pareto-optimal settings. Hover a point for its "
-    "configuration. Black stars: the greedy oracle (temperature 0 only); grey ×: the AR baseline. "
+    "configuration. Where the trials have drafts of several kinds (a draft model, an n-gram "
+    "lookup), each policy has a point set and line per kind: 'policy (kind)', a symbol per kind. "
+    "Black stars: the greedy oracle (temperature 0 only); grey ×: the AR baseline. "
     "Error bars: 95% intervals of the speedup. A point of one trial shows its stored "
     "interval (paired with the baseline's prompts); a point averaging k trials shows the mean "
     "± √(Σ half-width²)/k of theirs (independent trials, normal approximation)."
@@ -55,6 +57,13 @@ st.plotly_chart(
 )
 
 with st.expander("Settings on a frontier"):
-    columns = ["policy", "threshold", "max_draft_len", "n_trials", *data.METRIC_COLUMNS]
+    columns = [
+        "policy",
+        "draft_kind",
+        "threshold",
+        "max_draft_len",
+        "n_trials",
+        *data.METRIC_COLUMNS,
+    ]
     front = speed[speed["on_front"] | speed["is_baseline"]][columns]
     st.dataframe(front.round(4), hide_index=True)

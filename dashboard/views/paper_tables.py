@@ -44,8 +44,8 @@ if len(available) == 1:
 
 st.subheader("Best setting per policy, chosen on dev prompts, measured on test prompts")
 st.caption(
-    "Per pair, dataset and temperature: the policy's trial with the best speedup on the dev "
-    "prompts (a dataset entry's holdout), its speedup and paired 95% interval on the test "
+    "Per pair, draft kind, dataset and temperature: the policy's trial with the best speedup on "
+    "the dev prompts (a dataset entry's holdout), its speedup and paired 95% interval on the test "
     "prompts, decode-only where every trial has it. Without a holdout the best is chosen and "
     "measured on the same prompts, as the 'best: prompts' column says. Means of the policy's "
     "trials beside."

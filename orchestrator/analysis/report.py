@@ -27,7 +27,7 @@ from orchestrator.analysis.costs.run_fit import TrialCounts, round_fit_seconds
 from orchestrator.analysis.holdout import Candidate, SweepSamples, best_setting, dataset_key
 from orchestrator.analysis.stats import MIN_PROMPTS, too_few_prompts
 from orchestrator.sweep.planner import Plan
-from orchestrator.sweep.trial import Trial
+from orchestrator.sweep.trial import ServedPair, Trial
 
 if TYPE_CHECKING:
     from orchestrator.analysis.pairing import Comparison
@@ -36,9 +36,10 @@ if TYPE_CHECKING:
 #: A table row as printed or exported: column name → value.
 Row = Mapping[str, Any]
 
-#: How the end-of-run summary groups trials: one row per pair × dataset × temperature × policy ×
-#: max draft length (threshold settings and seeds of a group are averaged).
-SUMMARY_GROUP = ("pair", "dataset", "temperature", "policy", "max_draft_len")
+#: How the end-of-run summary groups trials: one row per pair × draft kind × dataset ×
+#: temperature × policy × max draft length (threshold settings and seeds of a group are
+#: averaged).
+SUMMARY_GROUP = ("pair", "draft_kind", "dataset", "temperature", "policy", "max_draft_len")
 SUMMARY_COLUMNS = (
     *SUMMARY_GROUP,
     "trials",
@@ -59,6 +60,7 @@ STATUS_COLUMNS = ("sweep", "planned", "done", "failed", "pending", "running")
 FAILED_COLUMNS = (
     "trial_id",
     "pair",
+    "draft_kind",
     "dataset",
     "temperature",
     "policy",
@@ -70,6 +72,8 @@ FAILED_COLUMNS = (
 TRAINING_JOB_STATUS_COLUMNS = ("name", "kind", "status", "attempts", "seconds", "error", "job_id")
 PLAN_GROUP_COLUMNS = (
     "pair",
+    "draft_kind",
+    "draft",
     "dataset",
     "temperature",
     "policy",
@@ -80,6 +84,8 @@ PLAN_GROUP_COLUMNS = (
 PLAN_TRIAL_COLUMNS = (
     "trial_id",
     "pair",
+    "draft_kind",
+    "draft",
     "dataset",
     "temperature",
     "policy",
@@ -89,7 +95,7 @@ PLAN_TRIAL_COLUMNS = (
     "requires_jobs",
 )
 JOB_COLUMNS = ("name", "kind", "base", "teacher", "dataset", "samples", "epochs", "job_id")
-SKIPPED_COLUMNS = ("pair", "dataset", "temperature", "seed", "policy", "trials", "reason")
+SKIPPED_COLUMNS = ("pair", "draft", "dataset", "temperature", "seed", "policy", "trials", "reason")
 RESOURCE_COLUMNS = (
     "pair",
     "backend",
@@ -141,6 +147,7 @@ VAL_LOSS_PREFIX = "val_loss_"
 #: Column headers that read better than the key.
 HEADERS = {
     "temperature": "temp",
+    "draft_kind": "kind",
     "max_draft_len": "max DL",
     "max_draft_lens": "max DLs",
     "tokens_per_s": "e2e tokens/s",
@@ -348,13 +355,14 @@ def interval_text(row: StoredTrial, figure: str) -> str:
 
 
 def trial_label(row: StoredTrial) -> str:
-    """Return "id (policy params, max DL n, pair, dataset, temp t)" for messages (and
-    ", batch B" when the batch size is not 1)."""
+    """Return "id (policy params, max DL n, pair, KIND draft, dataset, temp t)" for messages
+    (and ", batch B" when the batch size is not 1)."""
     params = format_params(row.params or {})
     batch = f", batch {row.batch_size}" if (row.batch_size or 1) != 1 else ""
     return (
         f"{row.trial_id} ({row.policy} {params}, max DL {row.max_draft_len}, "
-        f"{row.pair}, {row.dataset}, temp {format_value(row.temperature)}{batch})"
+        f"{row.pair}, {row.draft_kind} draft, {row.dataset}, "
+        f"temp {format_value(row.temperature)}{batch})"
     )
 
 
@@ -480,22 +488,30 @@ def format_params(params: Mapping[str, Any]) -> str:
 
 
 def plan_group_rows(plan: Plan) -> list[dict[str, Any]]:
-    """Return the plan's trial counts per pair × dataset × temperature × policy.
+    """Return the plan's trial counts per pair × draft × dataset × temperature × policy.
 
     ``settings`` counts distinct parameter settings and ``max_draft_lens`` lists the caps.
     Exists for ``plan`` without ``--all``: the grid's shape without one line per trial.
     """
-    groups: dict[tuple[str, str, float, str], list[Trial]] = {}
+    groups: dict[tuple[str, ServedPair, str, float, str], list[Trial]] = {}
     for trial in plan.trials:
-        key = (trial.pair, trial.prompts.dataset, trial.sampling.temperature, trial.setting.policy)
+        key = (
+            trial.pair,
+            trial.served,
+            trial.prompts.dataset,
+            trial.sampling.temperature,
+            trial.setting.policy,
+        )
         groups.setdefault(key, []).append(trial)
     result = []
-    for (pair, dataset, temperature, policy), members in groups.items():
+    for (pair, served, dataset, temperature, policy), members in groups.items():
         settings = {json.dumps(m.setting.params_dict, sort_keys=True) for m in members}
         caps = sorted({member.setting.max_draft_len for member in members})
         result.append(
             {
                 "pair": pair,
+                "draft_kind": served.draft_kind,
+                "draft": served.draft_label,
                 "dataset": dataset,
                 "temperature": temperature,
                 "policy": policy,
@@ -513,6 +529,8 @@ def plan_trial_rows(plan: Plan) -> list[dict[str, Any]]:
         {
             "trial_id": trial.trial_id,
             "pair": trial.pair,
+            "draft_kind": trial.served.draft_kind,
+            "draft": trial.served.draft_label,
             "dataset": trial.prompts.dataset,
             "temperature": trial.sampling.temperature,
             "policy": trial.setting.policy,
@@ -535,6 +553,7 @@ def skipped_rows(plan: Plan) -> list[dict[str, Any]]:
     return [
         {
             "pair": group.pair,
+            "draft": group.draft,
             "dataset": group.dataset,
             "temperature": group.temperature,
             "seed": group.seed,

@@ -23,12 +23,19 @@ SHARED_FIELDS = ("hidden_size", "vocab_size")
 
 
 def eagle_pair_problems(
-    where: str, pair: PairSpec, draft: Path | None, target: Path, target_config: Any
+    where: str,
+    pair: PairSpec,
+    draft: Path | None,
+    target: Path,
+    target_config: Any,
+    draft_at: str | None = None,
 ) -> list[str]:
-    """Return the problems of EAGLE pair ``pair`` (at ``where``, e.g. ``pairs[0]``): ``draft``
+    """Return the problems of EAGLE pair ``pair`` (at ``where``, e.g. ``pairs[0]``; its draft
+    at ``draft_at``, default ``where.draft``, e.g. ``pairs[0].drafts[1]`` in a list): ``draft``
     is its head's directory (``model``) or its job's base (``job``), None when it did not
     resolve (a problem already recorded); ``target`` its target's path and ``target_config``
     that target's config."""
+    draft_at = draft_at or f"{where}.draft"
     problems = []
     if pair.target.backend != "hf":
         problems.append(
@@ -42,7 +49,7 @@ def eagle_pair_problems(
     if pair.draft.job is not None:
         if draft != target:
             problems.append(
-                f"{where}.draft.job: job {pair.draft.job!r} trains its head on {draft}, not on "
+                f"{draft_at}.job: job {pair.draft.job!r} trains its head on {draft}, not on "
                 f"this pair's target {target}; a head fits only the target it was trained on: "
                 "set the job's base to the pair's target model"
             )
@@ -50,8 +57,8 @@ def eagle_pair_problems(
     try:
         head = read_eagle_config(draft)
     except ValueError as exc:
-        return [*problems, f"{where}.draft.model: {exc}"]
-    return problems + head_fit_problems(f"{where}.draft.model", head, target_config)
+        return [*problems, f"{draft_at}.model: {exc}"]
+    return problems + head_fit_problems(f"{draft_at}.model", head, target_config)
 
 
 def head_fit_problems(where: str, head: EagleConfig, target_config: Any) -> list[str]:

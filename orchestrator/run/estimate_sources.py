@@ -37,8 +37,11 @@ class StoredFit:
 
 
 def models_key(models: ServedPair | StoredTrial) -> ModelsKey:
-    """Return the models of a trial (a planned trial's served pair or a stored trial record)."""
+    """Return the models of a trial (a planned trial's served pair or a stored trial record);
+    a draft without a model or job (a lookup) by its kind."""
     draft = models.draft if models.draft is not None else f"job:{models.draft_job}"
+    if models.draft is None and models.draft_job is None:
+        draft = f"kind:{models.draft_kind}"
     return (models.target, models.backend, int(models.tp_size), models.dtype, draft)
 
 

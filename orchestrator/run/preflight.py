@@ -24,6 +24,7 @@ from orchestrator.sweep.spec import (
     DatasetEntry,
     PairSpec,
     SweepSpec,
+    format_path,
     job_base_reference,
 )
 from orchestrator.sweep.trial import PromptKey, Trial
@@ -101,7 +102,9 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
     job_bases = _check_training_jobs(spec, problems)
     contexts: dict[str, list[ModelContext]] = {}
     for index, pair in enumerate(spec.pairs):
-        contexts[pair.name] = _check_pair(index, pair, job_bases, inputs, problems)
+        for position, member in pair.worker_pairs():
+            where = (f"pairs[{index}]", format_path(pair.draft_loc(position)))
+            contexts[member.name] = _check_pair(where, member, job_bases, inputs, problems)
     _check_chat_templates(plan, inputs, problems)
     problems += context_problems(spec, plan, contexts)
     _load_trial_prompts(plan, inputs, problems)
@@ -112,22 +115,26 @@ def preflight_inputs(spec: SweepSpec, plan: Plan) -> PreparedInputs:
 
 
 def _check_pair(
-    index: int,
+    location: tuple[str, str],
     pair: PairSpec,
     job_bases: dict[str, tuple[str, Path | None]],
     inputs: PreparedInputs,
     problems: list[str],
 ) -> list[ModelContext]:
-    """Resolve ``pair``'s models, load the target's tokenizer (and check the draft's against it)
-    into ``inputs``; return the context of each model whose config says it."""
-    where = f"pairs[{index}]"
+    """Resolve worker pair ``pair``'s models, load the target's tokenizer (and check the
+    draft's against it) into ``inputs``; return the context of each model whose config says it.
+    ``location`` is the sweep pair's field path and the draft's inside it (``draft`` or
+    ``drafts[i]``)."""
+    where, draft_field = location
+    draft_at = f"{where}.{draft_field}"
+    assert pair.draft is not None  # a worker pair has its one draft
     target = _resolve(pair.target.model, f"{where}.target.model", problems)
     draft = None
     draft_ref = pair.draft.model
     if pair.draft.job is not None:
         draft_ref, draft = job_bases[pair.draft.job]
     elif pair.draft.model is not None:
-        draft = _resolve(pair.draft.model, f"{where}.draft.model", problems)
+        draft = _resolve(pair.draft.model, f"{draft_at}.model", problems)
     if target is None:
         return []
     inputs.model_paths[pair.name] = ModelPaths(target, None if pair.draft.job else draft)
@@ -139,10 +146,10 @@ def _check_pair(
     target_config = AutoConfig.from_pretrained(target, trust_remote_code=trust)
     contexts = [_model_context("target", pair.target.model, target_config)]
     if pair.draft.kind == "eagle":
-        problems += eagle_pair_problems(where, pair, draft, target, target_config)
+        problems += eagle_pair_problems(where, pair, draft, target, target_config, draft_at)
     elif draft is not None:
         trust = pair.draft.trust_remote_code
-        draft_tokenizer = _load_tokenizer(draft, f"{where}.draft.model", problems, trust)
+        draft_tokenizer = _load_tokenizer(draft, f"{draft_at}.model", problems, trust)
         if draft_tokenizer is not None and draft_tokenizer.get_vocab() != tokenizer.get_vocab():
             problems.append(
                 f"{where}: the draft's tokenizer ({draft_ref}) differs from the "
@@ -204,7 +211,7 @@ def context_problems(
     """
     problems: list[str] = []
     for index, dataset in enumerate(spec.datasets):
-        for pair in spec.pairs:
+        for pair in plan.pairs:
             drafts = [
                 trial.setting.max_draft_len
                 for trial in plan.trials

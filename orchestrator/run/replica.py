@@ -69,6 +69,7 @@ from policies.replay import GreedyTrace
 from workers.actors import DraftWorker, TargetWorker
 from workers.model_spec import EagleHeadSpec, ModelSpec, RankSpec, SingleStep, free_port
 from workers.prompt_format import response_text
+from workers.proposers.ngram import NgramSettings
 from workers.records import BASELINE_POLICY, GenerationResult, SamplingConfig
 from workers.step_plan import StepPlan
 from workers.trial import (
@@ -241,7 +242,10 @@ class GroupReplica:
         eos = self.inputs.tokenizer(trial.pair).eos_token_id
         draft = self._draft(trial.pair)
         start = time.perf_counter()
-        traces = ray.get(draft.record_traces.remote(prompts, new_tokens, group.cap, eos))
+        lookup = None
+        if trial.served.draft_kind == "ngram":
+            lookup = NgramSettings(**dict(trial.served.draft_settings))
+        traces = ray.get(draft.record_traces.remote(prompts, new_tokens, group.cap, eos, lookup))
         seconds = time.perf_counter() - start
         self.store.record_traces(
             group.trace_key, group.cap, [trace_to_json(t) for t in traces], seconds

@@ -230,7 +230,7 @@ class _SweepRun:
         self.stored_here: set[str] = set()
         self.counted_ids: set[str] = set()
         self.waited_on: set[str] = set()
-        self.pairs = {pair.name: pair for pair in spec.pairs}
+        self.pairs = {pair.name: pair for pair in plan.pairs}
         self.trials = {trial.trial_id: trial for trial in plan.trials}
         self.groups = replay_groups(plan)
         self.pending_ids: set[str] = set()

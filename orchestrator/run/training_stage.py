@@ -25,7 +25,7 @@ from orchestrator.run.preflight import ModelPaths, PreparedInputs
 from orchestrator.run.scheduler import Scheduler
 from orchestrator.store import Store
 from orchestrator.sweep.planner import TrainingJob
-from orchestrator.sweep.spec import SweepSpec, job_base_reference
+from orchestrator.sweep.spec import SweepSpec, job_base_reference, worker_pairs
 from orchestrator.sweep.work_units import JOB_GROUP, WorkUnit, job_key
 from training.jobs import JobConfig, JobResult, jobs_root
 from training.ray_job import WORKER_PID_FILE, clear_started, started, train_with_ray
@@ -206,8 +206,8 @@ def attach_job_drafts(
     runner instead of running).
     """
     artifacts = _artifacts(outcomes)
-    for pair in spec.pairs:
-        if pair.draft.job is None or pair.name not in inputs.model_paths:
+    for pair in worker_pairs(spec.pairs):
+        if pair.draft is None or pair.draft.job is None or pair.name not in inputs.model_paths:
             continue
         path = artifacts.get(pair.draft.job)
         target = inputs.model_paths[pair.name].target

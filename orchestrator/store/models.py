@@ -100,6 +100,8 @@ class TrialRow(Base):
     target: Mapped[str] = mapped_column(String(1024))
     draft: Mapped[str | None] = mapped_column(String(1024))
     draft_job: Mapped[str | None] = mapped_column(String(128))
+    #: How the draft proposes: ``lm`` (a draft model), ``ngram`` (prompt lookup), ``eagle``.
+    draft_kind: Mapped[str] = mapped_column(String(16), default="lm", server_default="lm")
     backend: Mapped[str] = mapped_column(String(32))
     tp_size: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))

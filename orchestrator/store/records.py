@@ -64,6 +64,7 @@ class StoredTrial:
     target: str
     draft: str | None
     draft_job: str | None
+    draft_kind: str
     backend: str
     tp_size: int
     dtype: str

@@ -31,12 +31,15 @@ from typing import Any
 
 from orchestrator.sweep.spec import (
     DatasetEntry,
+    DraftSpec,
     PairSpec,
     PolicySpec,
     SweepSpec,
+    TargetSpec,
     TemperatureSpec,
     TrainingJobSpec,
     job_base_reference,
+    worker_pairs,
 )
 from orchestrator.sweep.trial import (
     CODE_VERSION,
@@ -56,6 +59,11 @@ from policies import POLICIES
 from workers.records import BASELINE_POLICY, SamplingConfig
 
 MIXED_MODE = "mixed"
+#: Step features one draft kind alone shows (``workers.proposers``): a policy reading one
+#: is planned only for drafts of that kind (skipped for the others of a pair's ``drafts``).
+KIND_FEATURES = {"match_length": "ngram"}
+#: Draft kinds whose greedy trials replay from a greedy trace (``workers.trace``).
+REPLAYABLE_KINDS = ("lm", "ngram")
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,7 @@ class SkippedGroup:
     policy: str
     n_trials: int
     reason: str
+    draft: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,8 +163,11 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     """Expand ``spec`` into an ordered, de-duplicated :class:`Plan`.
 
     Order: by pair (each pair's models load once), then dataset, temperature, seed and batch
-    size, with the AR baseline (at the group's batch size) first in each group. Greedy-only
-    policies are skipped at temperature > 0. In
+    size, with the AR baseline (at the group's batch size) first in each group; a pair's
+    drafts follow its first (``PairSpec.drafts``: a lookup draft's trials share its worker
+    pair's baseline, a further draft model has its own). Greedy-only policies are skipped at
+    temperature > 0, a policy reading a feature only one draft kind shows for the other kinds
+    (:data:`KIND_FEATURES`). In
     ``mode: replay`` each group has the live baseline, then the live check trials
     (``execution.live_check``: one or a list), then every policy trial in mode ``replay``.
     """
@@ -168,40 +180,53 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     trials: dict[str, Trial] = {}
     skipped: list[SkippedGroup] = []
     for pair in spec.pairs:
-        served = _served_pair(pair, job_ids)
-        for dataset, temperature, seed, batch_size in itertools.product(
-            spec.datasets, spec.temperatures, sorted(set(spec.seeds)), sorted(set(spec.batch_sizes))
-        ):
-            sampling = _sampling(temperature, dataset.max_new_tokens)
-            group = _TrialGroup(
-                spec, pair.name, served, prompt_set(dataset), sampling, seed, job_ids, batch_size
-            )
-            baseline = group.baseline()
-            trials.setdefault(baseline.trial_id, baseline)
-            if group.replays:
-                for check in group.live_checks(baseline.trial_id):
-                    trials.setdefault(check.trial_id, check)
-            for policy in spec.policies:
-                if not _policy_applies(policy, pair.name, group.temperature):
-                    continue
-                if POLICIES[policy.name].greedy_only and group.temperature > 0:
-                    n_trials = policy.grid_size() * len(spec.policy_max_draft_lens(policy))
-                    skipped.append(group.skip(policy.name, n_trials, "greedy-only policy"))
-                    continue
-                for trial in group.policy_trials(policy, baseline.trial_id):
-                    trials.setdefault(trial.trial_id, trial)
+        for worker, members in _draft_members(pair, job_ids).items():
+            for dataset, temperature, seed, batch_size in itertools.product(
+                spec.datasets,
+                spec.temperatures,
+                sorted(set(spec.seeds)),
+                sorted(set(spec.batch_sizes)),
+            ):
+                sampling = _sampling(temperature, dataset.max_new_tokens)
+                groups = [
+                    _TrialGroup(
+                        spec,
+                        worker,
+                        served,
+                        prompt_set(dataset),
+                        sampling,
+                        seed,
+                        job_ids,
+                        batch_size,
+                    )
+                    for served in members
+                ]
+                baseline = groups[0].baseline()
+                trials.setdefault(baseline.trial_id, baseline)
+                for group in groups:
+                    for trial in group.arms(pair.name, baseline.trial_id, skipped):
+                        trials.setdefault(trial.trial_id, trial)
     return Plan(
         sweep=spec.name,
         trials=tuple(trials.values()),
         jobs=jobs,
         skipped=tuple(dict.fromkeys(skipped)),
-        pairs=tuple(spec.pairs),
+        pairs=worker_pairs(spec.pairs),
     )
 
 
-def _served_pair(pair: PairSpec, job_ids: dict[str, str]) -> ServedPair:
-    """Return the served-pair part of ``pair``'s trials (a job-made draft by its job's id)."""
-    target, draft = pair.target, pair.draft
+def _draft_members(pair: PairSpec, job_ids: dict[str, str]) -> dict[str, list[ServedPair]]:
+    """Return the served pair of each of ``pair``'s drafts by the worker pair that runs it
+    (``PairSpec.worker_name``), the first draft first: one AR baseline per worker pair."""
+    members: dict[str, list[ServedPair]] = {}
+    for index, draft in enumerate(pair.draft_entries):
+        served = _served_pair(pair.target, draft, job_ids)
+        members.setdefault(pair.worker_name(index), []).append(served)
+    return members
+
+
+def _served_pair(target: TargetSpec, draft: DraftSpec, job_ids: dict[str, str]) -> ServedPair:
+    """Return the served-pair part of a draft's trials (a job-made draft by its job's id)."""
     return ServedPair(
         target=target.model,
         backend=target.backend,
@@ -318,9 +343,9 @@ class _TrialGroup:
     @property
     def replays(self) -> bool:
         """True when this group replays trials: a replay sweep, or a mixed sweep's greedy group
-        with a replayable policy. A draft of another kind than ``lm`` runs live (greedy traces
-        record a draft model's predictions; issue #44 leaves replaying lookups to come)."""
-        if self.served.draft_kind != "lm":
+        with a replayable policy. A draft model's and a lookup's greedy traces replay
+        (``policies.replay``); an EAGLE head's run live."""
+        if self.served.draft_kind not in REPLAYABLE_KINDS:
             return False
         mode = self.spec.execution.mode
         if mode == MIXED_MODE:
@@ -381,10 +406,42 @@ class _TrialGroup:
             for length in self.spec.policy_max_draft_lens(policy)
         ]
 
+    def arms(self, pair: str, baseline_id: str, skipped: list[SkippedGroup]) -> list[Trial]:
+        """Return this group's trials measured against ``baseline_id``: its live checks when it
+        replays, then each policy entry that applies to the sweep's pair ``pair`` at this
+        temperature; append to ``skipped`` the entries left out (:meth:`_skip_reason`)."""
+        trials = self.live_checks(baseline_id) if self.replays else []
+        for policy in self.spec.policies:
+            if not _policy_applies(policy, pair, self.temperature):
+                continue
+            reason = self._skip_reason(policy)
+            if reason is not None:
+                n_trials = policy.grid_size() * len(self.spec.policy_max_draft_lens(policy))
+                skipped.append(self.skip(policy.name, n_trials, reason))
+                continue
+            trials += self.policy_trials(policy, baseline_id)
+        return trials
+
+    def _skip_reason(self, policy: PolicySpec) -> str | None:
+        """Return why ``policy`` has no trials in this group (None: it has): a greedy-only
+        policy above temperature 0, or a feature only another draft kind shows."""
+        policy_class = POLICIES[policy.name]
+        if policy_class.greedy_only and self.temperature > 0:
+            return "greedy-only policy"
+        declared = policy_class.features  # a property where the setting decides (not these)
+        features = declared if isinstance(declared, frozenset) else frozenset()
+        for feature, kind in KIND_FEATURES.items():
+            if feature in features and self.served.draft_kind != kind:
+                return (
+                    f"reads {feature}, which only {kind} drafts show, not {self.served.draft_kind}"
+                )
+        return None
+
     def skip(self, policy: str, n_trials: int, reason: str) -> SkippedGroup:
         """Return the record of this group's trials of ``policy`` that are not planned."""
         return SkippedGroup(
             pair=self.pair,
+            draft=self.served.draft_label,
             dataset=self.prompts.dataset,
             temperature=self.temperature,
             seed=self.seed,

@@ -195,16 +195,95 @@ class DraftSpec(_Frozen):
 
 
 class PairSpec(_Frozen):
-    """A named target/draft pair."""
+    """A named target and its draft (``draft``) or drafts (``drafts``: the draft kind as a
+    sweep axis, every draft measured against the same target).
+
+    The planner serves each draft on its own (one ``ServedPair`` each). A draft that loads a
+    model (``lm``, ``eagle``) other than the first runs on its own draft actor, as the worker
+    pair :meth:`worker_name` names (``NAME~i``), with its own AR baseline; a lookup draft
+    (``ngram``) loads nothing, so its arms join the first draft's worker pair and AR baseline
+    (one group, arms interleaved).
+    """
 
     name: Name
     target: TargetSpec
-    draft: DraftSpec
+    draft: DraftSpec | None = None
+    drafts: tuple[DraftSpec, ...] | None = Field(None, min_length=1)
 
     @field_validator("target", "draft", mode="before")
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         return _model_ref_shorthand(value)
+
+    @field_validator("drafts", mode="before")
+    @classmethod
+    def _list_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [_model_ref_shorthand(item) for item in value]
+        return value
+
+    @model_validator(mode="after")
+    def _one_draft_field(self) -> PairSpec:
+        if self.draft is not None and self.drafts is not None:
+            message = (
+                "give 'draft' (one draft) or 'drafts' (a list of drafts), not both: move the "
+                "'draft' entry into 'drafts'"
+            )
+            raise LocatedProblems([(("drafts",), message)])
+        if self.draft is None and self.drafts is None:
+            raise LocatedProblems([((), "needs 'draft' (one draft) or 'drafts' (a list)")])
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for index, draft in enumerate(self.draft_entries):
+            if draft in self.draft_entries[:index]:
+                first = self.draft_entries.index(draft)
+                problems.append((("drafts", index), f"the same draft as drafts[{first}]"))
+        if problems:
+            raise LocatedProblems(problems)
+        return self
+
+    @property
+    def draft_entries(self) -> tuple[DraftSpec, ...]:
+        """The pair's drafts in order (``draft`` alone, or the ``drafts`` list)."""
+        if self.drafts is not None:
+            return self.drafts
+        assert self.draft is not None  # the validator requires one of the two
+        return (self.draft,)
+
+    def draft_loc(self, index: int) -> tuple[str | int, ...]:
+        """Return the field path of draft ``index`` inside the pair (``draft`` or
+        ``drafts[index]``)."""
+        return ("draft",) if self.drafts is None else ("drafts", index)
+
+    def worker_name(self, index: int) -> str:
+        """Return the name of the worker pair that runs draft ``index``: the pair's own name
+        for the first draft and for every lookup draft (no model to load), else
+        ``NAME~index`` (its own draft actor)."""
+        if index == 0 or self.draft_entries[index].kind == "ngram":
+            return self.name
+        return f"{self.name}{WORKER_SEPARATOR}{index}"
+
+    def worker_pairs(self) -> tuple[tuple[int, PairSpec], ...]:
+        """Return each worker pair of this pair with the index of its draft: one pair of one
+        draft per draft actor (:meth:`worker_name`); a single-draft pair is itself."""
+        if self.drafts is None:
+            return ((0, self),)
+        names = [self.worker_name(index) for index in range(len(self.drafts))]
+        return tuple(
+            (index, self.model_copy(update={"name": name, "draft": draft, "drafts": None}))
+            for index, (name, draft) in enumerate(zip(names, self.drafts, strict=True))
+            if index == 0 or name != self.name
+        )
+
+
+#: Joins a pair's name and a draft's index into the worker pair of a further draft model
+#: (pair names never contain it).
+WORKER_SEPARATOR = "~"
+
+
+def worker_pairs(pairs: Sequence[PairSpec]) -> tuple[PairSpec, ...]:
+    """Return the worker pairs of ``pairs`` in order (:meth:`PairSpec.worker_pairs`): what
+    the runner starts a draft actor for, and what preflight, placement and estimates count."""
+    return tuple(member for pair in pairs for _, member in pair.worker_pairs())
 
 
 class HoldoutSpec(_Frozen):
@@ -618,10 +697,11 @@ class SweepSpec(_Frozen):
         problems += _duplicate_names("training_jobs", [j.name for j in self.training_jobs])
         jobs = {job.name: job for job in self.training_jobs}
         for index, pair in enumerate(self.pairs):
-            if pair.draft.job is not None:
-                loc = ("pairs", index, "draft", "job")
-                kinds = EAGLE_JOB_KINDS if pair.draft.kind == "eagle" else DRAFT_JOB_KINDS
-                problems += _job_problems(jobs, pair.draft.job, kinds, loc)
+            for position, draft in enumerate(pair.draft_entries):
+                if draft.job is not None:
+                    loc = ("pairs", index, *pair.draft_loc(position), "job")
+                    kinds = EAGLE_JOB_KINDS if draft.kind == "eagle" else DRAFT_JOB_KINDS
+                    problems += _job_problems(jobs, draft.job, kinds, loc)
         for index, policy in enumerate(self.policies):
             needed = POLICY_JOB_KINDS.get(policy.name)
             if policy.job is not None and needed is None:
@@ -774,7 +854,7 @@ class SweepSpec(_Frozen):
             policy.grid_size() * len(self.policy_max_draft_lens(policy)) for policy in self.policies
         )
         return (
-            len(self.pairs)
+            sum(len(pair.draft_entries) for pair in self.pairs)
             * len(self.datasets)
             * len(self.temperatures)
             * settings
@@ -892,7 +972,9 @@ def check_local_paths(spec: SweepSpec) -> list[str]:
     """
     problems: list[str] = []
     for index, pair in enumerate(spec.pairs):
-        refs = [("target.model", pair.target.model), ("draft.model", pair.draft.model)]
+        refs = [("target.model", pair.target.model)]
+        for position, draft in enumerate(pair.draft_entries):
+            refs.append((format_path((*pair.draft_loc(position), "model")), draft.model))
         for field, ref in refs:
             if ref is not None and _missing_local_path(ref):
                 problems.append(f"pairs[{index}].{field}: local path {ref!r} does not exist")

@@ -80,11 +80,27 @@ class ServedPair:
     draft_kind: str = "lm"
     draft_settings: tuple[tuple[str, Any], ...] = ()
 
+    def kind_identity(self) -> dict[str, Any]:
+        """Return the draft kind's part of an identity: none for ``lm``, else the kind and its
+        settings."""
+        if self.draft_kind == "lm":
+            return {}
+        return {"draft_kind": self.draft_kind, self.draft_kind: dict(self.draft_settings)}
+
+    @property
+    def draft_label(self) -> str:
+        """The draft as people read it: its model ref, ``job:NAME``, or the kind with its
+        settings (``ngram(n_max=3,n_min=1)``)."""
+        if self.draft is not None:
+            return self.draft
+        if self.draft_job is not None:
+            return f"job:{self.draft_job}"
+        settings = ",".join(f"{k}={v}" for k, v in self.draft_settings if v is not None)
+        return f"{self.draft_kind}({settings})"
+
     def _serving(self) -> dict[str, Any]:
         """Return the entries every projection of the pair shares."""
-        kind = {}
-        if self.draft_kind != "lm":
-            kind = {"draft_kind": self.draft_kind, self.draft_kind: dict(self.draft_settings)}
+        kind = self.kind_identity()
         return {
             "target": self.target,
             "backend": self.backend,
@@ -107,8 +123,9 @@ class ServedPair:
         return {**self.models(), **trust}
 
     def columns(self) -> dict[str, Any]:
-        """Return the pair's named values in the store's trial record."""
-        return {**self._serving(), "draft_job": self.draft_job}
+        """Return the pair's named values in the store's trial record (the draft kind always,
+        ``lm`` too, for the store's ``draft_kind`` column)."""
+        return {**self._serving(), "draft_job": self.draft_job, "draft_kind": self.draft_kind}
 
 
 @dataclass(frozen=True)
@@ -287,13 +304,16 @@ class Trial:
 
 
 def fit_group_identity(trial: Trial) -> dict[str, Any]:
-    """Return what a cost-fit group is: the pair (by name), the prompt set and the sampling.
+    """Return what a cost-fit group is: the pair (by name), the draft kind when not ``lm``
+    (a lookup draft shares its worker pair with the first draft but not its draft costs), the
+    prompt set and the sampling.
 
     Seeds and policies share a group: the cost of a forward depends on neither. The batch size
     does, so it enters when it is not 1 (keys of batch-1 groups are unchanged).
     """
     return {
         "pair": trial.pair,
+        **trial.served.kind_identity(),
         **trial.prompts.identity(),
         **asdict(trial.sampling),
         **trial.batch_entry(),

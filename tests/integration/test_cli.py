@@ -161,7 +161,9 @@ def test_plan_demo_prints_the_planned_count(tmp_path: Path, capsys: pytest.Captu
         f"sweep demo: {expected_trials} trials (4 AR baselines + {expected_policy_trials} "
         "policy trials), 0 training jobs, 6 trials skipped"
     ) in out
-    assert _table_row(out, "smollm2")[:4] == ["smollm2", "humaneval", "0", "ar"]
+    # pair, draft kind, draft, dataset, temperature, policy
+    row = _table_row(out, "smollm2")
+    assert row[:2] == ["smollm2", "lm"] and row[3:6] == ["humaneval", "0", "ar"]
     assert "greedy-only policy at temperature 0.7" in out
     assert not db.exists()
 
@@ -173,7 +175,7 @@ def test_plan_all_lists_every_trial(capsys: pytest.CaptureFixture) -> None:
     listed = [line for line in out.splitlines() if any(t.trial_id in line for t in plan.trials)]
     assert len(listed) == len(plan.trials) == 124
     svip = _table_row(out, trial_of(plan, "svip", 0.3).trial_id)
-    assert svip[4] == "svip" and "threshold=0.3" in svip[5].split(", ")
+    assert svip[2] == "lm" and svip[6] == "svip" and "threshold=0.3" in svip[7].split(", ")
 
 
 MALFORMED = {
@@ -477,11 +479,12 @@ def test_submit_when_everything_is_done_says_so(
     assert fake_runner.calls == ["preflight"]
     summary = [line for line in out.splitlines() if "│ static" in line]
     cells = [cell.strip() for cell in summary[0].split("│")[1:-1]]
-    # pair, dataset, temp, policy, max DL, trials, done, decode tokens/s, decode speedup, e2e
-    # tokens/s, e2e speedup, best, CI, best's prompts, acceptance (results without decode
-    # seconds: no decode-only figures; the interval of two identical samples is a point)
+    # pair, draft kind, dataset, temp, policy, max DL, trials, done, decode tokens/s, decode
+    # speedup, e2e tokens/s, e2e speedup, best, CI, best's prompts, acceptance (results without
+    # decode seconds: no decode-only figures; the interval of two identical samples is a point)
     assert cells == [
         "demo",
+        "lm",
         "builtin:code",
         "0",
         "static",
@@ -534,7 +537,8 @@ def test_submit_with_failed_trials_exits_1_and_says_how_to_retry(
     svip = [line for line in out.splitlines() if "│ svip" in line]
     cells = [cell.strip() for cell in svip[0].split("│")[1:-1]]
     # both SVIP settings in one group: one done (32 tokens/s, speedup 2), one failed
-    assert cells[3:] == ["svip", "4", "2", "1", "-", "-", "32", "2", "2", "[2, 2]", "same 2", "0.5"]
+    assert cells[1] == "lm"  # the draft kind
+    assert cells[4:] == ["svip", "4", "2", "1", "-", "-", "32", "2", "2", "[2, 2]", "same 2", "0.5"]
 
 
 @pytest.mark.slow

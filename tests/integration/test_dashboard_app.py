@@ -19,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 from support.dashboard_seed import (
     SYNTHETIC_T_DRAFT,
     SYNTHETIC_T_TARGET,
+    seed_draft_kinds_sweep,
     seed_real_sweep,
     seed_synthetic_batches,
     seed_synthetic_sweeps,
@@ -157,6 +158,26 @@ def test_tables_page_shows_each_paper_table_with_csv(synthetic_url, monkeypatch)
     assert set(kd["method"]) == {"none (base draft)", "adaspec"}
     assert set(kd["draft"]) == {"zoo:micro/draft-s", "kd-adaspec"}
     assert not any("No knowledge-distilled drafts" in info.value for info in app.info)
+
+
+def test_a_pairs_draft_kinds_are_told_apart_on_the_frontiers_and_in_the_tables(
+    tmp_path, monkeypatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'drafts.db'}"
+    seed_draft_kinds_sweep(url)
+    app = open_app(url, monkeypatch)
+    for figure in figures(app):
+        lines = {t["name"]: t for t in figure["data"] if t["mode"] == "lines+markers"}
+        assert set(lines) == {"adaedl (lm)", "adaedl (ngram)", "static (lm)", "static (ngram)"}
+        assert lines["static (ngram)"]["marker"]["symbol"] == "diamond"
+        kinds = {row[7] for t in figure["data"] for row in t["customdata"]}
+        assert {"lm", "ngram"} <= kinds  # the hover names the kind
+    app.switch_page(TABLES).run()
+    assert not app.exception
+    best = app.dataframe[0].value
+    assert set(best["draft_kind"]) == {"lm", "ngram"}
+    intervals = next(df.value for df in app.dataframe if "draft kind" in df.value.columns)
+    assert set(intervals["draft kind"]) == {"lm", "ngram"}
 
 
 def test_sidebar_filter_narrows_the_tables(synthetic_url, monkeypatch) -> None:

@@ -2,11 +2,13 @@
 
 Starts the app on a store filled by a real micro-zoo sweep, loads the Pareto page in headless
 Chromium, and checks the screenshot: the plot area is not blank and the policies' trace
-colours are drawn. Chromium takes the screenshot when its virtual-time budget runs out, which
-can come within a second or two of real time: on a busy machine the server's first script runs
-(their imports included) have not drawn the charts by then, and the screenshot shows Streamlit's
-loading skeleton. So a screenshot without charts is retried after a real-time pause, until one
-shows them or ``SCREENSHOT_DEADLINE_S`` has passed.
+colours are drawn. On a store whose pair has a draft model and a lookup, the rendered page's
+DOM names each policy once per draft kind in the Pareto legend. Chromium takes the screenshot
+when its virtual-time budget runs out, which can come within a second or two of real time: on a
+busy machine the server's first script runs (their imports included) have not drawn the charts
+by then, and the screenshot shows Streamlit's loading skeleton. So a screenshot without charts
+is retried after a real-time pause, until one shows them or ``SCREENSHOT_DEADLINE_S`` has
+passed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from support.dashboard_seed import seed_real_sweep, seed_synthetic_batches
+from support.dashboard_seed import seed_draft_kinds_sweep, seed_real_sweep, seed_synthetic_batches
 from support.paths import REPO
 
 from dashboard.charts import PALETTE, POLICY_ORDER
@@ -61,6 +63,15 @@ def served_app(real_url: str, tmp_path: Path):
     """Yield the URL of ``streamlit run dashboard/app.py`` on the real store (localhost only)."""
     with serving(real_url, tmp_path) as url:
         yield url
+
+
+@pytest.fixture
+def served_drafts_app(tmp_path: Path):
+    """Yield the URL of the app on a store whose pair has a draft model and a lookup."""
+    url = f"sqlite:///{tmp_path / 'drafts.db'}"
+    seed_draft_kinds_sweep(url)
+    with serving(url, tmp_path) as app_url:
+        yield app_url
 
 
 @contextmanager
@@ -140,6 +151,26 @@ def screenshot(url: str, path: Path, profile: Path) -> Image.Image:
     return Image.open(path).convert("RGB")
 
 
+def dumped_dom(url: str, profile: Path) -> str:
+    """Return the page's DOM as headless Chromium serialises it once the page has rendered."""
+    chromium = shutil.which("chromium")
+    assert chromium, "headless Chromium is needed: apt-get install -y chromium"
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
+        "--dump-dom",
+        url,
+    ]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=180)
+    return done.stdout
+
+
 def colour_pixels(pixels: np.ndarray, hex_colour: str) -> int:
     """Return how many pixels lie within COLOUR_TOLERANCE of ``hex_colour`` on every channel."""
     target = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
@@ -202,3 +233,22 @@ def test_batch_page_draws_the_crossover_in_chromium(tmp_path: Path) -> None:
     assert coloured_pixels(main) >= MIN_COLOURED_PIXELS, f"no chart drawn: {path}"
     static = PALETTE[POLICY_ORDER.index("static")]
     assert colour_pixels(main[:, :-LEGEND_WIDTH, :], static) >= MIN_TRACE_PIXELS, path
+
+
+@pytest.mark.slow
+def test_pareto_legend_names_each_draft_kind_in_chromium(
+    served_drafts_app: str, tmp_path: Path
+) -> None:
+    """A pair with a draft model and a lookup: the rendered Pareto legend names each policy
+    once per draft kind."""
+    wanted = ("static (lm)", "static (ngram)", "adaedl (ngram)")
+    deadline = time.monotonic() + SCREENSHOT_DEADLINE_S
+    attempt = 0
+    while True:
+        dom = dumped_dom(served_drafts_app, tmp_path / f"profile-{attempt}")
+        if all(name in dom for name in wanted) or time.monotonic() > deadline:
+            break
+        time.sleep(RETRY_PAUSES_S[min(attempt, len(RETRY_PAUSES_S) - 1)])
+        attempt += 1
+    missing = [name for name in wanted if name not in dom]
+    assert missing == [], f"not in the rendered page: {missing}"

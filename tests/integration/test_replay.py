@@ -21,9 +21,10 @@ from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
 from workers.datasets import DatasetSpec, load_prompts
 from workers.engine import RequestSettings, autoregressive_generate, speculative_generate
 from workers.lm import CachedLM, load_causal_lm
+from workers.proposers import NgramProposer, NgramSettings
 from workers.records import SamplingConfig
 from workers.target import LocalTarget
-from workers.trace import record_trace
+from workers.trace import record_lookup_trace, record_trace
 
 torch.set_num_threads(1)
 
@@ -237,6 +238,42 @@ def test_replay_equals_live_rounds_for_every_replayable_policy(pair):
     assert lengths >= set(range(max(CAPS) + 1)), f"drafted lengths seen: {sorted(lengths)}"
     assert untraced == []
     assert different <= 0.001 * total, f"{different} of {total} rounds differ"
+
+
+#: The match-length rule, which only a lookup draft serves.
+LOOKUP_CONFIGS = (("ngram_match", {}), ("ngram_match", {"ratio": 0.5, "min_draft": 2}))
+
+
+@pytest.mark.slow
+def test_lookup_replay_equals_live_rounds_for_every_policy(pair):
+    """An n-gram lookup over the pair's target: its greedy trace (T by the target alone, the
+    lookup's proposals at every round start) replays every policy a lookup serves to the live
+    engine's rounds and output, on the pair's prompts and on them with a repeated passage."""
+    configs = [*_configs(pair.traces), *LOOKUP_CONFIGS]
+    prompts = [*pair.prompts, *(torch.cat([p, p[:-1]]) for p in pair.prompts)]
+    total, different, drafted = 0, [], 0
+    for cap in CAPS:
+        for index, ids in enumerate(prompts):
+            trace = record_lookup_trace(
+                pair.target, ids, MAX_NEW, cap, pair.eos_token_id, NgramSettings()
+            )
+            for name, params in configs:
+                settings = pair.settings(seed=index)
+                policy = make_policy(name, cap, **params)
+                reference = None
+                if policy.needs_reference:
+                    reference = autoregressive_generate(pair.target, ids, settings).output_ids
+                result = speculative_generate(
+                    NgramProposer(), pair.target, policy, ids, settings, reference=reference
+                )
+                live = [(r.drafted, r.accepted, r.bonus, r.draft_forwards) for r in result.rounds]
+                replayed = _key(replay(make_policy(name, cap, **params), trace, index))
+                total += len(live)
+                drafted += sum(r[0] for r in live)
+                if replayed != live or result.output_ids != list(trace.reference):
+                    different.append((name, params, cap, index, live, replayed))
+    assert drafted > 0, "the lookup should propose on prompts with a repeated passage"
+    assert different == [], f"{len(different)} runs of {total} rounds differ"
 
 
 def _hand_trace(eos: int | None = None, entropy_after_detour: float = 0.1) -> GreedyTrace:

@@ -10,6 +10,7 @@ and one pair drafts with a KD job's draft so the AdaSPEC table has rows.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,6 +98,23 @@ policies:
 max_draft_lens: [4]
 seeds: [0]
 """
+#: One pair with a draft model and an n-gram lookup (``drafts``), for the draft-kind views.
+SYNTHETIC_DRAFTS_SWEEP = """
+name: synthetic-drafts
+pairs:
+  - name: micro
+    target: {model: "zoo:micro/target"}
+    drafts: [{model: "zoo:micro/draft-s"}, {kind: ngram, n_max: 3}]
+datasets:
+  - {name: "builtin:code", samples: 2, max_new_tokens: 12}
+temperatures: [0.0]
+policies:
+  - name: static
+  - name: adaedl
+    grid: {threshold: [0.3, 0.6]}
+max_draft_lens: [2, 4]
+seeds: [0]
+"""
 SYNTHETIC_T_DRAFT = 0.01
 SYNTHETIC_T_TARGET = 0.05
 SYNTHETIC_B_SCALE = 0.5
@@ -172,6 +190,28 @@ def seed_synthetic_sweeps(url: str) -> dict[str, list[Trial]]:
             store_live_fits(spec, plan, store, set())  # the fits a real run would store
             planned[spec.name] = plan.trials
     return planned
+
+
+def seed_draft_kinds_sweep(url: str) -> list[Trial]:
+    """Record :data:`SYNTHETIC_DRAFTS_SWEEP` with synthetic results (a lookup's rounds drafted
+    as a model's, its draft forwards none); return its planned trials."""
+    with open_store(url) as store:
+        spec = parse_sweep(SYNTHETIC_DRAFTS_SWEEP, "synthetic-drafts.yaml")
+        plan = plan_sweep(spec)
+        store.register_sweep(spec, plan)
+        for trial in plan.trials:
+            results = [synthetic_result(trial, sample, 1.0) for sample in range(2)]
+            if trial.served.draft_kind == "ngram":
+                results = [_without_forwards(result) for result in results]
+            store.record_trial(trial, results, trial_metrics(results))
+    return list(plan.trials)
+
+
+def _without_forwards(result: GenerationResult) -> GenerationResult:
+    """Return ``result`` as a lookup ran it: no draft forward, no draft seconds."""
+    rounds = [replace(r, draft_forwards=0, draft_seconds=0.0) for r in result.rounds]
+    seconds = sum(r.verify_seconds for r in rounds)
+    return replace(result, rounds=rounds, seconds=seconds)
 
 
 def synthetic_rounds(trial: Trial, sample: int) -> list[tuple[int, int]]:

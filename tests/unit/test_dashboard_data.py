@@ -22,7 +22,7 @@ from support.dashboard_seed import (
     seed_synthetic_sweeps,
 )
 
-from dashboard import acceptance, data, fits, tables, trial_compare
+from dashboard import acceptance, charts, data, fits, tables, trial_compare
 from orchestrator.analysis.costs.model import CostModelError, fit_cost_model, r_squared
 from orchestrator.analysis.holdout import PromptSplit, SweepSamples
 from orchestrator.analysis.pairing import SampleSpeed
@@ -88,6 +88,7 @@ def make_trials(rows=ROWS) -> pd.DataFrame:
             draft=None if draft_job else "d-model",
             draft_job=draft_job,
             batch_size=1,
+            draft_kind="lm",
         )
         records.append(record)
     return pd.DataFrame(records, columns=list(data.TRIAL_COLUMNS))
@@ -577,3 +578,28 @@ def test_load_sweep_samples_reads_samples_and_no_split_without_holdout(synthetic
     assert all(len(samples) == 2 for samples in measured.samples.values())
     table = data.best_setting_table(trials, measured)
     assert set(table["best_on"].dropna()) == {"same 2"}
+
+
+def test_frontiers_are_per_policy_and_draft_kind_and_labelled_by_kind() -> None:
+    """A pair's lookup draft gives each policy a second point set and frontier, named and
+    marked by its kind; with one kind the names stay the policies'."""
+    trials = make_trials()
+    lookup = trials[trials["policy"] == "static"].assign(
+        draft_kind="ngram", trial_id=lambda f: f["trial_id"] + "-ngram", speedup=3.0
+    )
+    both = pd.concat([trials, lookup], ignore_index=True)
+    points = data.config_points(both)
+    assert set(points.loc[points["policy"] == "static", "draft_kind"]) == {"lm", "ngram"}
+    marked = data.mark_frontiers(points, "mean_drafted", "speedup", False, True)
+    static_lm = marked[(marked["policy"] == "static") & (marked["draft_kind"] == "lm")]
+    assert static_lm["on_front"].all()  # not beaten by the lookup's points: its own front
+    figure = charts.frontier_figure(marked, "mean_drafted", "speedup", ("x", "y"))
+    lines = {t.name: t for t in figure.data if t.mode == "lines+markers"}
+    assert set(lines) == {"adaedl (lm)", "static (lm)", "static (ngram)"}
+    assert lines["static (ngram)"].marker.symbol == charts.KIND_SYMBOLS["ngram"]
+    assert lines["static (lm)"].line.color == lines["static (ngram)"].line.color
+    one_kind = data.mark_frontiers(
+        data.config_points(trials), "mean_drafted", "speedup", False, True
+    )
+    alone = charts.frontier_figure(one_kind, "mean_drafted", "speedup", ("x", "y"))
+    assert {t.name for t in alone.data if t.mode == "lines+markers"} == {"adaedl", "static"}

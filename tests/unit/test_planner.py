@@ -16,6 +16,7 @@ from orchestrator.sweep.planner import (
     config_id,
     live_eagle_notes,
     plan_sweep,
+    replay_groups,
 )
 from orchestrator.sweep.spec import SweepError, SweepSpec, load_sweep, parse_sweep
 
@@ -473,3 +474,124 @@ def test_a_draft_job_must_make_what_the_kind_drafts_with(pair: str, message: str
 def test_bad_draft_kinds_name_the_field(draft: str, message: str) -> None:
     with pytest.raises(SweepError, match=message):
         _spec(BASE.replace("draft: zoo:micro/draft-s", f"draft: {draft}"))
+
+
+def _with_drafts(drafts: str) -> str:
+    """Return BASE with pair p1's ``draft`` replaced by the ``drafts`` list ``drafts``."""
+    return BASE.replace("draft: zoo:micro/draft-m", f"drafts: {drafts}", 1)
+
+
+def test_a_pair_with_several_drafts_plans_each_with_its_single_draft_ids() -> None:
+    """``drafts`` is the draft as a sweep axis: each draft's trials have the ids a pair of that
+    draft alone would give them, so committed single-draft ids stay valid."""
+    single = _plan()
+    lookup_alone = _plan(BASE.replace("draft: zoo:micro/draft-m", "draft: {kind: ngram}", 1))
+    several = _plan(_with_drafts("[zoo:micro/draft-m, {kind: ngram}]"))
+    ids = {t.trial_id for t in several.trials}
+    assert {t.trial_id for t in single.trials} <= ids
+    lookup_ids = {t.trial_id for t in lookup_alone.trials if t.pair == "p1" and not t.is_baseline}
+    assert lookup_ids <= ids
+    kinds = {t.served.draft_kind for t in several.trials if t.pair == "p1"}
+    assert kinds == {"lm", "ngram"}
+    assert [p.name for p in several.pairs] == ["p1", "p2"]
+
+
+def test_a_lookup_draft_shares_the_first_drafts_ar_baseline_and_group() -> None:
+    """The lookup's arms join the first draft's worker pair and its one AR baseline per
+    (dataset, temperature, seed): the runner's groups (by baseline id) interleave them."""
+    plan = _plan(_with_drafts("[zoo:micro/draft-m, {kind: ngram, n_max: 4}]"))
+    p1 = [t for t in plan.trials if t.pair == "p1"]
+    baselines = {t.trial_id: t for t in p1 if t.is_baseline}
+    assert len(baselines) == 2 * 2 * 2  # datasets × temperatures × seeds: one per cell
+    assert {b.served.draft for b in baselines.values()} == {"zoo:micro/draft-m"}
+    lookup = [t for t in p1 if t.served.draft_kind == "ngram"]
+    assert lookup and all(t.baseline_id in baselines for t in lookup)
+    for baseline_id in baselines:
+        arms = {t.served.draft_kind for t in p1 if t.baseline_id == baseline_id}
+        assert arms == {"lm", "ngram"}
+
+
+def test_a_second_draft_model_runs_on_its_own_worker_pair_with_its_own_baseline() -> None:
+    """A further draft model needs its own draft actor (a group shard runs on one), so its
+    trials are worker pair ``p1~1`` with their own AR baseline, ids as a pair of it alone."""
+    plan = _plan(_with_drafts("[zoo:micro/draft-m, zoo:micro/draft-xs]"))
+    alone = _plan(BASE.replace("draft: zoo:micro/draft-m", "draft: zoo:micro/draft-xs", 1))
+    second = [t for t in plan.trials if t.pair == "p1~1"]
+    assert [t.trial_id for t in second] == [t.trial_id for t in alone.trials if t.pair == "p1"]
+    assert {t.served.draft for t in second} == {"zoo:micro/draft-xs"}
+    assert [p.name for p in plan.pairs] == ["p1", "p1~1", "p2"]
+    assert plan.pairs[1].draft is not None and plan.pairs[1].draft.model == "zoo:micro/draft-xs"
+
+
+def test_policy_pair_restrictions_name_the_sweeps_pair_for_every_draft() -> None:
+    text = _with_drafts("[zoo:micro/draft-m, zoo:micro/draft-xs, {kind: ngram}]").replace(
+        "  - name: oracle\n", "  - name: oracle\n    pairs: [p1]\n"
+    )
+    plan = _plan(text)
+    oracle = {(t.pair, t.served.draft_kind) for t in plan.trials if t.setting.policy == "oracle"}
+    assert oracle == {("p1", "lm"), ("p1~1", "lm"), ("p1", "ngram")}
+
+
+@pytest.mark.parametrize(
+    ("pair", "message"),
+    [
+        (
+            "draft: zoo:micro/draft-m\n    drafts: [{kind: ngram}]",
+            "pairs[0].drafts: give 'draft' (one draft) or 'drafts' (a list of drafts), not both",
+        ),
+        ("drafts: []", "pairs[0].drafts"),
+        ("drafts: [{kind: ngram}, {kind: ngram, n_max: 3}]", "drafts[1]: the same draft as"),
+        ("drafts: [{kind: ngram, model: x}]", "pairs[0].drafts[0]"),
+        ("drafts: [zoo:micro/draft-m, {job: nope}]", "pairs[0].drafts[1].job: no training job"),
+    ],
+)
+def test_bad_draft_lists_name_the_field(pair: str, message: str) -> None:
+    with pytest.raises(SweepError) as caught:
+        _spec(BASE.replace("draft: zoo:micro/draft-m", pair, 1))
+    assert message in str(caught.value)
+
+
+def test_a_pair_without_draft_or_drafts_is_refused() -> None:
+    with pytest.raises(SweepError, match="pairs\\[0\\]: needs 'draft'"):
+        _spec(BASE.replace("    draft: zoo:micro/draft-m\n", "", 1))
+
+
+def test_the_grid_size_counts_every_draft() -> None:
+    assert _spec(_with_drafts("[zoo:micro/draft-m, {kind: ngram}]")).grid_size() == (
+        _spec().grid_size() * 3 // 2
+    )
+
+
+def test_a_lookup_only_policy_is_skipped_for_the_draft_models_of_a_pair() -> None:
+    plan = _plan(
+        _with_drafts("[zoo:micro/draft-m, {kind: ngram}]").replace(
+            "  - name: oracle\n", "  - name: oracle\n  - name: ngram_match\n"
+        )
+    )
+    ran = {(t.pair, t.served.draft_kind) for t in plan.trials if t.setting.policy == "ngram_match"}
+    assert ran == {("p1", "ngram")}
+    skipped = [g for g in plan.skipped if g.policy == "ngram_match"]
+    assert {(g.pair, g.draft) for g in skipped} == {
+        ("p1", "zoo:micro/draft-m"),
+        ("p2", "zoo:micro/draft-s"),
+    }
+    assert all("reads match_length, which only ngram drafts show" in g.reason for g in skipped)
+
+
+def test_lookup_drafts_replay_in_replay_and_mixed_sweeps_with_their_own_checks() -> None:
+    """A lookup's greedy trials replay (a lookup trace serves every policy), with live checks
+    of their own: the lookup's cost fit is its own group, apart from the first draft's."""
+    text = _with_drafts("[zoo:micro/draft-m, {kind: ngram}]").replace(
+        "temperatures: [0, 0.8]", "temperatures: [0]"
+    )
+    for mode in ("replay", "mixed"):
+        plan = _plan(
+            text.replace("seeds: [0, 1]\n", f"seeds: [0, 1]\nexecution: {{mode: {mode}}}\n")
+        )
+        lookup = [t for t in plan.trials if t.served.draft_kind == "ngram"]
+        assert {t.mode for t in lookup if not t.is_check} == {"replay"}, mode
+        assert any(t.is_check for t in lookup), mode
+        groups = replay_groups(plan)
+        kinds = [{t.served.draft_kind for t in g.replayed} for g in groups]
+        assert {"ngram"} in kinds and {"lm"} in kinds
+        assert all(len(k) == 1 for k in kinds)  # one kind per fit group

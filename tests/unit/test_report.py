@@ -27,6 +27,7 @@ def _row(**values: Any) -> StoredTrial:
     base = {
         "trial_id": "t",
         "pair": "p",
+        "draft_kind": "lm",
         "dataset": "gsm8k",
         "temperature": 0.0,
         "policy": "svip",
@@ -83,7 +84,7 @@ def test_summary_rows_group_by_fewer_keys() -> None:
     ]
     (only,) = report.summary_rows(rows, group_by=("dataset", "policy"))
     assert only["trials"] == 2 and only["e2e_speedup"] == pytest.approx(2.0)
-    shown = {"dataset", "policy", *report.SUMMARY_COLUMNS[5:]}
+    shown = {"dataset", "policy", *report.SUMMARY_COLUMNS[len(report.SUMMARY_GROUP) :]}
     assert set(only) == shown | {"best_trial", "best_note"}
 
 
@@ -328,3 +329,44 @@ def test_the_committed_demo_database_summarises_without_decode_figures() -> None
     assert {r["best_on"] for r in summary} == {"same 6"}
     notes = {r["best_note"] for r in summary}
     assert notes == {"best chosen and measured on the same 6 prompts (end-to-end)"}
+
+
+def test_the_summary_and_trial_labels_tell_a_pairs_draft_kinds_apart() -> None:
+    rows = [
+        _row(trial_id="a", speedup=1.2),
+        _row(trial_id="b", draft_kind="ngram", speedup=2.0),
+    ]
+    summary = report.summary_rows(rows)
+    assert [(r["pair"], r["draft_kind"], r["e2e_speedup"]) for r in summary] == [
+        ("p", "lm", 1.2),
+        ("p", "ngram", 2.0),
+    ]
+    assert ", p, ngram draft, gsm8k," in report.trial_label(rows[1])
+
+
+DRAFTS_SWEEP = """\
+name: drafts
+pairs:
+  - name: p
+    target: zoo:micro/target
+    drafts: [zoo:micro/draft-s, {kind: ngram, n_max: 2}]
+datasets: [{name: "builtin:code", samples: 2, max_new_tokens: 8}]
+temperatures: [0]
+policies: [{name: static}, {name: ngram_match}]
+max_draft_lens: [4]
+"""
+
+
+def test_plan_tables_show_each_trials_draft_kind_and_draft() -> None:
+    plan = plan_sweep(parse_sweep(DRAFTS_SWEEP))
+    groups = report.plan_group_rows(plan)
+    assert [(g["draft_kind"], g["draft"], g["policy"]) for g in groups] == [
+        ("lm", "zoo:micro/draft-s", "ar"),
+        ("lm", "zoo:micro/draft-s", "static"),
+        ("ngram", "ngram(n_max=2,n_min=1)", "static"),
+        ("ngram", "ngram(n_max=2,n_min=1)", "ngram_match"),
+    ]
+    trials = report.plan_trial_rows(plan)
+    assert [row["draft_kind"] for row in trials] == ["lm", "lm", "ngram", "ngram"]
+    (skipped,) = report.skipped_rows(plan)
+    assert (skipped["draft"], skipped["policy"]) == ("zoo:micro/draft-s", "ngram_match")

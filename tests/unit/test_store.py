@@ -185,6 +185,46 @@ def test_prefill_decode_migration_keeps_rows_and_leaves_old_ones_without_a_split
         assert store.trials_sample_speeds([trial_id])[trial_id][0].decode_seconds is None
 
 
+def test_draft_kind_migration_gives_stored_rows_lm_and_new_trials_their_kind(
+    db_url: str,
+) -> None:
+    """0011 adds ``trials.draft_kind``: a trial stored at 0009 reads back as ``lm`` after the
+    upgrade, a lookup draft's trial is stored as ``ngram``, and a downgrade keeps every row."""
+    spec, plan = spec_and_plan(
+        SWEEP.replace("draft: zoo:micro/draft-s", "drafts: [zoo:micro/draft-s, {kind: ngram}]")
+    )
+    old = plan.trials[1]
+    lookup = next(t for t in plan.trials if t.served.draft_kind == "ngram")
+    config = alembic_config()
+    with open_store(db_url) as store:
+        with store.engine.connect() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0009")
+            connection.commit()
+        assert "draft_kind" not in {c["name"] for c in inspect(store.engine).get_columns("trials")}
+        with store.engine.begin() as connection:  # a trial registered by the 0009 code
+            connection.exec_driver_sql(
+                "INSERT INTO trials (trial_id, pair, target, backend, tp_size, dtype, dataset, "
+                "samples, max_new_tokens, temperature, top_k, top_p, policy, max_draft_len, "
+                "seed, is_baseline, mode, code_version, params, config, status, attempts, "
+                f"created_at) VALUES ('{old.trial_id}', 'demo', 't', 'hf', 1, 'float32', 'd', "
+                "2, 8, 0.0, 0, 1.0, 'static', 4, 0, false, 'live', '2', '{}', '{}', "
+                "'pending', 0, '2026-01-01 00:00:00')"
+            )
+    with open_store(db_url) as store:  # a writer migrates to head
+        assert current_revision(store.engine) == head_revision()
+        assert [row.draft_kind for row in store.trial_rows([old.trial_id])] == ["lm"]
+        store.register_sweep(spec, plan)
+        kinds = {row.trial_id: row.draft_kind for row in store.trials("store")}
+        assert kinds[lookup.trial_id] == "ngram" and kinds[old.trial_id] == "lm"
+        assert set(kinds.values()) == {"lm", "ngram"}
+        with store.engine.connect() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0009")
+            connection.commit()
+        assert _count(store, TrialRow) == len(plan.trials)
+
+
 def _fit_values() -> dict[str, object]:
     """Return a cost_fits row of made-up numbers."""
     return {

@@ -24,7 +24,7 @@ Assumptions, stated once:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -93,7 +93,8 @@ class TargetSet:
 
 @dataclass(frozen=True)
 class PairEstimate:
-    """One pair's projected work: seconds at worst and at best, on the profile it used."""
+    """One pair's projected work: seconds at worst and at best, on the profile it used;
+    ``draft_kinds`` are the kinds of its trials' drafts, in plan order."""
 
     pair: str
     profile: str
@@ -102,6 +103,7 @@ class PairEstimate:
     seconds_upper: float
     seconds_lower: float
     replay_saved_seconds: float
+    draft_kinds: tuple[str, ...] = ("lm",)
 
     @property
     def gpu_hours_upper(self) -> float:
@@ -169,12 +171,15 @@ def full_acceptance_tokens_per_s(profile: HardwareProfile, max_draft_len: int) -
 
 
 def trial_seconds(trial: Trial, profile: HardwareProfile) -> tuple[float, float]:
-    """Return (upper, lower) model seconds of one trial; a replayed trial costs (0, 0)."""
+    """Return (upper, lower) model seconds of one trial; a replayed trial costs (0, 0), and a
+    lookup draft's (``ngram``) draft steps cost nothing (no draft forward)."""
     if trial.mode == "replay":
         return 0.0, 0.0
     upper = trial_tokens(trial) / profile.ar_tokens_per_s
     if trial.is_baseline:
         return upper, upper
+    if trial.served.draft_kind == "ngram":
+        profile = replace(profile, t_draft=0.0)
     return upper, trial_tokens(trial) / full_acceptance_tokens_per_s(
         profile, trial.setting.max_draft_len
     )
@@ -298,6 +303,7 @@ def pair_estimates(plan: Plan, profiles: Mapping[str, HardwareProfile]) -> list[
                 seconds_upper=sum(upper for upper, _ in bounds) + record,
                 seconds_lower=sum(lower for _, lower in bounds) + record,
                 replay_saved_seconds=replaced - record,
+                draft_kinds=tuple(dict.fromkeys(t.served.draft_kind for t in trials)),
             )
         )
     return estimates
@@ -417,7 +423,8 @@ def _set_lines(estimate: SweepEstimate) -> list[str]:
 
 
 def estimate_lines(estimate: SweepEstimate) -> list[str]:
-    """Return the estimate as printable lines: the replicas, one line per pair, the totals."""
+    """Return the estimate as printable lines: the replicas, one line per pair (with its
+    trials' draft kinds), the totals."""
     cluster = estimate.cluster
     lines = [
         f"estimate on profile {estimate.profile}, {cluster.gpus:g} GPUs ({cluster.source}): "
@@ -428,7 +435,8 @@ def estimate_lines(estimate: SweepEstimate) -> list[str]:
     ]
     for pair in estimate.pairs:
         lines.append(
-            f"  {pair.pair}: {pair.trials} trials, {format_hours(pair.seconds_lower)} .. "
+            f"  {pair.pair} [{', '.join(pair.draft_kinds)}]: {pair.trials} trials, "
+            f"{format_hours(pair.seconds_lower)} .. "
             f"{format_hours(pair.seconds_upper)} of replica time on {pair.profile}, "
             f"<= {pair.gpu_hours_upper:,.0f} GPU-h"
         )

@@ -138,7 +138,11 @@ class RoundCostFit:
 
 
 def fit_round_costs(
-    draft_forwards: Numbers, drafted: Numbers, draft_seconds: Numbers, verify_seconds: Numbers
+    draft_forwards: Numbers,
+    drafted: Numbers,
+    draft_seconds: Numbers,
+    verify_seconds: Numbers,
+    lookup: bool = False,
 ) -> RoundCostFit:
     """Return the block-aware :class:`RoundCostFit` of measured rounds (one entry per round).
 
@@ -148,6 +152,7 @@ def fit_round_costs(
     forward) pin t_target. Raises CostModelError when the inputs differ in length, hold fewer
     than two rounds or a non-finite value, no round has a draft forward, or every round
     drafted the same number of tokens (then t_target and t_per_verified are not separable).
+    A ``lookup`` draft (n-gram prompt lookup) runs no draft forward: its t_draft is 0.
     """
     forwards, blocks, draft_s, verify_s = (
         np.asarray(values, dtype=float)
@@ -162,7 +167,7 @@ def fit_round_costs(
         raise CostModelError(f"need at least 2 rounds, got {len(forwards)}")
     if not all(np.isfinite(a).all() for a in (forwards, blocks, draft_s, verify_s)):
         raise CostModelError("round counts and seconds must be finite")
-    if not forwards.any():
+    if not forwards.any() and not lookup:
         raise CostModelError("no round ran a draft forward: t_draft is not determined")
     verify_design = np.column_stack([np.ones_like(blocks), blocks])
     if np.linalg.matrix_rank(verify_design) < 2:
@@ -170,7 +175,7 @@ def fit_round_costs(
             "every round drafted the same number of tokens: t_target and t_per_verified "
             "cannot be separated (add the AR baseline's rounds or vary the draft length)"
         )
-    t_draft = float(forwards @ draft_s / (forwards @ forwards))
+    t_draft = float(forwards @ draft_s / (forwards @ forwards)) if forwards.any() else 0.0
     (t_target, t_per_verified), *_ = np.linalg.lstsq(verify_design, verify_s, rcond=None)
     draft_fit = t_draft * forwards
     verify_fit = verify_design @ np.array([t_target, t_per_verified])

@@ -45,14 +45,29 @@ ROUND_KEY = ("drafted", "accepted", "draft_forwards")
 
 
 def trace_to_json(trace: GreedyTrace) -> dict[str, Any]:
-    """Return ``trace`` as JSON-ready data (off-path positions as string keys)."""
+    """Return ``trace`` as JSON-ready data (off-path positions and lookup round starts as
+    string keys)."""
     data = asdict(trace)
-    data["off_path"] = {str(p): [asdict(x) for x in d] for p, d in trace.off_path.items()}
+    data["off_path"] = _by_position(trace.off_path)
+    data["lookups"] = None if trace.lookups is None else _by_position(trace.lookups)
     return data
 
 
+def _by_position(
+    predictions: dict[int, tuple[DraftPrediction, ...]],
+) -> dict[str, list[dict[str, Any]]]:
+    """Return predictions by position as JSON-ready data (string keys)."""
+    return {str(p): [asdict(x) for x in d] for p, d in predictions.items()}
+
+
+def _from_positions(data: dict[str, Any]) -> dict[int, tuple[DraftPrediction, ...]]:
+    """Return the predictions :func:`_by_position` wrote."""
+    return {int(p): tuple(DraftPrediction(**x) for x in d) for p, d in data.items()}
+
+
 def trace_from_json(data: dict[str, Any]) -> GreedyTrace:
-    """Return the trace :func:`trace_to_json` wrote."""
+    """Return the trace :func:`trace_to_json` wrote (traces stored before lookup traces
+    existed are a draft model's)."""
     return GreedyTrace(
         prompt_ids=tuple(data["prompt_ids"]),
         max_new_tokens=data["max_new_tokens"],
@@ -61,9 +76,9 @@ def trace_from_json(data: dict[str, Any]) -> GreedyTrace:
         target_tokens=tuple(data["target_tokens"]),
         target_margins=tuple(data["target_margins"]),
         on_path=tuple(DraftPrediction(**p) for p in data["on_path"]),
-        off_path={
-            int(p): tuple(DraftPrediction(**x) for x in d) for p, d in data["off_path"].items()
-        },
+        off_path=_from_positions(data["off_path"]),
+        lookups=None if data.get("lookups") is None else _from_positions(data["lookups"]),
+        step_cost=data.get("step_cost", 1),
     )
 
 

@@ -133,6 +133,11 @@ def compare_fits(
     )
 
 
+def drafts_by_lookup(trial: StoredTrial) -> bool:
+    """True for a speculative trial whose draft is an n-gram lookup (no draft forward)."""
+    return trial.draft_kind == "ngram" and not trial.is_baseline
+
+
 def fit_round_group(
     rounds: Sequence[StoredRound], trials: Sequence[StoredTrial]
 ) -> tuple[RoundCostFit, float]:
@@ -149,6 +154,7 @@ def fit_round_group(
         [r.drafted for r in rounds],
         [r.draft_seconds for r in rounds],
         [r.verify_seconds for r in rounds],
+        lookup=any(drafts_by_lookup(t) for t in trials),
     )
     speculative = [t for t in trials if not t.is_baseline] or list(trials)
     outside = sum(t.seconds - t.draft_seconds - t.verify_seconds for t in speculative)

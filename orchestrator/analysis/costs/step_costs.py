@@ -8,7 +8,9 @@ plus draft_per_context per token of context. A round's verify seconds are the me
 verifying a block of its size (a table over the sizes seen, with no slope across sizes) plus
 verify_per_context per token of context. A round's context is the prompt plus every token
 generated before it. A sample's time outside its rounds (prefill, bookkeeping) is a fitted
-intercept plus a slope per prompt token.
+intercept plus a slope per prompt token. A lookup draft (n-gram prompt lookup) runs no draft
+forward: its draft terms are 0 and each of its rounds costs the mean measured seconds of a
+lookup round instead, t_lookup (microseconds: a dictionary lookup).
 
 Sizes missing from the table: a size between two measured ones takes the linear interpolation
 of its two neighbours; a size beyond the largest (or below the smallest) measured size takes
@@ -78,6 +80,7 @@ class StepCostFit:
     n_rounds: int
     n_samples: int
     unidentified: tuple[str, ...] = ()
+    t_lookup: float = 0.0
 
     def step_seconds(self, context: float, demands: StepDemands) -> float:
         """Return the seconds of one draft forward at ``context`` for a policy's demands."""
@@ -89,7 +92,10 @@ class StepCostFit:
         )
 
     def draft_seconds(self, forwards: int, context: float, demands: StepDemands) -> float:
-        """Return a round's predicted draft seconds."""
+        """Return a round's predicted draft seconds (a round without a draft forward: the
+        lookup's ``t_lookup``, 0 for a draft model)."""
+        if forwards == 0:
+            return self.t_lookup
         return forwards * self.step_seconds(context, demands)
 
     def block_seconds(self, drafted: int) -> float:
@@ -108,7 +114,9 @@ class StepCostFit:
 
 
 def fit_step_costs(
-    rounds: Sequence[RoundObservation], samples: Sequence[SampleObservation]
+    rounds: Sequence[RoundObservation],
+    samples: Sequence[SampleObservation],
+    lookup_rounds: Sequence[RoundObservation] = (),
 ) -> StepCostFit:
     """Return the least-squares :class:`StepCostFit` of measured rounds and samples.
 
@@ -116,9 +124,11 @@ def fit_step_costs(
     forwards·context), verify seconds on one indicator per block size with at least
     :data:`MIN_ROUNDS_PER_SIZE` rounds plus context, outside seconds on (1, prompt length).
     A term whose column is zero in every observation, or that equals another's, is
-    unidentified and fixed at 0. Raises CostModelError without a draft forward or a sample.
+    unidentified and fixed at 0. ``lookup_rounds`` are the rounds of a lookup draft's trials:
+    t_lookup is their mean draft seconds. Raises CostModelError without a draft forward (or a
+    lookup round) or a sample.
     """
-    if not any(r.draft_forwards for r in rounds):
+    if not any(r.draft_forwards for r in rounds) and not lookup_rounds:
         raise CostModelError("no round ran a draft forward: t_draft is not determined")
     if not samples:
         raise CostModelError("no sample: the per-sample overhead is not determined")
@@ -139,6 +149,7 @@ def fit_step_costs(
         n_rounds=len(rounds),
         n_samples=len(samples),
         unidentified=unknown_draft + unknown_overhead,
+        t_lookup=float(np.mean([r.draft_seconds for r in lookup_rounds])) if lookup_rounds else 0.0,
     )
 
 

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.analysis.costs.model import CostModelError
-from orchestrator.analysis.costs.run_fit import TrialCounts, fit_round_group, round_fit_seconds
+from orchestrator.analysis.costs.run_fit import (
+    TrialCounts,
+    drafts_by_lookup,
+    fit_round_group,
+    round_fit_seconds,
+)
 from orchestrator.analysis.costs.step_costs import (
     RoundObservation,
     SampleObservation,
@@ -132,10 +137,14 @@ def live_trial(
 
 def fit_trials(trials: Sequence[LiveTrial]) -> StepCostFit:
     """Return the per-step cost fit over the rounds of ``trials`` and the samples of the
-    speculative ones (the AR baselines' when there is none: an AR sample prefills no draft)."""
-    speculative = [t for t in trials if t.counts.draft_forwards > 0] or list(trials)
+    speculative ones (the AR baselines' when there is none: an AR sample prefills no draft);
+    a lookup draft's rounds also give the cost of a lookup round."""
+    lookups = [t for t in trials if drafts_by_lookup(t.stored)]
+    speculative = [t for t in trials if t.counts.draft_forwards > 0] + lookups or list(trials)
     return fit_step_costs(
-        [r for t in trials for r in t.rounds], [s for t in speculative for s in t.samples]
+        [r for t in trials for r in t.rounds],
+        [s for t in speculative for s in t.samples],
+        [r for t in lookups for r in t.rounds],
     )
 
 
