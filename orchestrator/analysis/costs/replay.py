@@ -3,8 +3,9 @@
 A replay sweep (``execution.mode: replay``) runs each group's AR baseline and its live check
 trials on the models, records one greedy trace per prompt (stored in the ``traces`` table under
 ``planner.trace_key``, so a resubmission records nothing again), fits the per-step cost model
-(``costs.step_costs``) over the group's live rounds and samples, projects each live check from
-the fit over the other live trials (its out-of-sample error), and replays every replay-mode
+(``costs.step_costs``) over the live rounds and samples of the group's pool (the pair at its
+sampling setting, every dataset: ``planner.ReplayGroup.pool``), projects each live check from
+the fit over the pool's other live trials (its out-of-sample error), and replays every replay-mode
 trial with ``policies.replay.replay``. A replayed trial is stored like a live one: per-sample
 results whose rounds are the replayed ones with projected seconds (the per-step model at each
 round's context, for the policy's step demands), and sample seconds that add the model's
