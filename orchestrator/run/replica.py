@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from orchestrator.analysis.costs.replay import (
     trace_from_json,
     trace_to_json,
     trial_demands,
-    widen,
 )
 from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.run.errors import describe_failure
@@ -305,12 +304,11 @@ class GroupReplica:
             return error
         prepared = self.inputs.prompts[trial.prompts.key]
         tokenizer = self.inputs.tokenizer(trial.pair)
-        metrics = trial_metrics(results)
-        widened = widen(metrics.tokens_per_s_interval, fit.out_of_sample_error)
+        metrics = trial_metrics(results, cost_model_error=fit.out_of_sample_error)
         self.store.record_trial(
             trial,
             results,
-            replace(metrics, tokens_per_s_interval=widened),
+            metrics,
             record_rounds=True,
             prompt_ids=[p.id for p in prepared],
             output_texts=[response_text(tokenizer, r.output_ids) for r in results],

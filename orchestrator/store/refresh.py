@@ -10,12 +10,14 @@ from sqlalchemy.orm import Session
 
 from orchestrator.analysis.metrics import (
     SampleCounts,
+    per_prompt,
     ratio,
     rounds_position_acceptance,
     trial_intervals,
 )
 from orchestrator.store.base import StoreBase
 from orchestrator.store.models import RoundRow, SampleResultRow, SweepRow, SweepTrialRow, TrialRow
+from orchestrator.store.row_values import cost_model_error
 from orchestrator.store.rows import INTERVAL_COLUMNS, apply_speedups, replace_position_rows
 
 
@@ -65,7 +67,12 @@ def _sweep_trial_ids(sweep: str) -> Any:
 
 
 def _refresh_trial(session: Session, row: TrialRow) -> None:
-    """Recompute a stored trial's intervals, sample rates and position tables from its rows."""
+    """Recompute a stored trial's intervals, sample rates and position tables from its rows.
+
+    As the runner computes them (``metrics.trial_intervals``): the repeats of a prompt (its
+    samples with one ``prompt_id``) summed within it, and a replayed trial's timed intervals
+    widened by the cost-model error stored with it (its speedups' by ``apply_speedups``, which
+    reads the same error)."""
     samples = list(
         session.scalars(
             select(SampleResultRow)
@@ -73,14 +80,15 @@ def _refresh_trial(session: Session, row: TrialRow) -> None:
             .order_by(SampleResultRow.sample_index)
         )
     )
-    intervals = trial_intervals(
-        [
-            SampleCounts(
-                s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds, s.decode_seconds
-            )
-            for s in samples
-        ]
-    )
+    counts = [
+        SampleCounts(
+            s.generated_tokens, s.seconds, s.drafted, s.accepted, s.n_rounds, s.decode_seconds
+        )
+        for s in samples
+    ]
+    prompts: dict[str, int] = {}
+    blocks = [prompts.setdefault(s.prompt_id, len(prompts)) for s in samples]
+    intervals = trial_intervals(per_prompt(counts, blocks), cost_model_error(row.metrics))
     for name in INTERVAL_COLUMNS:
         interval = getattr(intervals, name)
         setattr(row, f"{name}_low", interval.low if interval else None)
