@@ -13,7 +13,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from orchestrator.cli import compare, export, fits, plan, query, refresh, status, submit, zoo
+from orchestrator.cli import (
+    compare,
+    export,
+    fits,
+    plan,
+    query,
+    refresh,
+    reproduction,
+    status,
+    submit,
+    zoo,
+)
 from orchestrator.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_USER_ERROR,
@@ -77,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     fits.add_parser(commands, db)
     compare.add_parser(commands, db)
     refresh.add_parser(commands, db)
+    reproduction.add_parser(commands, db)
     export.add_parser(commands, db)
     zoo.add_parser(commands)
     return parser
