@@ -26,6 +26,12 @@ writes each trial's error, the mean absolute error and bias per policy class, an
 model's figures beside the new:
 
     python bench/replay.py --loo --out docs/lab/data/replay-validation.json
+
+``--sweep FILE`` (with ``--loo``) adds the runner's own fit: the sweep's plan pooled as the
+runner pools it (``orchestrator.run.group_fits.live_pools``), fit by its code
+(``fit_from_store``), every speculative live trial held out in turn:
+
+    python bench/replay.py --loo --sweep sweeps/demo.yaml --out /tmp/runner-fit.json
 """
 
 from __future__ import annotations
@@ -62,7 +68,10 @@ from orchestrator.analysis.costs.validation import (
     live_trial,
     summarise,
 )
+from orchestrator.run.group_fits import fit_from_store, live_pools
 from orchestrator.store.results import open_store
+from orchestrator.sweep.planner import plan_sweep
+from orchestrator.sweep.spec import load_sweep
 from policies import make_policy
 from policies.adaedl import entropy_acceptance_bound
 from policies.replay import GreedyTrace, ReplayedRound, replay
@@ -324,6 +333,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="DB",
         help=f"leave-one-trial-out over a results DB's live trials (default {DEMO_DB}); no models",
     )
+    parser.add_argument(
+        "--sweep",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --loo: also hold each speculative live trial of this sweep's plan out of "
+        "the runner's own fit (its pools and code)",
+    )
     return parser.parse_args(argv)
 
 
@@ -345,18 +362,40 @@ def _group_key(trial: Any) -> tuple[Any, ...]:
     )
 
 
-def load_live_groups(db: str) -> dict[tuple[Any, ...], list[LiveTrial]]:
-    """Return the done live trials of SQLite file ``db`` (or a database URL), by fit group.
+def load_live_groups(
+    db: str, sweep: Path | None = None
+) -> tuple[dict[tuple[Any, ...], list[LiveTrial]], list[HeldOut]]:
+    """Return the done live trials of SQLite file ``db`` (or a database URL), by fit group,
+    and (with a ``sweep`` file) every speculative live trial held out of the runner's own fit.
 
     A SQLite file is read from a temporary copy, opened as a writer so that an older schema
     is migrated there and never in the file itself.
     """
     if "://" in db:
-        return _live_groups(open_store(db, read_only=True))
+        store = open_store(db, read_only=True)
+        return _live_groups(store), _runner_held_out(store, sweep)
     with tempfile.TemporaryDirectory() as folder:
         copy = Path(folder) / "results.db"
         shutil.copyfile(db, copy)
-        return _live_groups(open_store(f"sqlite:///{copy}"))
+        store = open_store(f"sqlite:///{copy}")
+        return _live_groups(store), _runner_held_out(store, sweep)
+
+
+def _runner_held_out(store: Any, sweep: Path | None) -> list[HeldOut]:
+    """Return each done speculative live trial of ``sweep``'s plan held out of the fit the
+    runner makes (``orchestrator.run.group_fits``: its pools, its fit, every such trial taken
+    as a check); [] without a sweep file."""
+    if sweep is None:
+        return []
+    plan = plan_sweep(load_sweep(sweep))
+    held: list[HeldOut] = []
+    for trials, _ in live_pools(plan.trials):
+        checks = {t.trial_id for t in trials if not t.is_baseline}
+        try:
+            held += fit_from_store(store, trials, checks).checks
+        except CostModelError:
+            continue
+    return held
 
 
 def _live_groups(store: Any) -> dict[tuple[Any, ...], list[LiveTrial]]:
@@ -442,12 +481,16 @@ def _share(value: float | None) -> str:
     return f"{value:.1%}" if value is not None else "-"
 
 
-def validate(db: str, out: Path) -> int:
+def validate(db: str, out: Path, sweep: Path | None = None) -> int:
     """Run the leave-one-trial-out validation over ``db``, print it and write JSON."""
-    groups = load_live_groups(db)
+    groups, runner = load_live_groups(db, sweep)
     pools = {"group": _validation(groups), "pair": _validation(_pooled(groups))}
+    if sweep is not None:
+        pools["runner"] = _runner_summary(runner)
     write_json(out, {"db": db, **pools})
     for name, pool in pools.items():
+        if name == "runner":
+            continue
         print(f"pool: {name}")
         for t in pool["trials"]:
             where = " ".join(str(part) for part in t["pool"][:2])
@@ -469,15 +512,29 @@ def validate(db: str, out: Path) -> int:
             f"{_share(everything['old']['mean_abs_error'])} bias "
             f"{_percent(everything['old']['bias'])}"
         )
+    if sweep is not None:
+        everything = pools["runner"]["all_speculative"]
+        print(
+            f"runner's fit ({sweep}): n {everything['n']} MAE "
+            f"{_share(everything['mean_abs_error'])} bias {_percent(everything['bias'])}"
+        )
     print(f"JSON: {out}")
     return 0
+
+
+def _runner_summary(held: list[HeldOut]) -> dict[str, Any]:
+    """Return the runner's held-out trials and their summary (new model)."""
+    return {
+        "all_speculative": asdict(summarise([h.error for h in held])),
+        "trials": [asdict(h) for h in held],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a table and write JSON; return the exit code."""
     args = _parse_args(argv)
     if args.loo is not None:
-        return validate(args.loo, args.out)
+        return validate(args.loo, args.out, args.sweep)
     inputs = prepare(args, prompt_tokens=args.prompt_tokens)
     ids = inputs.prompt_tensors
     target_path, draft_path = inputs.target_path, inputs.draft_path

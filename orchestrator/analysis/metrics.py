@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from orchestrator.analysis.stats import Interval, ratio_interval
@@ -79,6 +79,7 @@ class TrialMetrics:
     decode_tokens_per_s_interval: Interval | None = None
     total_tokens_per_s: float | None = None
     total_tokens_per_s_interval: Interval | None = None
+    cost_model_error: float | None = None
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -182,15 +183,40 @@ def all_or_none(values: Sequence[float | None]) -> list[float] | None:
     return [float(value) for value in values if value is not None]
 
 
-def trial_intervals(samples: Sequence[SampleCounts]) -> TrialIntervals:
-    """Return the trial's intervals over its samples (ratios of sums, resampled by prompt)."""
+def widen(interval: Interval | None, error: float | None) -> Interval | None:
+    """Return ``interval`` widened by the cost model's out-of-sample ``error`` e.
+
+    The bounds become low·(1 − e) and high·(1 + e), the estimate stays.
+
+    A replayed trial's speed carries the sampling spread over its prompts and the cost model's
+    own error, which the prompts' spread does not show; None or 0 leaves it as is.
+    """
+    if interval is None or not error:
+        return interval
+    return replace(
+        interval, low=interval.low * (1 - abs(error)), high=interval.high * (1 + abs(error))
+    )
+
+
+def trial_intervals(
+    samples: Sequence[SampleCounts], cost_model_error: float | None = None
+) -> TrialIntervals:
+    """Return the trial's intervals over its samples (ratios of sums, resampled by prompt).
+
+    A replayed trial's timed figures (tokens/s end to end and decode-only) are widened by
+    ``cost_model_error``, its cost fit's out-of-sample error (:func:`widen`); its counts
+    (acceptance, mean accepted) are exact and stay. The runner and ``refresh`` both call this,
+    so a refresh keeps the widening (the error is stored with the trial, ``metrics`` JSON).
+    """
     tokens = [s.tokens for s in samples]
     decode = all_or_none([s.decode_seconds for s in samples])
     return TrialIntervals(
-        tokens_per_s=ratio_interval(tokens, [s.seconds for s in samples]),
+        tokens_per_s=widen(ratio_interval(tokens, [s.seconds for s in samples]), cost_model_error),
         acceptance_rate=ratio_interval([s.accepted for s in samples], [s.drafted for s in samples]),
         mean_accepted=ratio_interval([s.accepted for s in samples], [s.rounds for s in samples]),
-        decode_tokens_per_s=ratio_interval(tokens, decode) if decode is not None else None,
+        decode_tokens_per_s=(
+            widen(ratio_interval(tokens, decode), cost_model_error) if decode is not None else None
+        ),
         total_tokens_per_s=ratio_interval(tokens, [s.share_seconds for s in samples]),
     )
 
@@ -235,11 +261,15 @@ def _sum_or_none(a: float | None, b: float | None) -> float | None:
 
 
 def trial_metrics(
-    results: Sequence[GenerationResult], blocks: Sequence[int] | None = None
+    results: Sequence[GenerationResult],
+    blocks: Sequence[int] | None = None,
+    cost_model_error: float | None = None,
 ) -> TrialMetrics:
     """Return the trial's aggregate metrics; raises ValueError for an empty list of results.
 
     ``blocks`` (one per result: its prompt) sums repeats of a prompt before the intervals.
+    ``cost_model_error`` (a replayed trial: its cost fit's out-of-sample error) widens the
+    timed intervals (:func:`trial_intervals`) and is kept with the metrics.
     """
     if not results:
         raise ValueError("a trial needs at least one sample result")
@@ -262,7 +292,9 @@ def trial_metrics(
         for r in results
     ]
     shares = math.fsum(count.share_seconds for count in counts)
-    intervals = trial_intervals(counts if blocks is None else per_prompt(counts, blocks))
+    intervals = trial_intervals(
+        counts if blocks is None else per_prompt(counts, blocks), cost_model_error
+    )
     prefill = all_or_none([r.prefill_seconds for r in results])
     decode = all_or_none([r.decode_seconds for r in results])
     return TrialMetrics(
@@ -294,4 +326,5 @@ def trial_metrics(
         decode_tokens_per_s_interval=intervals.decode_tokens_per_s,
         total_tokens_per_s=ratio(generated, shares),
         total_tokens_per_s_interval=intervals.total_tokens_per_s,
+        cost_model_error=cost_model_error,
     )

@@ -20,6 +20,7 @@ from orchestrator.cli import (
     plan,
     query,
     refresh,
+    reproduction,
     schedule,
     status,
     submit,
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     fits.add_parser(commands, db)
     compare.add_parser(commands, db)
     refresh.add_parser(commands, db)
+    reproduction.add_parser(commands, db)
     export.add_parser(commands, db)
     schedule.add_parser(commands, db)
     zoo.add_parser(commands)

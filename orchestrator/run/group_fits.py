@@ -1,8 +1,10 @@
 """Cost fits of trial groups from the stored live rounds: fit, store, and one line to print.
 
-After a pair's live trials, each trial group's block-aware cost model is fit over its stored
-rounds and stored (``cost_fits``) with the run-level fit beside it; replay mode fits the same
-way before it replays a group.
+After a pair's live trials, the cost model is fit over each pool's stored rounds (a pool: the
+pair at one sampling setting across its datasets, ``trial.fit_pool_key``; the per-step model's
+context terms carry what differs between datasets) and stored (``cost_fits``) under each trial
+group of the pool, with the run-level fit beside it; replay mode fits the same way before it
+replays a group.
 """
 
 from __future__ import annotations
@@ -18,35 +20,46 @@ from orchestrator.analysis.costs.validation import LiveTrial, live_trial
 from orchestrator.store import Store
 from orchestrator.store.models import CostFitRow
 from orchestrator.store.row_values import table_values
-from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key
+from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key, fit_pool_key
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import fit_group_identity
 
 
 def store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:
-    """Fit and store the cost model of every group not in ``skip``; return a note per group.
-
-    Groups at a batch size above 1 are not fit: the cost model prices batch-1 rounds."""
+    """Fit the cost model of every pool of live trials (``fit_pool_key``: a pair at one
+    sampling setting, across its datasets) and store it under each of the pool's groups not
+    in ``skip``; return a note per pool. Trials at a batch size above 1 are not fit: the cost
+    model prices batch-1 rounds."""
     if not spec.execution.record_rounds:
         return ["no cost fit: the sweep ran with record_rounds: false, so no rounds are stored"]
-    grouped: dict[str, list[Trial]] = {}
-    for trial in plan.trials:
-        if trial.mode == LIVE_MODE and trial.batch_size == 1:
-            grouped.setdefault(fit_group_key(trial), []).append(trial)
     notes = []
-    for key, trials in grouped.items():
-        if key in skip:
+    for trials, groups in live_pools(plan.trials):
+        stored = {key: first for key, first in groups.items() if key not in skip}
+        if not stored:
             continue
         try:
             fit = fit_from_store(store, trials)
         except CostModelError as error:
-            notes.append(f"no cost fit for {group_label(trials[0])}: {error}")
+            notes.append(f"no cost fit for {pool_label(trials)}: {error}")
             continue
-        values = fit_values(plan.sweep, key, trials[0], fit)
         run_fit = run_fit_columns(store, trials, fit)
-        store.record_cost_fit({**values, **run_fit})
-        notes.append(fit_note(trials[0], fit) + run_fit_note(run_fit))
+        for key, first in stored.items():
+            store.record_cost_fit({**fit_values(plan.sweep, key, first, fit), **run_fit})
+        notes.append(fit_note(trials, fit) + run_fit_note(run_fit))
     return notes
+
+
+def live_pools(trials: Sequence[Trial]) -> list[tuple[list[Trial], dict[str, Trial]]]:
+    """Return the live batch-1 ``trials`` by cost-fit pool: each pool's trials and, per fit
+    group of the pool (its ``cost_fits`` key), the group's first trial; in plan order."""
+    pools: dict[str, tuple[list[Trial], dict[str, Trial]]] = {}
+    for trial in trials:
+        if trial.mode != LIVE_MODE or trial.batch_size != 1:
+            continue
+        members, groups = pools.setdefault(fit_pool_key(trial), ([], {}))
+        members.append(trial)
+        groups.setdefault(fit_group_key(trial), trial)
+    return list(pools.values())
 
 
 def live_trials_from_store(store: Store, trials: Sequence[Trial]) -> list[LiveTrial]:
@@ -91,6 +104,13 @@ def group_label(trial: Trial) -> str:
     )
 
 
+def pool_label(trials: Sequence[Trial]) -> str:
+    """Return a short name of a cost-fit pool (its pair, datasets and sampling) for messages."""
+    first = trials[0]
+    datasets = ", ".join(dict.fromkeys(t.prompts.dataset for t in trials))
+    return f"{first.pair} [{datasets}] (temperature {first.sampling.temperature:g})"
+
+
 def run_fit_note(columns: dict[str, Any]) -> str:
     """Return the run-level fit's part of a group's fit line ("" when there is none)."""
     if not columns:
@@ -102,14 +122,14 @@ def run_fit_note(columns: dict[str, Any]) -> str:
     )
 
 
-def fit_note(trial: Trial, group: GroupFit) -> str:
-    """Return the one-line summary of a stored group fit (the per-step model replay uses)."""
+def fit_note(trials: Sequence[Trial], group: GroupFit) -> str:
+    """Return the one-line summary of a pool's stored fit (the per-step model replay uses)."""
     steps = group.steps
     sizes = ", ".join(f"{size}: {cost * 1e3:.1f}" for size, cost in steps.verify_table)
     error = group.out_of_sample_error
     held = f"{error:.1%}" if error is not None else "not measured (no check can be held out)"
     return (
-        f"cost fit {group_label(trial)}: draft step {steps.t_draft * 1e3:.3f} ms "
+        f"cost fit {pool_label(trials)}: draft step {steps.t_draft * 1e3:.3f} ms "
         f"(+{steps.t_feature * 1e3:.3f} with features, +{steps.t_ask * 1e3:.3f} per decision), "
         f"verify ms by block size {{{sizes}}} + {steps.verify_per_context * 1e6:.2f} µs per "
         f"token of context, R² draft {steps.r2_draft:.3f} verify {steps.r2_verify:.3f} over "

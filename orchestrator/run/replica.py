@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from orchestrator.analysis.costs.replay import (
     trace_from_json,
     trace_to_json,
     trial_demands,
-    widen,
 )
 from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.run.errors import describe_failure
@@ -206,14 +205,17 @@ class GroupReplica:
     ) -> ReplayNotes:
         """Replay ``trials`` of ``group`` and store them; return what was fit and checked.
 
-        Each trial is reported to ``finish`` with its error or None. Without a cost fit
-        (the live trials failed, or their rounds cannot identify the costs) every trial fails
-        with the reason.
+        The cost model is fit over the live trials of the group's pool (``ReplayGroup.pool``:
+        the pair at this sampling setting, every dataset), each of the pool's live checks held
+        out in turn for the out-of-sample error. Each trial is reported to ``finish`` with its
+        error or None. Without a cost fit (the live trials failed, or their rounds cannot
+        identify the costs) every trial fails with the reason.
         """
         label = group_label(group.trials[0])
+        pool = group.pool or group.live
         try:
             traces, recorded = self._traces(group)
-            fit = fit_from_store(self.store, group.live, {t.trial_id for t in group.checks})
+            fit = fit_from_store(self.store, pool, {t.trial_id for t in group.pool_checks})
         except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
             reason = f"no cost fit or traces for replay: {describe_failure(exc)}"
             for trial in trials:
@@ -221,13 +223,13 @@ class GroupReplica:
                 finish(trial, reason)
             return ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
         values = fit_values(sweep, group.fit_key, group.trials[0], fit)
-        values.update(run_fit_columns(self.store, group.live, fit))
+        values.update(run_fit_columns(self.store, pool, fit))
         checks = [self._check_note(label, check, traces, fit, values) for check in group.checks]
         checks = [note for note in checks if note]
         self.store.record_cost_fit(values)
         for trial in trials:
             finish(trial, self._replay_trial(trial, traces, fit))
-        return ReplayNotes(fit_note(group.trials[0], fit), checks, recorded)
+        return ReplayNotes(fit_note(pool, fit), checks, recorded)
 
     def _traces(self, group: ReplayGroup) -> tuple[list[GreedyTrace], bool]:
         """Return the group's traces and whether they were recorded now (else read back)."""
@@ -307,12 +309,11 @@ class GroupReplica:
             return error
         prepared = self.inputs.prompts[trial.prompts.key]
         tokenizer = self.inputs.tokenizer(trial.pair)
-        metrics = trial_metrics(results)
-        widened = widen(metrics.tokens_per_s_interval, fit.out_of_sample_error)
+        metrics = trial_metrics(results, cost_model_error=fit.out_of_sample_error)
         self.store.record_trial(
             trial,
             results,
-            replace(metrics, tokens_per_s_interval=widened),
+            metrics,
             record_rounds=True,
             prompt_ids=[p.id for p in prepared],
             output_texts=[response_text(tokenizer, r.output_ids) for r in results],

@@ -57,8 +57,10 @@ from orchestrator.sweep.target_sets import SharedTarget, shared_targets, split_t
 from orchestrator.sweep.work_units import (
     ArmShard,
     WorkUnit,
-    group_units,
+    arm_groups,
+    live_group_units,
     missing_arms,
+    replay_unit,
     shard_key,
 )
 
@@ -67,6 +69,7 @@ __all__ = [
     "RunOptions",
     "ShardTally",
     "SweepSummary",
+    "arm_groups",
     "execute_plan",
     "preflight",
 ]
@@ -277,35 +280,22 @@ class _SweepRun:
         shards), each run by a replica of worker group ``group``.
 
         The pair's live trials are grouped by their AR baseline (the baseline and the trials
-        measured against it, :func:`arm_groups`); each group's shards carry all its arms. A
-        trial whose every shard is stored already (a run stopped before it was finished) is
-        finished here.
+        measured against it: ``work_units.live_group_units``, which the cost estimate plans
+        with too); each group's shards carry all its arms. A trial whose every shard is stored
+        already (a run stopped before it was finished) is finished here.
         """
         live = [trial for trial in trials if trial.mode == LIVE_MODE]
         stored = self.store.stored_prompts(trial.trial_id for trial in live)
-        units: list[WorkUnit] = []
-        for arms in arm_groups(live):
-            first = arms[0]
-            ordered = any(bool(t.setting.params_dict.get("persist_across_requests")) for t in arms)
-            shards = group_units(
-                first.baseline_id or first.trial_id,
-                group,
-                [trial.trial_id for trial in arms],
-                first.prompts.samples,
-                max(self.spec.execution.shard_prompts, first.batch_size),
-                repeats=first.repeats,
-                ordered=ordered,
-            )
-            left = missing_arms(shards, stored)
-            running = {arm.trial_id for unit in left for arm in unit.arms}
-            for trial in arms:
-                if trial.trial_id not in running:
-                    self.finish_if_complete(trial)
-            units += left
+        shard_prompts = self.spec.execution.shard_prompts
+        units = missing_arms(live_group_units(live, group, shard_prompts), stored)
+        running = {arm.trial_id for unit in units for arm in unit.arms}
+        for trial in live:
+            if trial.trial_id not in running:
+                self.finish_if_complete(trial)
         if any(trial.mode != LIVE_MODE for trial in trials):
-            after = tuple(unit.key for unit in units)
-            units.append(WorkUnit(key=f"replay:{name}", group=group, after=after))
-            self.replays[f"replay:{name}"] = name
+            replay = replay_unit(name, group, [unit.key for unit in units])
+            units.append(replay)
+            self.replays[replay.key] = name
         return units
 
     def _replica_count(self, shared: SharedTarget, units: Sequence[WorkUnit], groups: int) -> int:
@@ -511,15 +501,6 @@ class _ReplicaWorker:
     def close(self) -> None:
         """Kill the replica's actors and free its placement group."""
         self.replica.close()
-
-
-def arm_groups(trials: Sequence[Trial]) -> list[list[Trial]]:
-    """Return live ``trials`` grouped by AR baseline (a baseline and the trials measured
-    against it: one pair, prompt set, sampling and seed), each group in plan order."""
-    grouped: dict[str, list[Trial]] = {}
-    for trial in trials:
-        grouped.setdefault(trial.baseline_id or trial.trial_id, []).append(trial)
-    return list(grouped.values())
 
 
 def _ensure_ray(address: str | None) -> None:

@@ -11,12 +11,14 @@ from sqlalchemy.orm import Session
 
 from orchestrator.analysis.metrics import (
     SampleCounts,
+    per_prompt,
     ratio,
     rounds_position_acceptance,
     trial_intervals,
 )
 from orchestrator.store.base import StoreBase
 from orchestrator.store.models import RoundRow, SampleResultRow, SweepRow, SweepTrialRow, TrialRow
+from orchestrator.store.row_values import cost_model_error
 from orchestrator.store.rows import INTERVAL_COLUMNS, apply_speedups, replace_position_rows
 
 
@@ -66,7 +68,12 @@ def _sweep_trial_ids(sweep: str) -> Any:
 
 
 def _refresh_trial(session: Session, row: TrialRow) -> None:
-    """Recompute a stored trial's intervals, sample rates and position tables from its rows."""
+    """Recompute a stored trial's intervals, sample rates and position tables from its rows.
+
+    As the runner computes them (``metrics.trial_intervals``): the repeats of a prompt (its
+    samples with one ``prompt_id``) summed within it, and a replayed trial's timed intervals
+    widened by the cost-model error stored with it (its speedups' by ``apply_speedups``, which
+    reads the same error)."""
     samples = list(
         session.scalars(
             select(SampleResultRow)
@@ -86,7 +93,9 @@ def _refresh_trial(session: Session, row: TrialRow) -> None:
         )
         for s in samples
     ]
-    intervals = trial_intervals(counts)
+    prompts: dict[str, int] = {}
+    blocks = [prompts.setdefault(s.prompt_id, len(prompts)) for s in samples]
+    intervals = trial_intervals(per_prompt(counts, blocks), cost_model_error(row.metrics))
     row.total_tokens_per_s = ratio(
         sum(c.tokens for c in counts), math.fsum(c.share_seconds for c in counts)
     )

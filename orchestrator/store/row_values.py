@@ -57,15 +57,30 @@ def job_values(job: TrainingJob) -> dict[str, Any]:
     }
 
 
+#: The ``metrics`` JSON entry holding a replayed trial's cost-model error (what widened its
+#: intervals; ``refresh`` widens them by it again).
+COST_MODEL_ERROR = "cost_model_error"
+
+
 def extra_metrics(metrics: TrialMetrics) -> dict[str, Any]:
-    """Return the metrics kept in JSON: EESD's HM and the length histograms."""
+    """Return the metrics kept in JSON: EESD's HM, the length histograms and, for a replayed
+    trial, the cost-model error its intervals are widened by."""
+    error = {} if metrics.cost_model_error is None else {COST_MODEL_ERROR: metrics.cost_model_error}
     return {
         "eesd_hm": metrics.eesd_hm,
         "draft_length_histogram": {str(k): v for k, v in metrics.draft_length_histogram.items()},
         "accepted_length_histogram": {
             str(k): v for k, v in metrics.accepted_length_histogram.items()
         },
+        **error,
     }
+
+
+def cost_model_error(metrics: dict[str, Any] | None) -> float | None:
+    """Return the cost-model error stored in a trial's ``metrics`` JSON (None: a live trial,
+    or one replayed before the error was stored)."""
+    value = (metrics or {}).get(COST_MODEL_ERROR)
+    return None if value is None else float(value)
 
 
 def sample_values(

@@ -9,7 +9,7 @@ from sqlalchemy import ColumnElement, and_, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
-from orchestrator.analysis.metrics import PositionAcceptance, speedup
+from orchestrator.analysis.metrics import PositionAcceptance, speedup, widen
 from orchestrator.analysis.pairing import (
     SampleSpeed,
     decode_speeds,
@@ -25,6 +25,7 @@ from orchestrator.store.models import (
     SampleResultRow,
     TrialRow,
 )
+from orchestrator.store.row_values import cost_model_error
 
 ID_CHUNK = 500
 
@@ -85,6 +86,7 @@ def apply_speedups(session: Session, condition: ColumnElement[bool]) -> int:
             TrialRow.tokens_per_s,
             TrialRow.decode_tokens_per_s,
             TrialRow.is_baseline,
+            TrialRow.metrics,
             baseline.trial_id,
             baseline.tokens_per_s,
             baseline.decode_tokens_per_s,
@@ -96,20 +98,24 @@ def apply_speedups(session: Session, condition: ColumnElement[bool]) -> int:
         .where(TrialRow.status == "done", condition)
     )
     found = list(session.execute(query))
-    wanted = {row[0] for row in found} | {row[4] for row in found if row[4]}
+    wanted = {row[0] for row in found} | {row[5] for row in found if row[5]}
     samples, sample_ids = trial_sample_speeds(session, wanted)
     updates, sample_updates = [], []
-    for trial_id, tps, decode_tps, is_baseline, baseline_id, base_tps, base_decode in found:
+    for row in found:
+        trial_id, tps, decode_tps, is_baseline, metrics, baseline_id, base_tps, base_decode = row
         base_id = trial_id if is_baseline else baseline_id
         mine, theirs = samples.get(trial_id, []), samples.get(base_id, []) if base_id else None
+        error = cost_model_error(metrics)
         values: dict[str, Any] = {"trial_id": trial_id}
-        end_to_end = _speedup_values("speedup", tps, tps if is_baseline else base_tps, mine, theirs)
+        end_to_end = _speedup_values(
+            "speedup", tps, tps if is_baseline else base_tps, (mine, theirs), error
+        )
         decode = _speedup_values(
             "decode_speedup",
             decode_tps,
             decode_tps if is_baseline else base_decode,
-            decode_speeds(mine),
-            decode_speeds(theirs) if theirs is not None else None,
+            (decode_speeds(mine), decode_speeds(theirs) if theirs is not None else None),
+            error,
         )
         values.update(end_to_end[0], **decode[0])
         updates.append(values)
@@ -132,11 +138,15 @@ def _speedup_values(
     name: str,
     tokens_per_s: float | None,
     baseline_tokens_per_s: float | None,
-    samples: Sequence[SampleSpeed] | None,
-    baseline: Sequence[SampleSpeed] | None,
+    paired: tuple[Sequence[SampleSpeed] | None, Sequence[SampleSpeed] | None],
+    error: float | None,
 ) -> tuple[dict[str, Any], dict[int, float | None]]:
     """Return a trial's ``name`` speedup columns (estimate, paired interval) and its per-sample
-    speedups, from its tokens/s and samples and its baseline's (samples None: not paired)."""
+    speedups, from its tokens/s and samples and its baseline's (``paired``; a side None: not
+    paired). A replayed trial's interval is widened by its cost-model ``error``
+    (``metrics.widen``, as its tokens/s intervals are: the baseline is live, so the ratio
+    carries the replayed side's model error)."""
+    samples, baseline = paired
     values: dict[str, Any] = {
         name: speedup(tokens_per_s, baseline_tokens_per_s),
         f"{name}_low": None,
@@ -144,9 +154,9 @@ def _speedup_values(
     }
     if samples is None or baseline is None:
         return values, {}
-    compared = paired_ratio(samples, baseline)
-    if compared.ratio is not None:
-        values[f"{name}_low"], values[f"{name}_high"] = compared.ratio.low, compared.ratio.high
+    interval = widen(paired_ratio(samples, baseline).ratio, error)
+    if interval is not None:
+        values[f"{name}_low"], values[f"{name}_high"] = interval.low, interval.high
     return values, sample_speedups(samples, baseline)
 
 

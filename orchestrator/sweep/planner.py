@@ -53,6 +53,7 @@ from orchestrator.sweep.trial import (
     canonical_json,
     config_id,
     fit_group_key,
+    fit_pool_key,
     trace_key,
 )
 from policies import POLICIES
@@ -462,13 +463,17 @@ class ReplayGroup:
     ``trials`` are the group's trials in plan order (live baselines and checks included);
     ``cap`` is the trace cap (the largest max draft length among them), ``trace_key`` the
     identity of the traces (models, prompts, output length, cap: no seed, since a greedy
-    trace does not depend on it), ``fit_key`` the identity of the group's cost fit.
+    trace does not depend on it), ``fit_key`` the key the group's cost fit is stored under.
+    ``pool`` holds the live trials the fit is made over: every live trial of the plan in the
+    group's cost-fit pool (``trial.fit_pool_key``: the pair at one sampling setting, across
+    its datasets), this group's among them.
     """
 
     fit_key: str
     trace_key: str
     cap: int
     trials: tuple[Trial, ...]
+    pool: tuple[Trial, ...] = ()
 
     @property
     def live(self) -> tuple[Trial, ...]:
@@ -486,18 +491,28 @@ class ReplayGroup:
         sweep's other live trials in the group are not replayable and check nothing."""
         return tuple(trial for trial in self.live if trial.is_check)
 
+    @property
+    def pool_checks(self) -> tuple[Trial, ...]:
+        """The live check trials of the whole pool: each is held out of the pooled fit in turn
+        for its out-of-sample error."""
+        return tuple(trial for trial in self.pool if trial.is_check)
+
 
 def replay_groups(plan: Plan) -> list[ReplayGroup]:
     """Return the plan's groups that hold replayed trials, in plan order (empty when live)."""
     grouped: dict[str, list[Trial]] = {}
+    pools: dict[str, list[Trial]] = {}
     for trial in plan.trials:
         grouped.setdefault(fit_group_key(trial), []).append(trial)
+        if trial.mode == LIVE_MODE:
+            pools.setdefault(fit_pool_key(trial), []).append(trial)
     groups = []
     for key, members in grouped.items():
         if not any(trial.mode == REPLAY_MODE for trial in members):
             continue
         cap = max(trial.setting.max_draft_len for trial in members)
-        groups.append(ReplayGroup(key, trace_key(members[0], cap), cap, tuple(members)))
+        pool = tuple(pools.get(fit_pool_key(members[0]), ()))
+        groups.append(ReplayGroup(key, trace_key(members[0], cap), cap, tuple(members), pool))
     return groups
 
 

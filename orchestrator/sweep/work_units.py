@@ -2,16 +2,21 @@
 
 A live unit is a shard of a group's prompts carrying every arm of the group (its AR baseline
 and live trials, :func:`group_units`), so one group spreads over several replicas of its pair's
-worker group and each replica interleaves the arms prompt by prompt; a training job is one
-unit. (:func:`trial_units`, a shard of one trial, is what the cost estimate sizes.) The live
-scheduler and the scheduling simulation (``bench/scheduler.py``) both dispatch with
-:func:`pick_next`.
+worker group and each replica interleaves the arms prompt by prompt; a pair's replayed trials
+are one unit after its live shards (:func:`replay_unit`); a training job is one unit. The
+runner and the cost estimate both plan a pair's live units with :func:`live_group_units`, and
+the live scheduler and the scheduling simulation (``bench/scheduler.py``) both dispatch with
+:func:`pick_next`. (:func:`trial_units` is a shard of one trial alone.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.sweep.trial import Trial
 
 JOB_GROUP = "training"
 
@@ -184,3 +189,39 @@ def missing_arms(
         if arms:
             left.append(replace(unit, arms=tuple(arms)))
     return left
+
+
+def arm_groups(trials: Sequence[Trial]) -> list[list[Trial]]:
+    """Return live ``trials`` grouped by AR baseline (a baseline and the trials measured
+    against it: one pair, prompt set, sampling and seed), each group in plan order."""
+    grouped: dict[str, list[Trial]] = {}
+    for trial in trials:
+        grouped.setdefault(trial.baseline_id or trial.trial_id, []).append(trial)
+    return list(grouped.values())
+
+
+def live_group_units(trials: Sequence[Trial], group: str, shard_prompts: int) -> list[WorkUnit]:
+    """Return the group shards of a pair's live ``trials`` run by replicas of worker group
+    ``group``: per :func:`arm_groups` group, :func:`group_units` over its prompts and repeats
+    (one unit when an arm's policy keeps state across requests; a shard holds at least the
+    group's batch size of prompts)."""
+    units: list[WorkUnit] = []
+    for arms in arm_groups(trials):
+        first = arms[0]
+        ordered = any(bool(t.setting.params_dict.get("persist_across_requests")) for t in arms)
+        units += group_units(
+            first.baseline_id or first.trial_id,
+            group,
+            [trial.trial_id for trial in arms],
+            first.prompts.samples,
+            max(shard_prompts, first.batch_size),
+            repeats=first.repeats,
+            ordered=ordered,
+        )
+    return units
+
+
+def replay_unit(pair: str, group: str, after: Iterable[str]) -> WorkUnit:
+    """Return the unit that replays ``pair``'s replay groups on a replica of ``group``, after
+    the units ``after`` (the pair's live shards, whose rounds its cost fit reads)."""
+    return WorkUnit(key=f"replay:{pair}", group=group, after=tuple(after))

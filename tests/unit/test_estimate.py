@@ -13,6 +13,7 @@ from orchestrator.analysis.costs import estimate
 from orchestrator.analysis.costs.model import HardwareProfile
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.work_units import live_group_units
 
 #: t_draft 0.01 s, t_target 0.1 s, AR 10 tokens/s: round numbers to compute by hand.
 PROFILE = HardwareProfile("test", "hand-made", t_draft=0.01, t_target=0.1, ar_tokens_per_s=10.0)
@@ -67,8 +68,30 @@ def test_replicas_share_the_prompt_shards_of_the_trials() -> None:
     assert result.wall_seconds_upper == pytest.approx(10.0)
     assert result.upper.utilisation == pytest.approx(1.0)
     whole = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, NO_LOADING)
-    # default shards (4 prompts) keep each 4-prompt trial whole: two units of 20 s.
-    assert whole.wall_seconds_upper == pytest.approx(20.0)
+    # default shards (4 prompts) keep the 4-prompt group whole: one unit of both arms, 40 s.
+    assert whole.wall_seconds_upper == pytest.approx(40.0)
+
+
+def test_the_estimate_plans_the_runners_group_shards() -> None:
+    plan = _plan("[2, 4]", "seeds: [0, 1]\nexecution: {shard_prompts: 3}\n")
+    options = estimate.EstimateOptions(shard_prompts=3, loads=NO_LOADING.loads)
+    work = estimate.plan_workload(plan, estimate.pair_profiles(plan, PROFILE), options)
+    # what the runner runs: per seed one group (AR, K=2, K=4) cut into shards of 3 prompts
+    assert list(work.units) == live_group_units(plan.trials, "p", 3)
+    assert [len(unit.arms) for unit in work.units] == [3, 3, 3, 3]
+    assert [unit.prompts for unit in work.units] == [(0, 1, 2), (3,)] * 2
+    # a shard of 3 of the 4 prompts costs 3/4 of each arm's 20 s (upper)
+    assert work.upper[work.units[0].key] == pytest.approx(3 * 15.0)
+    assert sum(work.upper.values()) == pytest.approx(6 * 20.0)
+
+
+def test_repeats_multiply_a_trials_seconds_and_its_samples_per_shard() -> None:
+    plan = _plan("[4]", "execution: {repeats: 2}\n")
+    (pair,) = estimate.pair_estimates(plan, estimate.pair_profiles(plan, PROFILE))
+    assert pair.seconds_upper == pytest.approx(2 * 40.0)
+    options = estimate.EstimateOptions(shard_prompts=1, replicas=1, loads=NO_LOADING.loads)
+    result = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, options)
+    assert result.wall_seconds_upper == pytest.approx(2 * 40.0)
 
 
 def test_pairs_with_the_same_target_share_one_replica_and_load_it_once() -> None:
@@ -154,6 +177,11 @@ def test_replay_wall_time_counts_the_trace_recording_as_units() -> None:
     options = estimate.EstimateOptions(replicas=1, loads=NO_LOADING.loads)
     result = estimate.estimate_sweep(plan, PROFILE, ONE_NODE, options)
     assert result.wall_seconds_upper == pytest.approx(60.0)
+    work = estimate.plan_workload(plan, estimate.pair_profiles(plan, PROFILE), options)
+    # the runner's replay unit: the pair's recordings, after its live group shard
+    *live, replay = work.units
+    assert replay.key == "replay:p" and replay.after == tuple(unit.key for unit in live)
+    assert work.upper[replay.key] == pytest.approx(20.0)
 
 
 def test_a_group_larger_than_every_node_is_an_error_naming_the_source() -> None:

@@ -100,6 +100,15 @@ def test_paired_ratio_of_identical_trials_is_not_distinguishable() -> None:
     assert reverse is not None and verdict(reverse) == "slower"
 
 
+def test_a_trial_against_itself_is_exactly_one() -> None:
+    # an AR baseline's speedup over itself: the log ratio of equal sums must be 0, not a
+    # rounding error that puts the whole interval a hair off 1 (it did for these seconds)
+    tokens, seconds = [48.0] * 3, [2.092, 1.174, 0.602]
+    same = paired_speed_ratio(tokens, seconds, tokens, seconds)
+    assert same is not None
+    assert (same.estimate, same.low, same.high, same.p_value) == (1.0, 1.0, 1.0, 1.0)
+
+
 def test_paired_ratio_needs_equal_lengths_and_two_prompts() -> None:
     with pytest.raises(ValueError, match="one per prompt"):
         paired_speed_ratio([1, 2], [1, 1], [1], [1])

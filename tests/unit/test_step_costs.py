@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from orchestrator.analysis.costs.model import CostModelError
-from orchestrator.analysis.costs.replay import widen
 from orchestrator.analysis.costs.step_costs import (
     RoundObservation,
     SampleObservation,
@@ -17,6 +16,7 @@ from orchestrator.analysis.costs.step_costs import (
     fit_step_costs,
 )
 from orchestrator.analysis.costs.validation import policy_demands, round_contexts
+from orchestrator.analysis.metrics import widen
 from orchestrator.analysis.stats import Interval
 
 T_DRAFT, T_FEATURE, T_ASK, DRAFT_PER_CONTEXT = 4e-3, 1.2e-3, 0.5e-3, 2e-6

@@ -1,7 +1,7 @@
 """Projected wall time and GPU-hours of a planned sweep on a hardware profile (pure).
 
 Assumptions, stated once:
-- An AR trial generates samples × max_new_tokens tokens at the profile's AR tokens/s.
+- An AR trial generates samples × repeats × max_new_tokens tokens at the profile's AR tokens/s.
 - A live speculative trial runs at worst at AR speed (the upper bound); the lower bound is full
   acceptance: every round of K drafts yields K + 1 tokens for K·t_draft + t_target seconds.
 - A replayed trial costs no model time; its group pays one trace recording, about one live
@@ -13,11 +13,13 @@ Assumptions, stated once:
   drafts' GPUs, on one node); as many replicas as the nodes hold (``execution.replicas`` caps
   them when the sweep sets it). A replica starts after loading its models once (the runner
   loads a pair's draft with the replica's first unit of that pair; counted here up front).
-- A trial is cut into prompt shards (``execution.shard_prompts``) with
-  ``orchestrator.sweep.work_units``, as the runner cuts it; a shard costs its share of
-  the trial's seconds. The wall time is the makespan of those units over the replicas, from
-  the discrete-event simulation (``orchestrator.analysis.costs.schedule_sim``) of the live dispatch
-  rule.
+- The work units are the runner's (``work_units.live_group_units``, the function the runner
+  plans with): a pair's live trials grouped by AR baseline, each group cut into prompt shards
+  (``execution.shard_prompts``) that carry every arm of the group; a shard costs its arms'
+  shares of their trials' seconds (repeats included). A pair's trace recordings are its one
+  replay unit (``work_units.replay_unit``), after its live shards. The wall time is the
+  makespan of those units over the replicas, from the discrete-event simulation
+  (``orchestrator.analysis.costs.schedule_sim``) of the live dispatch rule.
 - Warm-up samples and training jobs are not counted.
 """
 
@@ -35,7 +37,7 @@ from orchestrator.sweep.bundles import whole_groups
 from orchestrator.sweep.planner import Plan, Trial, replay_groups
 from orchestrator.sweep.spec import ExecutionSpec, PairSpec
 from orchestrator.sweep.target_sets import shared_targets
-from orchestrator.sweep.work_units import WorkUnit, trial_units
+from orchestrator.sweep.work_units import ArmShard, WorkUnit, live_group_units, replay_unit
 
 SECONDS_PER_HOUR = 3600.0
 #: Prompts per work unit when the sweep does not set ``execution.shard_prompts``.
@@ -159,9 +161,15 @@ class SweepEstimate:
         return sum(p.replay_saved_seconds * p.group_gpus for p in self.pairs) / SECONDS_PER_HOUR
 
 
-def trial_tokens(trial: Trial) -> int:
-    """Return the tokens a trial generates at most: samples × max_new_tokens."""
+def prompt_tokens(trial: Trial) -> int:
+    """Return the tokens one pass over a trial's prompts generates at most: samples ×
+    max_new_tokens (a trace recording's)."""
     return trial.prompts.samples * trial.sampling.max_new_tokens
+
+
+def trial_tokens(trial: Trial) -> int:
+    """Return the tokens a trial generates at most: samples × repeats × max_new_tokens."""
+    return prompt_tokens(trial) * trial.repeats
 
 
 def full_acceptance_tokens_per_s(profile: HardwareProfile, max_draft_len: int) -> float:
@@ -224,42 +232,43 @@ def replica_counts(
     return counts
 
 
-def _spread(
-    key: str, pair: str, trial: Trial, seconds: tuple[float, float], options: EstimateOptions
-) -> list[tuple[WorkUnit, float, float]]:
-    """Cut one trial (or trace recording) into shard units, each with its share of seconds."""
-    ordered = bool(trial.setting.params_dict.get("persist_across_requests", False))
-    samples = trial.prompts.samples
-    units = trial_units(key, pair, samples, options.shard_prompts, ordered=ordered)
-    share = [len(unit.prompts) / max(samples, 1) for unit in units]
-    return [(unit, seconds[0] * s, seconds[1] * s) for unit, s in zip(units, share, strict=True)]
-
-
 def plan_workload(
     plan: Plan, profiles: Mapping[str, HardwareProfile], options: EstimateOptions
 ) -> Workload:
-    """Return the plan's live trials and trace recordings as shard units with their seconds.
+    """Return the plan's work units as the runner plans them, with their seconds at both bounds.
 
-    A replay group's trace recording (one AR-speed run per prompt, its first trial's prompts)
-    is placed where the group's first replayed trial stands; replayed trials are no units.
+    Per pair: its live trials' group shards (``work_units.live_group_units``), each costing
+    its arms' shares of their trials' seconds, then, when it replays, its replay unit costing
+    its trace recordings; replayed trials cost nothing.
     """
-    recordings = {group.replayed[0].trial_id: group for group in replay_groups(plan)}
-    spread: list[tuple[WorkUnit, float, float]] = []
-    for trial in plan.trials:
-        profile = profiles[trial.pair]
-        if trial.trial_id in recordings:
-            record = trial_tokens(trial) / profile.ar_tokens_per_s
-            key = f"trace:{recordings[trial.trial_id].trace_key}"
-            spread += _spread(key, trial.pair, trial, (record, record), options)
-        if trial.mode != "replay":
-            spread += _spread(
-                trial.trial_id, trial.pair, trial, trial_seconds(trial, profile), options
-            )
+    trials = {trial.trial_id: trial for trial in plan.trials}
+    recordings = _trace_seconds(plan, profiles)
+    work: list[tuple[WorkUnit, float, float]] = []
+    for pair in plan.pairs:
+        mine = [trial for trial in plan.trials if trial.pair == pair.name]
+        live = [trial for trial in mine if trial.mode != "replay"]
+        units = live_group_units(live, pair.name, options.shard_prompts)
+        for unit in units:
+            shares = [_arm_seconds(trials[arm.trial_id], arm, profiles) for arm in unit.arms]
+            work.append((unit, sum(u for u, _ in shares), sum(lo for _, lo in shares)))
+        if len(live) < len(mine):
+            record, _ = recordings[pair.name]
+            work.append((replay_unit(pair.name, pair.name, [u.key for u in units]), record, record))
     return Workload(
-        units=tuple(unit for unit, _, _ in spread),
-        upper={unit.key: upper for unit, upper, _ in spread},
-        lower={unit.key: lower for unit, _, lower in spread},
+        units=tuple(unit for unit, _, _ in work),
+        upper={unit.key: upper for unit, upper, _ in work},
+        lower={unit.key: lower for unit, _, lower in work},
     )
+
+
+def _arm_seconds(
+    trial: Trial, arm: ArmShard, profiles: Mapping[str, HardwareProfile]
+) -> tuple[float, float]:
+    """Return one arm's share of its trial's (upper, lower) seconds: its samples in the shard
+    over the trial's samples × repeats."""
+    upper, lower = trial_seconds(trial, profiles[trial.pair])
+    share = len(arm.samples) / max(trial.prompts.samples * trial.repeats, 1)
+    return upper * share, lower * share
 
 
 def _trace_seconds(
@@ -270,7 +279,7 @@ def _trace_seconds(
     for group in replay_groups(plan):
         first = group.trials[0]
         speed = profiles[first.pair].ar_tokens_per_s
-        record = trial_tokens(first) / speed
+        record = prompt_tokens(first) / speed
         replaced = sum(trial_tokens(t) for t in group.replayed) / speed
         done, saved = result.get(first.pair, (0.0, 0.0))
         result[first.pair] = (done + record, saved + replaced)

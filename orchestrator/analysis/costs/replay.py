@@ -3,19 +3,22 @@
 A replay sweep (``execution.mode: replay``) runs each group's AR baseline and its live check
 trials on the models, records one greedy trace per prompt (stored in the ``traces`` table under
 ``planner.trace_key``, so a resubmission records nothing again), fits the per-step cost model
-(``costs.step_costs``) over the group's live rounds and samples, projects each live check from
-the fit over the other live trials (its out-of-sample error), and replays every replay-mode
+(``costs.step_costs``) over the live rounds and samples of the group's pool (the pair at its
+sampling setting, every dataset: ``planner.ReplayGroup.pool``), projects each live check from
+the fit over the pool's other live trials (its out-of-sample error), and replays every replay-mode
 trial with ``policies.replay.replay``. A replayed trial is stored like a live one: per-sample
 results whose rounds are the replayed ones with projected seconds (the per-step model at each
 round's context, for the policy's step demands), and sample seconds that add the model's
 overhead for the prompt's length, so ``orchestrator.analysis.metrics.trial_metrics`` gives its
-tokens/s and speedup; its tokens/s interval is widened by the group's out-of-sample error.
+tokens/s and speedup; its intervals are widened by its fit's out-of-sample error
+(``metrics.trial_metrics``'s ``cost_model_error``, stored with the trial so that a refresh keeps
+it, and the speedups' by the store).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.analysis.costs.model import RoundCostFit
@@ -30,7 +33,6 @@ from orchestrator.analysis.costs.validation import (
     round_contexts,
     summarise,
 )
-from orchestrator.analysis.stats import Interval
 from orchestrator.sweep.planner import Trial
 from policies import make_policy
 from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
@@ -117,21 +119,6 @@ def fit_group(trials: Sequence[LiveTrial], check_ids: Collection[str] = ()) -> G
         steps=fit_trials(trials),
         checks=checks,
         out_of_sample_error=summarise([c.error for c in checks]).mean_abs_error,
-    )
-
-
-def widen(interval: Interval | None, error: float | None) -> Interval | None:
-    """Return ``interval`` widened by the cost model's out-of-sample ``error`` e.
-
-    The bounds become low·(1 − e) and high·(1 + e), the estimate stays.
-
-    A replayed trial's tokens/s carries the sampling spread over its prompts and the cost
-    model's own error, which the prompts' spread does not show; None or 0 leaves it as is.
-    """
-    if interval is None or not error:
-        return interval
-    return replace(
-        interval, low=interval.low * (1 - abs(error)), high=interval.high * (1 + abs(error))
     )
 
 

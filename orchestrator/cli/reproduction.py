@@ -1,0 +1,70 @@
+"""``report``: a sweep's reproduction report by one rule, as markdown."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from orchestrator.cli.common import (
+    EXIT_OK,
+    PROG,
+    UserError,
+    add_command,
+    load_sweep_file,
+    opened_store,
+    require_sweep,
+)
+
+
+def add_parser(commands: Any, db: list[Any]) -> None:
+    """Add ``report``."""
+    command = add_command(
+        commands,
+        "report",
+        handle,
+        "write a sweep's reproduction report: every claim a paired, Holm-adjusted comparison",
+        "Every claim compares, in one cell (pair, dataset, sampling, seed), a policy's best\n"
+        "setting with the best static K, each chosen on the dev prompts (datasets[].holdout)\n"
+        "and measured on the test prompts: A's tokens/s over B's on the same prompts, a t\n"
+        "interval on the log ratio with the jackknife standard error (as compare), Holm over\n"
+        "all claims of the report. The static grid must include K = 1 and 2. Each claim names\n"
+        "its n (test prompts x repeats x new tokens). Reads the store; measures nothing.\n\n"
+        "examples:\n"
+        f"  {PROG} report --sweep sweeps/reproduce.yaml --db sqlite:///results.db\n"
+        f"  {PROG} report --sweep sweeps/reproduce.yaml --out reproduction.md",
+        db,
+    )
+    command.add_argument("--sweep", required=True, metavar="FILE", help="the sweep file")
+    command.add_argument(
+        "--out", metavar="FILE.md", help="write the markdown here (default: print)"
+    )
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``report``: the reproduction report of the sweep in ``--sweep`` from the store."""
+    from orchestrator.analysis.reproduction import (
+        ReproductionError,
+        report_markdown,
+        reproduction_report,
+    )
+    from orchestrator.sweep.planner import plan_sweep
+
+    spec = load_sweep_file(args.sweep)
+    planned = {trial.trial_id for trial in plan_sweep(spec).trials}
+    with opened_store(args.db, read_only=True) as store:
+        require_sweep(store, spec.name)
+        rows = [row for row in store.trials(spec.name) if row.trial_id in planned]
+        samples = store.trials_sample_speeds(row.trial_id for row in rows if row.status == "done")
+    try:
+        text = report_markdown(reproduction_report(spec, rows, samples))
+    except ReproductionError as error:
+        raise UserError(f"error: {args.sweep}: {error}") from None
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        console.print(f"wrote the reproduction report of {spec.name} to {args.out}", markup=False)
+    else:
+        console.print(text, markup=False, end="")
+    return EXIT_OK

@@ -1,0 +1,157 @@
+"""The reproduction report (``orchestrator.analysis.reproduction``, ``report``): one rule.
+
+A synthetic sweep is stored through the store's writer (SQLite, and PostgreSQL when set): an
+AR baseline, static K = 1, 2, 4, SVIP whose best setting is 10% faster than the best static K,
+and AdaEDL as fast as it. The report must choose each best on the dev prompts, compare on the
+test prompts, put both claims in one Holm family and name each claim's n.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+from support import store_db
+
+from orchestrator import cli
+from orchestrator.analysis.holdout import holdout_splits
+from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.analysis.reproduction import (
+    ReproductionError,
+    report_markdown,
+    reproduction_report,
+)
+from orchestrator.store import Store
+from orchestrator.sweep.planner import Trial
+from orchestrator.sweep.spec import SweepSpec, parse_sweep
+from workers.records import GenerationResult, RoundRecord
+
+db_url = store_db.db_url
+store = store_db.store
+
+PROMPTS = 8
+SWEEP = """\
+name: repro
+pairs:
+  - name: demo
+    target: zoo:micro/target
+    draft: zoo:micro/draft-s
+datasets:
+  - {name: "builtin:code", samples: 8, max_new_tokens: 8, holdout: {dev_fraction: 0.5}}
+temperatures: [0]
+policies:
+  - name: static
+  - {name: svip, grid: {threshold: [0.3, 0.5]}}
+  - {name: adaedl, grid: {threshold: [0.5]}}
+max_draft_lens: [1, 2, 4]
+"""
+
+#: Speedup over AR by setting: static K=2 is the best static, SVIP 0.3 at K=4 beats it by 10%,
+#: AdaEDL's best equals it.
+STATIC_SPEED = {1: 1.2, 2: 1.5, 4: 1.4}
+
+
+def _speed(trial: Trial) -> float:
+    setting = trial.setting
+    if setting.policy == "static":
+        return STATIC_SPEED[setting.max_draft_len]
+    if setting.policy == "svip":
+        best = setting.threshold == 0.3 and setting.max_draft_len == 4
+        return 1.65 if best else 1.3
+    return 1.5 if setting.policy == "adaedl" else 1.0
+
+
+def _results(trial: Trial) -> list[GenerationResult]:
+    """One sample per prompt: 8 tokens in seconds that vary by prompt (± 1% noise, its pattern
+    different for every setting)."""
+    speed = _speed(trial)
+    k = trial.setting.max_draft_len
+    phase = k + len(trial.setting.policy) * 0.9 + (trial.setting.threshold or 0) * 5
+    results = []
+    for i in range(PROMPTS):
+        noise = 0.01 * math.sin(i * 1.7 + phase + 2.3 * (trial.setting.policy == "adaedl"))
+        seconds = (1.0 + 0.25 * i) / speed * (1 + noise)
+        results.append(
+            GenerationResult(
+                prompt_ids=[200 + i, 5, 6],
+                output_ids=list(range(8)),
+                rounds=[RoundRecord(k, k // 2, False, k, 0.001, 0.002)] * 2,
+                seconds=seconds,
+                prefill_seconds=seconds / 4,
+                decode_seconds=seconds * 3 / 4,
+            )
+        )
+    return results
+
+
+def _stored(store: Store, text: str = SWEEP) -> SweepSpec:
+    spec, plan = store_db.spec_and_plan(text)
+    store.register_sweep(spec, plan)
+    for trial in plan.trials:
+        results = _results(trial)
+        store.record_trial(trial, results, trial_metrics(results))
+    return spec
+
+
+def _report(store: Store, spec: SweepSpec):
+    rows = store.trials(spec.name)
+    samples = store.trials_sample_speeds(row.trial_id for row in rows)
+    return reproduction_report(spec, rows, samples)
+
+
+def test_each_claim_is_a_best_against_the_best_static_k_on_test_prompts(store: Store) -> None:
+    spec = _stored(store)
+    report = _report(store, spec)
+    assert report.static_grid == (1, 2, 4) and report.measure == "decode"
+    assert [c.policy for c in report.claims] == ["svip", "adaedl"]
+    svip, adaedl = report.claims
+    assert (svip.chosen.threshold, svip.chosen.max_draft_len) == (0.3, 4)
+    assert (svip.static.policy, svip.static.max_draft_len) == ("static", 2)
+    split = holdout_splits(spec)[("builtin:code", None, PROMPTS, 8)]
+    assert svip.picked.n_dev == len(split.dev) and svip.comparison.n_prompts == len(split.test)
+    assert svip.comparison.ratio.estimate == pytest.approx(1.1, rel=0.02)
+    assert svip.comparison.verdict == "faster"
+    assert adaedl.comparison.verdict == "not distinguishable"
+    # one Holm family of two: intervals at 97.5%, adjusted p at least the raw one
+    assert {c.comparison.family_size for c in report.claims} == {2}
+    assert svip.comparison.ratio.confidence == pytest.approx(0.975)
+    assert svip.comparison.adjusted_p >= svip.comparison.ratio.p_value
+    text = report_markdown(report)
+    assert "Holm over the m = 2 claims of this report" in text
+    assert "K ∈ {1, 2, 4}" in text
+    assert f"{len(split.test)} test prompts × 1 repeat × 8 new tokens" in text
+    assert text.count("| demo · builtin:code · T=0 · seed 0 |") == 2
+
+
+def test_a_static_grid_without_k_1_and_2_is_refused_naming_the_field() -> None:
+    spec = parse_sweep(SWEEP.replace("max_draft_lens: [1, 2, 4]", "max_draft_lens: [2, 4]"))
+    with pytest.raises(ReproductionError, match=r"^max_draft_lens: .*lacks K = 1"):
+        reproduction_report(spec, [], {})
+    own = SWEEP.replace("  - name: static\n", "  - {name: static, max_draft_lens: [4]}\n")
+    with pytest.raises(ReproductionError, match=r"^policies\[0\]\.max_draft_lens: .*K = 1, 2"):
+        reproduction_report(parse_sweep(own), [], {})
+
+
+def test_a_dataset_without_holdout_is_refused_naming_the_field() -> None:
+    spec = parse_sweep(SWEEP.replace(", holdout: {dev_fraction: 0.5}", ""))
+    with pytest.raises(ReproductionError, match=r"^datasets\[0\]\.holdout: "):
+        reproduction_report(spec, [], {})
+
+
+def test_the_report_command_prints_the_markdown_and_refuses_a_bad_grid(
+    store: Store, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _stored(store)
+    good = tmp_path / "repro.yaml"
+    good.write_text(textwrap.dedent(SWEEP))
+    assert cli.main(["--db", db_url, "report", "--sweep", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# Reproduction report: repro")
+    assert "| svip (" in out and "threshold=0.3" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SWEEP.replace("max_draft_lens: [1, 2, 4]", "max_draft_lens: [1, 4]"))
+    assert cli.main(["--db", db_url, "report", "--sweep", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml: max_draft_lens" in err and "K = 2" in err
