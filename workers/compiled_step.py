@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from workers.llama_fast import LlamaFastDecoder, rotate
 
@@ -40,10 +41,16 @@ StaticForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def use_compile_cache(directory: Path) -> Path:
-    """Point torch inductor's cache at ``directory`` unless ``TORCHINDUCTOR_CACHE_DIR`` is set;
-    return the directory in use. Call it before the first compile of the process."""
-    chosen = os.environ.setdefault(INDUCTOR_CACHE_ENV, str(directory))
-    return Path(chosen)
+    """Point torch inductor's cache at ``directory`` unless ``TORCHINDUCTOR_CACHE_DIR`` names
+    another place; return the directory in use. Call it before the first compile.
+
+    Importing transformers' models already sets the variable to torch's default (a temporary
+    directory), so that value counts as unset.
+    """
+    current = os.environ.get(INDUCTOR_CACHE_ENV)
+    if current is None or Path(current) == Path(default_cache_dir()):
+        os.environ[INDUCTOR_CACHE_ENV] = str(directory)
+    return Path(os.environ[INDUCTOR_CACHE_ENV])
 
 
 def static_forward(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from support.tiny_models import build_tiny_pair
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from workers.compiled_step import StaticSteps, use_compile_cache
 from workers.llama_fast import LlamaFastDecoder
@@ -69,3 +70,13 @@ def test_compiled_steps_keep_one_graph_per_block_size(tmp_path, monkeypatch) -> 
     differences = _run_schedule(decoder, StaticSteps(decoder, 64, compiled=True))
     assert max(differences) < TOLERANCE
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_compile_cache_moves_from_torchs_default_but_keeps_a_users_choice(
+    tmp_path, monkeypatch
+) -> None:
+    mine = tmp_path / "specsweep" / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert use_compile_cache(mine) == mine
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
+    assert use_compile_cache(mine) == tmp_path / "users"
