@@ -18,8 +18,8 @@ not use it:
 - Inductor cannot lower the oneDNN-packed product (``mkldnn._linear_pointwise`` on a weight
   that is not a frozen constant): only the "unpacked" layout compiles.
 - Compiled on the unpacked layout it differs from the same function run eagerly by up to 5e-7
-  (inductor's fused reductions round differently), and compiling took 35 to 100 s per block
-  size for the 3-layer test model on the shared 2-core machine.
+  (inductor's fused reductions round differently), and compiling took 25 to 122 s per block
+  size for the 3-layer micro target on the shared 2-core machine (1.5 to 5 s from the cache).
 """
 
 from __future__ import annotations
