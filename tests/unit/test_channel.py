@@ -7,6 +7,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 from dataclasses import replace
 from multiprocessing import AuthenticationError, Pipe
 from pathlib import Path
@@ -244,7 +245,9 @@ def test_a_stranger_stalling_mid_handshake_is_closed_and_others_are_served(quick
     _bytes_until_closed(stalled)
 
 
-def test_an_authenticated_client_stalling_mid_message_holds_only_its_own_connection(quick) -> None:
+def test_an_authenticated_client_stalling_mid_message_holds_only_its_own_connection(
+    quick, caplog
+) -> None:
     recorder, address = quick
     stalled = ChannelClient.connect(address)
     raw = _raw(stalled)
@@ -253,6 +256,10 @@ def test_an_authenticated_client_stalling_mid_message_holds_only_its_own_connect
     raw.close()
     stalled.close()
     assert [args for _, args in recorder.calls] == [(4,)]
+    # The server notices the hang-up on its own thread: wait for its warning here, so that it
+    # is not logged during (and counted by) the next test.
+    _wait_for_warning(caplog)
+    assert _one_warning(caplog, address)
 
 
 def test_a_two_gib_length_prefix_closes_the_connection_promptly(quick, caplog) -> None:
@@ -361,6 +368,14 @@ def test_the_address_repr_does_not_show_the_key() -> None:
     address = ChannelAddress("127.0.0.1", 1234, b"\x01secret-key-bytes\x02" * 2)
     shown = repr(address) + str(address)
     assert "secret-key-bytes" not in shown and "127.0.0.1" in shown and "1234" in shown
+
+
+def _wait_for_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Return once the channel has logged a warning; fail after ``DEADLINE_S``."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not any(r.name == channel.log.name and r.levelname == "WARNING" for r in caplog.records):
+        assert time.monotonic() < deadline, "the channel logged no warning"
+        time.sleep(0.05)
 
 
 def _one_warning(caplog: pytest.LogCaptureFixture, address: ChannelAddress) -> bool:
