@@ -6,8 +6,8 @@ checkout and a linked worktree (``.git`` is a file naming its git dir). The tree
 tracked file differs from the index (missing, or its blob hash differs; stat data first, as git
 does) or the index differs from HEAD's tree (staged changes): the index's cache-tree names its
 root tree when valid, otherwise the index entries are compared with HEAD's tree read from the
-objects (``git_objects``). Index version 4 (path compression), a split index, objects elsewhere
-(alternates) and other unusual setups give None ("unknown"), never a wrong False.
+objects (``git_objects``). Index version 4 (path compression), a split or sparse index, objects
+elsewhere (alternates) and other unusual setups give None ("unknown"), never a wrong False.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def _parse_index(index: bytes) -> _Index | None:
             unmerged = True
         offset += (end - offset + 8) // 8 * 8  # entries are NUL-padded to a multiple of 8
     extensions = _extensions(index, offset)
-    if b"link" in extensions:  # split index: most entries live in a shared file
+    if b"link" in extensions or b"sdir" in extensions:  # split or sparse: entries elsewhere
         return None
     return _Index(entries, unmerged, _cache_tree_root(extensions.get(b"TREE")))
 
