@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from orchestrator.run.git_state import git_state
+from orchestrator.run.git_state import GitState, git_state
 from orchestrator.run.preflight import resolve_model_path
 from workers.json_files import write_json
 from workers.lm import DTYPES, load_causal_lm
@@ -167,10 +167,16 @@ def write_report(out: Path, report: Any) -> None:
     print(f"JSON: {out}")
 
 
-def checkout_commit() -> str | None:
-    """Return the repository's commit, 12 hex digits with ``+dirty`` when the tree has changes
-    (None outside git), read without running git (``orchestrator.run.git_state``)."""
-    state = git_state(Path(__file__).resolve().parent.parent)
+def commit_label(state: GitState) -> str | None:
+    """Return ``state``'s commit as 12 hex digits, with ``+dirty`` when the tree has changes
+    (staged or not) and ``+dirty-unknown`` when that cannot be told; None outside git."""
     if state.commit is None:
         return None
-    return state.commit[:12] + ("+dirty" if state.dirty else "")
+    suffix = {True: "+dirty", False: "", None: "+dirty-unknown"}[state.dirty]
+    return state.commit[:12] + suffix
+
+
+def checkout_commit() -> str | None:
+    """Return this repository's :func:`commit_label`, read without running git
+    (``orchestrator.run.git_state``)."""
+    return commit_label(git_state(Path(__file__).resolve().parent.parent))

@@ -106,8 +106,8 @@ show_table(tables.trial_interval_table(trials), "trial_intervals.csv")
 
 st.subheader("Provenance")
 st.caption(
-    "The runs that measured these trials: code commit (dirty: uncommitted changes), library "
-    "versions, device and the driver's torch threads."
+    "The runs that measured these trials: code commit (dirty: uncommitted changes, staged or "
+    "not; empty: could not be told), library versions, device and the driver's torch threads."
 )
 try:
     runs = cached_runs(context.url, tuple(trials["run_id"].dropna().astype(int)))

@@ -1,10 +1,13 @@
 """The source tree's git commit and whether tracked files differ from it, read from ``.git``.
 
-Read from the repository's files (HEAD, refs, packed-refs, the index), not by running git:
-package code starts no process (``tests/test_security.py``). Handles a plain checkout and a
-linked worktree (``.git`` is a file naming its git dir). A tracked file counts as changed when
-it is missing or its content's blob hash differs from the index (stat data first, as git does);
-index version 4 (path compression) and unusual setups give None ("unknown").
+Read from the repository's files (HEAD, refs, packed-refs, the index, the object store), not by
+running git: package code starts no process (``tests/unit/test_security.py``). Handles a plain
+checkout and a linked worktree (``.git`` is a file naming its git dir). The tree is dirty when a
+tracked file differs from the index (missing, or its blob hash differs; stat data first, as git
+does) or the index differs from HEAD's tree (staged changes): the index's cache-tree names its
+root tree when valid, otherwise the index entries are compared with HEAD's tree read from the
+objects (``git_objects``). Index version 4 (path compression), a split or sparse index, objects
+elsewhere (alternates) and other unusual setups give None ("unknown"), never a wrong False.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from orchestrator.run.git_objects import ObjectStore, TreeEntry, commit_tree, flat_tree
 
 _ENTRY_HEAD = struct.Struct(">10I20sH")  # ctime s/ns, mtime s/ns, dev, ino, mode, uid, gid, size
 _GITLINK = 0o160000
@@ -35,6 +41,15 @@ class _IndexEntry:
     size: int
     mtime_ns: int
     sha: str
+
+
+@dataclass(frozen=True)
+class _Index:
+    """The stage-0 entries, whether any path is unmerged, and the cache-tree's root (if valid)."""
+
+    entries: list[_IndexEntry]
+    unmerged: bool
+    root_tree: str | None
 
 
 def _git_dirs(root: Path) -> tuple[Path, Path] | None:
@@ -77,21 +92,21 @@ def _head_commit(git_dir: Path, common: Path) -> str | None:
     return head or None
 
 
-def _index_entries(index: bytes) -> list[_IndexEntry] | None:
-    """Parse a version 2 or 3 index; None for another version or a damaged file."""
+def _parse_index(index: bytes) -> _Index | None:
+    """Parse a version 2 or 3 index; None for another version, a split index or a damaged file."""
     if index[:4] != b"DIRC":
         return None
     version, count = struct.unpack(">II", index[4:12])
     if version not in (2, 3):
         return None
-    entries, offset = [], 12
+    entries, unmerged, offset = [], False, 12
     for _ in range(count):
         fields = _ENTRY_HEAD.unpack_from(index, offset)
         flags, start = fields[11], offset + _ENTRY_HEAD.size
         if version == 3 and flags & 0x4000:
             start += 2
         end = index.index(b"\0", start)
-        if (flags >> 12) & 0x3 == 0:  # stage 0 only
+        if (flags >> 12) & 0x3 == 0:  # stage 0; a higher stage is an unmerged path
             entries.append(
                 _IndexEntry(
                     path=index[start:end].decode("utf-8", "surrogateescape"),
@@ -101,8 +116,50 @@ def _index_entries(index: bytes) -> list[_IndexEntry] | None:
                     sha=fields[10].hex(),
                 )
             )
+        else:
+            unmerged = True
         offset += (end - offset + 8) // 8 * 8  # entries are NUL-padded to a multiple of 8
-    return entries
+    extensions = _extensions(index, offset)
+    if b"link" in extensions or b"sdir" in extensions:  # split or sparse: entries elsewhere
+        return None
+    return _Index(entries, unmerged, _cache_tree_root(extensions.get(b"TREE")))
+
+
+def _extensions(index: bytes, offset: int) -> dict[bytes, bytes]:
+    """Return the index extensions after the entries (before the 20-byte checksum) by name."""
+    found: dict[bytes, bytes] = {}
+    while offset + 8 <= len(index) - 20:
+        name, size = index[offset : offset + 4], struct.unpack_from(">I", index, offset + 4)[0]
+        found[name] = index[offset + 8 : offset + 8 + size]
+        offset += 8 + size
+    return found
+
+
+def _cache_tree_root(tree: bytes | None) -> str | None:
+    """Return the root tree id the cache-tree extension holds, or None when missing or invalid."""
+    if not tree or tree[0] != 0:  # the root's path is empty
+        return None
+    newline = tree.index(b"\n")
+    count = int(tree[1:newline].split(b" ")[0])
+    if count < 0:  # invalidated by a change to the index since the tree was written
+        return None
+    return tree[newline + 1 : newline + 21].hex()
+
+
+def _index_matches_head(index: _Index, objects: Path, commit: str) -> bool | None:
+    """True when the index holds HEAD's tree exactly, None when that cannot be told."""
+    if index.unmerged:
+        return False
+    store = ObjectStore(objects)
+    head_tree = commit_tree(store, commit)
+    if head_tree is None:
+        return None
+    if index.root_tree is not None:
+        return index.root_tree == head_tree
+    tree = flat_tree(store, head_tree)
+    if tree is None:
+        return None
+    return tree == {entry.path: TreeEntry(entry.mode, entry.sha) for entry in index.entries}
 
 
 def _blob_sha(data: bytes) -> str:
@@ -129,15 +186,23 @@ def _changed(root: Path, entry: _IndexEntry) -> bool:
 
 
 def git_state(root: Path) -> GitState:
-    """Return the commit checked out at ``root`` and whether tracked files were changed."""
+    """Return the commit checked out at ``root`` and whether tracked files differ from it
+    (in the work tree or staged in the index); ``dirty`` is None when that cannot be told."""
     try:
         dirs = _git_dirs(root)
         if dirs is None:
             return GitState(None, None)
         commit = _head_commit(*dirs)
-        index = dirs[0] / "index"
-        entries = _index_entries(index.read_bytes()) if index.is_file() else None
+        index_file = dirs[0] / "index"
+        index = _parse_index(index_file.read_bytes()) if index_file.is_file() else None
     except (OSError, UnicodeDecodeError, struct.error, ValueError):
         return GitState(None, None)
-    dirty = None if entries is None else any(_changed(root, entry) for entry in entries)
-    return GitState(commit, dirty)
+    if index is None or commit is None:
+        return GitState(commit, None)
+    if any(_changed(root, entry) for entry in index.entries):
+        return GitState(commit, True)
+    try:
+        matches = _index_matches_head(index, dirs[1] / "objects", commit)
+    except (OSError, UnicodeDecodeError, ValueError, IndexError, zlib.error):
+        return GitState(commit, None)
+    return GitState(commit, None if matches is None else not matches)

@@ -50,8 +50,13 @@ def provenance_differences(old: StoredRun, new: Provenance) -> list[str]:
     for key, value in new.columns().items():
         stored = getattr(old, key)
         if stored != value:
-            changes.append(f"{key} {stored} → {value}")
+            changes.append(f"{key} {_shown(key, stored)} → {_shown(key, value)}")
     return changes
+
+
+def _shown(key: str, value: Any) -> Any:
+    """Return a field's value as a note shows it: an unknown dirtiness (None) as "unknown"."""
+    return "unknown" if key == "dirty" and value is None else value
 
 
 def provenance_note(

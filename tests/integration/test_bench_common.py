@@ -10,6 +10,7 @@ import pytest
 import torch
 from support.bench_scripts import load_bench_script
 
+from orchestrator.run.git_state import GitState
 from training.zoo.cache import ZooManifest
 from workers.trial import GPU_WARMUP_SECONDS
 
@@ -114,3 +115,11 @@ def test_a_target_that_is_no_model_is_named(tmp_path: Path) -> None:
     args = argparse.Namespace(target=str(tmp_path), dataset="builtin:code", samples=1)
     with pytest.raises(ValueError, match="is not a model directory"):
         common.prepare(args)
+
+
+def test_the_commit_label_says_dirty_clean_or_unknown() -> None:
+    common = load_bench_script("common")
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    labels = [common.commit_label(GitState(sha, dirty)) for dirty in (True, False, None)]
+    assert labels == ["0123456789ab+dirty", "0123456789ab", "0123456789ab+dirty-unknown"]
+    assert common.commit_label(GitState(None, None)) is None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.paths import REPO
 
-from orchestrator.run.git_state import git_state
+from orchestrator.run.git_state import GitState, git_state
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -70,3 +70,42 @@ def test_packed_refs_detached_head_and_worktree(repo: Path, tmp_path: Path) -> N
 def test_outside_a_repository(tmp_path: Path) -> None:
     state = git_state(tmp_path)
     assert (state.commit, state.dirty) == (None, None)
+
+
+def test_staged_changes_are_not_a_clean_tree(repo: Path) -> None:
+    (repo / "a.txt").write_text("two\n")
+    _git(repo, "add", "a.txt")  # staged, not committed: the work tree matches the index
+    assert git_state(repo).dirty is True
+    _git(repo, "commit", "-q", "-m", "second")
+    assert git_state(repo) == GitState(_git(repo, "rev-parse", "HEAD"), False)
+    (repo / "new.txt").write_text("new\n")
+    _git(repo, "add", "new.txt")  # a new file in the index only
+    assert git_state(repo).dirty is True
+    _git(repo, "reset", "-q")
+    assert git_state(repo).dirty is False
+
+
+def test_staged_change_with_an_invalid_cache_tree_compares_trees(repo: Path) -> None:
+    (repo / "sub" / "b.py").write_text("x = 2\n" * 50)
+    _git(repo, "add", "sub/b.py")
+    _git(repo, "checkout", "-q", "HEAD", "--", "sub/b.py")  # index back to HEAD, cache-tree not
+    assert _git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+    assert git_state(repo).dirty is False
+    _git(repo, "rm", "-q", "--cached", "a.txt")  # staged deletion
+    assert git_state(repo).dirty is True
+
+
+def test_fresh_clone_reads_packed_objects(repo: Path, tmp_path: Path) -> None:
+    (repo / "a.txt").write_text("three\n")
+    _git(repo, "commit", "-q", "-am", "second")
+    _git(repo, "gc", "-q", "--aggressive")  # everything packed, trees and commits deltified
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(repo), str(clone))
+    assert not any((clone / ".git" / "objects").glob("??/*"))  # no loose objects
+    state = git_state(clone)
+    assert (state.commit, state.dirty) == (_git(clone, "rev-parse", "HEAD"), False)
+    (clone / "a.txt").write_text("four\n")
+    _git(clone, "add", "a.txt")
+    assert git_state(clone).dirty is True
+    _git(clone, "checkout", "-q", "HEAD", "--", "a.txt")
+    assert git_state(clone).dirty is False

@@ -167,6 +167,14 @@ def test_runs_are_recorded_and_trials_point_to_them(store: Store) -> None:
     assert "commit" in line and "cpu" not in line
 
 
+def test_an_unknown_dirtiness_is_named_so(store: Store) -> None:
+    clean = dataclasses.replace(collect_provenance(), dirty=False)
+    run_id = store.record_run("store", clean)
+    (run,) = store.runs([run_id])
+    (line,) = provenance_note({run_id: run}, {run_id: 1}, dataclasses.replace(clean, dirty=None))
+    assert line.endswith("different provenance: dirty False → unknown")
+
+
 def test_collect_provenance_reads_this_process() -> None:
     import importlib.metadata
 
