@@ -260,6 +260,23 @@ def _sum_or_none(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a + b
 
 
+def sample_counts(results: Sequence[GenerationResult]) -> list[SampleCounts]:
+    """Return each result's counts (tokens, seconds, drafted, accepted, rounds, decode and
+    batch-share seconds), as the intervals read them."""
+    return [
+        SampleCounts(
+            r.n_generated,
+            r.seconds,
+            r.n_drafted,
+            r.n_accepted,
+            len(r.rounds),
+            r.decode_seconds,
+            r.batch_seconds,
+        )
+        for r in results
+    ]
+
+
 def trial_metrics(
     results: Sequence[GenerationResult],
     blocks: Sequence[int] | None = None,
@@ -279,18 +296,7 @@ def trial_metrics(
     n_rounds = len(rounds)
     drafted = sum(r.drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)
-    counts = [
-        SampleCounts(
-            r.n_generated,
-            r.seconds,
-            r.n_drafted,
-            r.n_accepted,
-            len(r.rounds),
-            r.decode_seconds,
-            r.batch_seconds,
-        )
-        for r in results
-    ]
+    counts = sample_counts(results)
     shares = math.fsum(count.share_seconds for count in counts)
     intervals = trial_intervals(
         counts if blocks is None else per_prompt(counts, blocks), cost_model_error
