@@ -37,6 +37,8 @@ DEFAULTS = {
         "out": Path("bench-replay.json"),
         # The leave-one-trial-out validation over a results DB (no models), added since.
         "loo": None,
+        # The sweep whose runner fit --loo uses (pooled over datasets), added since.
+        "sweep": None,
     },
     "handoff": {
         **PAIR,
