@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -30,6 +31,8 @@ from support.paths import REPO
 
 from dashboard.charts import PALETTE, POLICY_ORDER
 from workers.model_spec import free_port
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.ray
 
@@ -127,11 +130,12 @@ def wait_until_healthy(port: int, server: subprocess.Popen, log: Path) -> None:
     pytest.fail(f"streamlit did not answer within {SERVER_START_TIMEOUT_S} s:\n{log.read_text()}")
 
 
-def screenshot(url: str, path: Path, profile: Path) -> Image.Image:
-    """Return a headless-Chromium screenshot of ``url`` (also written to ``path``)."""
+def chromium_command(url: str, profile: Path, *action: str) -> list[str]:
+    """Return the headless-Chromium command that renders ``url`` in a fresh ``profile`` and
+    then does ``action`` (``--screenshot=PATH`` or ``--dump-dom``)."""
     chromium = shutil.which("chromium")
     assert chromium, "headless Chromium is needed: apt-get install -y chromium"
-    command = [
+    return [
         chromium,
         "--headless",
         "--no-sandbox",
@@ -144,31 +148,36 @@ def screenshot(url: str, path: Path, profile: Path) -> Image.Image:
         f"--user-data-dir={profile}",
         f"--window-size={WINDOW[0]},{WINDOW[1]}",
         f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
-        f"--screenshot={path}",
+        *action,
         url,
     ]
+
+
+def screenshot(url: str, path: Path, profile: Path) -> Image.Image:
+    """Return a headless-Chromium screenshot of ``url`` (also written to ``path``)."""
+    command = chromium_command(url, profile, f"--screenshot={path}")
     subprocess.run(command, check=True, capture_output=True, timeout=180)
     return Image.open(path).convert("RGB")
 
 
 def dumped_dom(url: str, profile: Path) -> str:
     """Return the page's DOM as headless Chromium serialises it once the page has rendered."""
-    chromium = shutil.which("chromium")
-    assert chromium, "headless Chromium is needed: apt-get install -y chromium"
-    command = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        f"--user-data-dir={profile}",
-        f"--window-size={WINDOW[0]},{WINDOW[1]}",
-        f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
-        "--dump-dom",
-        url,
-    ]
+    command = chromium_command(url, profile, "--dump-dom")
     done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=180)
     return done.stdout
+
+
+def poll(take: Callable[[int], T], ready: Callable[[T], bool]) -> T:
+    """Return ``take(attempt)`` for attempts 0, 1, ... (pausing ``RETRY_PAUSES_S`` between)
+    until ``ready`` holds of it or ``SCREENSHOT_DEADLINE_S`` has passed: the last one taken."""
+    deadline = time.monotonic() + SCREENSHOT_DEADLINE_S
+    attempt = 0
+    while True:
+        taken = take(attempt)
+        if ready(taken) or time.monotonic() > deadline:
+            return taken
+        time.sleep(RETRY_PAUSES_S[min(attempt, len(RETRY_PAUSES_S) - 1)])
+        attempt += 1
 
 
 def colour_pixels(pixels: np.ndarray, hex_colour: str) -> int:
@@ -189,17 +198,7 @@ def trace_colours() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_pareto_page_draws_the_frontiers_in_chromium(served_app: str, tmp_path: Path) -> None:
-    deadline = time.monotonic() + SCREENSHOT_DEADLINE_S
-    attempt = 0
-    while True:
-        path = tmp_path / f"pareto-{attempt}.png"
-        image = screenshot(served_app, path, tmp_path / f"profile-{attempt}")
-        assert image.size == WINDOW
-        main = np.asarray(image, dtype=int)[:, MAIN_AREA_LEFT:, :]
-        if coloured_pixels(main) >= MIN_COLOURED_PIXELS or time.monotonic() > deadline:
-            break  # the charts arrived, or the server had its time
-        time.sleep(RETRY_PAUSES_S[min(attempt, len(RETRY_PAUSES_S) - 1)])
-        attempt += 1
+    main, path = charts_screenshot(served_app, tmp_path, "pareto")
     # Text and grid lines are grey; only the plotly traces (and their legend) are coloured.
     assert coloured_pixels(main) >= MIN_COLOURED_PIXELS, f"no chart drawn: {path}"
     by_policy = {policy: colour_pixels(main, hex_) for policy, hex_ in trace_colours().items()}
@@ -212,16 +211,14 @@ def test_pareto_page_draws_the_frontiers_in_chromium(served_app: str, tmp_path: 
 def charts_screenshot(url: str, tmp_path: Path, name: str) -> tuple[np.ndarray, Path]:
     """Return the main area of a screenshot of ``url`` once its charts are drawn (retried until
     ``SCREENSHOT_DEADLINE_S``), and the screenshot's path."""
-    deadline = time.monotonic() + SCREENSHOT_DEADLINE_S
-    attempt = 0
-    while True:
+
+    def take(attempt: int) -> tuple[np.ndarray, Path]:
         path = tmp_path / f"{name}-{attempt}.png"
         image = screenshot(url, path, tmp_path / f"{name}-profile-{attempt}")
-        main = np.asarray(image, dtype=int)[:, MAIN_AREA_LEFT:, :]
-        if coloured_pixels(main) >= MIN_COLOURED_PIXELS or time.monotonic() > deadline:
-            return main, path
-        time.sleep(RETRY_PAUSES_S[min(attempt, len(RETRY_PAUSES_S) - 1)])
-        attempt += 1
+        assert image.size == WINDOW
+        return np.asarray(image, dtype=int)[:, MAIN_AREA_LEFT:, :], path
+
+    return poll(take, lambda shot: coloured_pixels(shot[0]) >= MIN_COLOURED_PIXELS)
 
 
 @pytest.mark.slow
@@ -242,13 +239,9 @@ def test_pareto_legend_names_each_draft_kind_in_chromium(
     """A pair with a draft model and a lookup: the rendered Pareto legend names each policy
     once per draft kind."""
     wanted = ("static (lm)", "static (ngram)", "adaedl (ngram)")
-    deadline = time.monotonic() + SCREENSHOT_DEADLINE_S
-    attempt = 0
-    while True:
-        dom = dumped_dom(served_drafts_app, tmp_path / f"profile-{attempt}")
-        if all(name in dom for name in wanted) or time.monotonic() > deadline:
-            break
-        time.sleep(RETRY_PAUSES_S[min(attempt, len(RETRY_PAUSES_S) - 1)])
-        attempt += 1
+    dom = poll(
+        lambda attempt: dumped_dom(served_drafts_app, tmp_path / f"profile-{attempt}"),
+        lambda page: all(name in page for name in wanted),
+    )
     missing = [name for name in wanted if name not in dom]
     assert missing == [], f"not in the rendered page: {missing}"
