@@ -526,5 +526,5 @@ def live_eagle_notes(spec: SweepSpec) -> list[str]:
         f"pair {pair.name}: draft kind eagle runs live in mode {mode} (replay reads a draft "
         "model's greedy traces; an EAGLE head's are not recorded)"
         for pair in spec.pairs
-        if pair.draft.kind == "eagle"
+        if any(draft.kind == "eagle" for draft in pair.draft_entries)
     ]

@@ -794,10 +794,11 @@ class SweepSpec(_Frozen):
                 loc = ("pairs", index, "target", "backend")
                 message = f"batch sizes {batched} (batch_sizes) need backend hf"
                 problems.append((loc, message))
-            if pair.draft.kind != "lm":
-                loc = ("pairs", index, "draft", "kind")
-                message = f"batch sizes {batched} (batch_sizes) need a draft model (kind lm)"
-                problems.append((loc, message))
+            for draft_index, draft in enumerate(pair.draft_entries):
+                if draft.kind != "lm":
+                    loc = ("pairs", index, *pair.draft_loc(draft_index), "kind")
+                    message = f"batch sizes {batched} (batch_sizes) need a draft model (kind lm)"
+                    problems.append((loc, message))
         for index, policy in enumerate(self.policies):
             if any(setting.get("persist_across_requests") for setting in policy.settings()):
                 message = (

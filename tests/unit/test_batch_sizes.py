@@ -94,6 +94,15 @@ def test_batches_need_a_draft_model_and_fresh_policies() -> None:
     parse_sweep(text + "batch_sizes: [1]\n")  # batch 1 runs them as before
 
 
+def test_a_lookup_in_a_drafts_list_is_refused_at_batch_sizes_by_its_own_field() -> None:
+    listed = "    drafts: [zoo:micro/draft-s, {kind: ngram}]\n"
+    text = textwrap.dedent(BASE).replace("    draft: zoo:micro/draft-s\n", listed)
+    with pytest.raises(SweepError) as caught:
+        parse_sweep(text + "batch_sizes: [1, 2]\n")
+    (problem,) = caught.value.problems
+    assert "pairs[0].drafts[1].kind: batch sizes [2] (batch_sizes) need a draft model" in problem
+
+
 def _stored(batch: int | None, total: float) -> StoredTrial:
     """A done static trial at ``batch`` with its total tokens/s."""
     return stored_trial(

@@ -443,6 +443,18 @@ def test_eagle_pairs_run_live_in_a_mixed_sweep_and_the_plan_says_so() -> None:
     assert live_eagle_notes(_spec(text)) == []
 
 
+def test_a_drafts_list_gets_a_live_note_for_its_eagle_entry_only() -> None:
+    listed = BASE.replace(
+        "    draft: zoo:micro/draft-s\n",
+        "    drafts: [zoo:micro/draft-s, {kind: ngram}, {kind: eagle, model: zoo:micro/eagle}]\n",
+    )
+    assert listed != BASE
+    mixed = _spec(listed + "execution: {mode: mixed, record_rounds: true}\n")
+    assert [note.split(":")[0] for note in live_eagle_notes(mixed)] == ["pair p2"]
+    lookup_only = listed.replace(", {kind: eagle, model: zoo:micro/eagle}", "")
+    assert live_eagle_notes(_spec(lookup_only + "execution: {mode: mixed}\n")) == []
+
+
 @pytest.mark.parametrize(
     "pair,message",
     [
