@@ -6,6 +6,8 @@ columns are datasets. Cell values follow ``dashboard.data``'s conventions: a set
 is the mean over its trials, and a policy's "best" is its setting with the largest mean (chosen
 and measured on the same prompts; ``dashboard.data.best_setting_table`` chooses on dev prompts
 and measures on test prompts). ``speed`` picks decode-only or end-to-end tokens/s and speedups.
+Where the trials hold drafts of several kinds, a row is a policy with one kind, labelled
+``policy (kind)`` as in the Pareto view, so no cell takes its best over two kinds of draft.
 """
 
 from __future__ import annotations
@@ -26,13 +28,25 @@ def setting_label(threshold: float | None, max_draft_len: int) -> str:
     return f"threshold {threshold:g}, K {int(max_draft_len)}"
 
 
+def drafting_rows(trials: pd.DataFrame) -> pd.DataFrame:
+    """Return the non-baseline trials, each policy labelled ``policy (kind)`` when they hold
+    drafts of more than one kind (``draft_kind``), else as they are."""
+    drafting = trials[~trials["is_baseline"]]
+    if "draft_kind" not in drafting or drafting["draft_kind"].nunique(dropna=False) < 2:
+        return drafting
+    labelled = [
+        f"{p} ({k})" for p, k in zip(drafting["policy"], drafting["draft_kind"], strict=True)
+    ]
+    return drafting.assign(policy=labelled)
+
+
 def tokens_per_s_tables(trials: pd.DataFrame, speed: Speed = END_TO_END) -> dict[int, pd.DataFrame]:
     """Return AdaEDL's Table 1: per max draft length, tokens/s of each policy × dataset.
 
     A cell is the policy's best threshold at that max draft length; the AR baseline row (mean
     tokens/s of the baseline trials) heads every table.
     """
-    drafting = trials[~trials["is_baseline"]]
+    drafting = drafting_rows(trials)
     tables = {}
     for max_draft_len in sorted(int(k) for k in drafting["max_draft_len"].unique()):
         at_length = drafting[drafting["max_draft_len"] == max_draft_len]
@@ -46,7 +60,7 @@ def best_throughput_table(trials: pd.DataFrame, speed: Speed = END_TO_END) -> pd
 
     Best is taken over threshold and max draft length together; the AR baseline row comes first.
     """
-    drafting = trials[~trials["is_baseline"]]
+    drafting = drafting_rows(trials)
     best = best_settings(drafting, ["policy", "dataset"], speed.tokens_per_s)
     return _with_baseline(trials, _pivot(best, speed.tokens_per_s), speed)
 
@@ -57,7 +71,7 @@ def speedup_by_domain_table(trials: pd.DataFrame, speed: Speed = END_TO_END) -> 
     Like the paper, each policy uses a single setting for every domain: the one with the best
     speedup averaged over the datasets it ran on. Columns: policy, setting, datasets, mean.
     """
-    drafting = trials[~trials["is_baseline"]]
+    drafting = drafting_rows(trials)
     figure = speed.speedup
     means = setting_means(drafting, ["policy", "dataset"], [figure]).dropna(subset=[figure])
     if means.empty:

@@ -1,15 +1,14 @@
 """A reproduction report by one rule (issue #43 point 6): pure, from a sweep's stored trials.
 
-Every claim is one paired comparison: in one cell (pair, dataset entry, sampling setting,
-seed), the best setting of a policy against the best static K, each chosen on the dev prompts
-by its speedup over the cell's AR baseline (``holdout.best_setting``) and compared on the test
-prompts only: A's tokens/s over B's on the same prompts, a t interval on the log ratio with
-the jackknife standard error over prompts (``pairing.compare_family``, the interval
+Every claim is one paired comparison: in one cell (pair, dataset entry, sampling setting, seed,
+draft kind), the best setting of a policy against the best static K, each chosen on the dev
+prompts by its speedup over the cell's AR baseline (``holdout.best_setting``) and compared on
+the test prompts only: A's tokens/s over B's on the same prompts, a t interval on the log ratio
+with the jackknife standard error over prompts (``pairing.compare_family``, the interval
 ``compare`` prints). The claims of one report are one family: Holm-adjusted verdicts and
-intervals at 1 − 0.05/m. The best static K is chosen from a grid that must hold K = 1 and 2
-(the report refuses otherwise, naming the sweep field), and every dataset entry must hold out
-test prompts (``datasets[i].holdout``). Each claim names its n: test prompts × repeats × new
-tokens.
+intervals at 1 − 0.05/m. The best static K is chosen from a grid that must hold K = 1 and 2 (the
+report refuses otherwise, naming the sweep field), and every dataset entry must hold out test
+prompts (``datasets[i].holdout``). Each claim names its n: test prompts × repeats × new tokens.
 """
 
 from __future__ import annotations
@@ -117,16 +116,26 @@ def _splits(spec: SweepSpec) -> dict[tuple, PromptSplit]:
 
 
 def _cell_key(row: StoredTrial) -> tuple:
-    """Return a trial's cell: pair, dataset entry, sampling setting, seed."""
-    return (row.pair, dataset_key(row), row.temperature, row.top_k, row.top_p, row.seed)
+    """Return a trial's cell: pair, dataset entry, sampling setting, seed, draft kind (a lookup
+    draft shares its pair's worker and AR baseline, not its claims)."""
+    return (
+        row.pair,
+        dataset_key(row),
+        row.temperature,
+        row.top_k,
+        row.top_p,
+        row.seed,
+        row.draft_kind,
+    )
 
 
 def _cell_label(row: StoredTrial) -> str:
-    """Return a cell's printable name."""
+    """Return a cell's printable name (the draft kind shown when it is not a draft model)."""
     sampling = f"T={row.temperature:g}"
     if row.temperature > 0 and (row.top_k or row.top_p < 1):
         sampling += f" top-k {row.top_k} top-p {row.top_p:g}"
-    return f"{row.pair} · {row.dataset} · {sampling} · seed {row.seed}"
+    kind = "" if row.draft_kind == "lm" else f" ({row.draft_kind})"
+    return f"{row.pair}{kind} · {row.dataset} · {sampling} · seed {row.seed}"
 
 
 def _candidates(
@@ -274,8 +283,8 @@ def report_markdown(report: ReproductionReport) -> str:
         "One rule for every claim:",
         "",
         "- A claim compares the best setting of a policy (A) with the best static K (B) in one "
-        "cell (pair, dataset, sampling, seed). Each is chosen on the dev prompts by its "
-        "speedup over the cell's AR baseline and measured on the test prompts only.",
+        "cell (pair, draft kind, dataset, sampling, seed). Each is chosen on the dev prompts by "
+        "its speedup over the cell's AR baseline and measured on the test prompts only.",
         f"- The best static K is chosen from K ∈ {{{', '.join(map(str, report.static_grid))}}}.",
         f"- Ratio: A's {measure} tokens/s over B's on the same test prompts (paired by prompt; "
         "repeats summed within their prompt), a t interval on the log ratio with the jackknife "

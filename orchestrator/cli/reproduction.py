@@ -26,12 +26,13 @@ def add_parser(commands: Any, db: list[Any]) -> None:
         "report",
         handle,
         "write a sweep's reproduction report: every claim a paired, Holm-adjusted comparison",
-        "Every claim compares, in one cell (pair, dataset, sampling, seed), a policy's best\n"
-        "setting with the best static K, each chosen on the dev prompts (datasets[].holdout)\n"
-        "and measured on the test prompts: A's tokens/s over B's on the same prompts, a t\n"
-        "interval on the log ratio with the jackknife standard error (as compare), Holm over\n"
-        "all claims of the report. The static grid must include K = 1 and 2. Each claim names\n"
-        "its n (test prompts x repeats x new tokens). Reads the store; measures nothing.\n\n"
+        "Every claim compares, in one cell (pair, draft kind, dataset, sampling, seed), a\n"
+        "policy's best setting with the best static K, each chosen on the dev prompts\n"
+        "(datasets[].holdout) and measured on the test prompts: A's tokens/s over B's on the\n"
+        "same prompts, a t interval on the log ratio with the jackknife standard error (as\n"
+        "compare), Holm over all claims of the report. The static grid must include K = 1\n"
+        "and 2. Each claim names its n (test prompts x repeats x new tokens). Reads the\n"
+        "store; measures nothing.\n\n"
         "examples:\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --db sqlite:///results.db\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --out reproduction.md",

@@ -580,6 +580,28 @@ def test_load_sweep_samples_reads_samples_and_no_split_without_holdout(synthetic
     assert set(table["best_on"].dropna()) == {"same 2"}
 
 
+def test_paper_tables_keep_each_draft_kind_in_its_own_row() -> None:
+    """A lookup draft faster than every lm setting must not become the static row's best: with
+    two kinds each row is one policy with one kind; the AR row is unchanged."""
+    trials = make_trials()
+    lookup = trials[trials["policy"] == "static"].assign(
+        draft_kind="ngram",
+        trial_id=lambda f: f["trial_id"] + "-ngram",
+        tokens_per_s=99.0,
+        speedup=9.0,
+    )
+    both = pd.concat([trials, lookup], ignore_index=True)
+    best = tables.best_throughput_table(both)
+    assert row(best, policy="static (lm)")["code"] == 19.0  # as with the lm draft alone
+    assert row(best, policy="static (ngram)")["code"] == 99.0
+    assert row(best, policy="ar")["code"] == 10.0
+    assert "static" not in set(best["policy"])
+    by_domain = tables.speedup_by_domain_table(both)
+    assert row(by_domain, policy="static (lm)")["mean"] == pytest.approx(1.7)
+    by_length = tables.tokens_per_s_tables(both)
+    assert {"adaedl (lm)", "static (lm)", "static (ngram)"} <= set(by_length[4]["policy"])
+
+
 def test_frontiers_are_per_policy_and_draft_kind_and_labelled_by_kind() -> None:
     """A pair's lookup draft gives each policy a second point set and frontier, named and
     marked by its kind; with one kind the names stay the policies'."""

@@ -125,6 +125,24 @@ def test_each_claim_is_a_best_against_the_best_static_k_on_test_prompts(store: S
     assert text.count("| demo · builtin:code · T=0 · seed 0 |") == 2
 
 
+def test_each_draft_kind_of_a_pair_is_its_own_cell(store: Store) -> None:
+    listed = SWEEP.replace(
+        "    draft: zoo:micro/draft-s\n", "    drafts: [zoo:micro/draft-s, {kind: ngram}]\n"
+    )
+    report = _report(store, _stored(store, listed))
+    cells = {c.cell: [] for c in report.claims}
+    for claim in report.claims:
+        cells[claim.cell].append((claim.policy, claim.chosen.draft_kind, claim.static.draft_kind))
+    assert cells == {
+        "demo · builtin:code · T=0 · seed 0": [("svip", "lm", "lm"), ("adaedl", "lm", "lm")],
+        "demo (ngram) · builtin:code · T=0 · seed 0": [
+            ("svip", "ngram", "ngram"),
+            ("adaedl", "ngram", "ngram"),
+        ],
+    }
+    assert {c.comparison.family_size for c in report.claims} == {4}
+
+
 def test_a_static_grid_without_k_1_and_2_is_refused_naming_the_field() -> None:
     spec = parse_sweep(SWEEP.replace("max_draft_lens: [1, 2, 4]", "max_draft_lens: [2, 4]"))
     with pytest.raises(ReproductionError, match=r"^max_draft_lens: .*lacks K = 1"):
