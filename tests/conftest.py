@@ -2,9 +2,11 @@
 cache), a local two-CPU Ray per test module, and a job directory for training jobs.
 
 The tiers: ``tests/unit`` needs neither the zoo nor Ray (collection fails if one of its tests
-asks for those fixtures); ``tests/integration`` holds the rest. Tests that use the zoo fixtures
-are marked ``zoo``, those that use ``ray_local`` are marked ``ray``; shared helpers live in
-``tests/support`` (imported as ``support.<module>``: ``tests`` is on ``pythonpath``).
+asks for those fixtures), nor, under its timed command ``-m "not postgresql"``, the PostgreSQL
+test server; ``tests/integration`` holds the rest. Tests that use the zoo fixtures are marked
+``zoo``, those that use ``ray_local`` are marked ``ray``, those that talk to the test server
+``postgresql`` (``support.pg``); shared helpers live in ``tests/support`` (imported as
+``support.<module>``: ``tests`` is on ``pythonpath``).
 """
 
 from __future__ import annotations

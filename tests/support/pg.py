@@ -6,16 +6,34 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TypeVar
 
+import pytest
 from sqlalchemy import create_engine
 
 from orchestrator.store.db import normalise_url
 
+T = TypeVar("T")
+
 #: The test server's URL, or None where none is configured (then only SQLite is tested).
 PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
 
+#: Marks of a test that talks to the test server: ``postgresql`` (the unit tier's timed command
+#: deselects it, ``-m "not postgresql"``; the full run keeps it) and a skip where none is set.
+POSTGRESQL_MARKS = (
+    pytest.mark.postgresql,
+    pytest.mark.skipif(PG_URL is None, reason="needs SPECSWEEP_TEST_PG_URL"),
+)
 
-BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
+#: The store backends a test runs on: SQLite, and PostgreSQL (marked) where a server is set.
+BACKENDS = ["sqlite", *([pytest.param("postgresql", marks=POSTGRESQL_MARKS)] if PG_URL else [])]
+
+
+def needs_postgresql(test: T) -> T:
+    """Mark ``test`` as one that needs the test PostgreSQL server (``POSTGRESQL_MARKS``)."""
+    for mark in POSTGRESQL_MARKS:
+        test = mark(test)
+    return test
 
 
 @contextlib.contextmanager

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import os
 import pickle
 import tempfile
 import time
@@ -36,7 +35,7 @@ import yaml
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 from support.paths import REPO
-from support.pg import BACKENDS
+from support.pg import BACKENDS, PG_URL, needs_postgresql
 from support.sweeps import sweep_yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -58,8 +57,6 @@ from workers.records import GenerationResult, RoundRecord
 
 PACKAGES = ("orchestrator", "workers", "policies", "training", "dashboard", "bench", "scripts")
 TABLES = ("sweeps", "sweep_trials", "trials", "sample_results", "rounds", "training_jobs")
-PG_URL = os.environ.get("SPECSWEEP_TEST_PG_URL")
-needs_pg = pytest.mark.skipif(PG_URL is None, reason="needs SPECSWEEP_TEST_PG_URL")
 
 
 def _pg_admin() -> Any:
@@ -292,7 +289,7 @@ def _pg_query_url(mode: str) -> Iterator[tuple[str, list[str]]]:
             yield url, ["--allow-superuser"] if mode == "override" else []
 
 
-@needs_pg
+@needs_postgresql
 @pytest.mark.parametrize("mode", ["superuser", "override", "reader"])
 def test_query_on_postgresql_refuses_every_escape_and_leaves_the_store_alone(
     mode: str, capsys: pytest.CaptureFixture
@@ -315,7 +312,7 @@ def test_query_on_postgresql_refuses_every_escape_and_leaves_the_store_alone(
         assert _snapshot(admin_url.render_as_string(False)) == before
 
 
-@needs_pg
+@needs_postgresql
 def test_a_superuser_is_refused_with_how_to_make_a_reader_role(
     capsys: pytest.CaptureFixture,
 ) -> None:
@@ -333,7 +330,7 @@ def test_a_superuser_is_refused_with_how_to_make_a_reader_role(
         assert capsys.readouterr().out.splitlines() == ["n", "5"]
 
 
-@needs_pg
+@needs_postgresql
 @pytest.mark.parametrize("power", ["pg_read_server_files", "pg_execute_server_program"])
 def test_a_role_that_may_reach_the_server_is_refused_like_a_superuser(
     power: str, capsys: pytest.CaptureFixture
@@ -349,7 +346,7 @@ def test_a_role_that_may_reach_the_server_is_refused_like_a_superuser(
             assert cli.main(["--db", role_url, "query", "SELECT 1", "--allow-superuser"]) == 0
 
 
-@needs_pg
+@needs_postgresql
 def test_the_documented_reader_role_works_as_written(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
