@@ -67,5 +67,5 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         Path(args.out).write_text(text, encoding="utf-8")
         console.print(f"wrote the reproduction report of {spec.name} to {args.out}", markup=False)
     else:
-        console.print(text, markup=False, end="")
+        console.print(text, markup=False, end="", soft_wrap=True, highlight=False)
     return EXIT_OK

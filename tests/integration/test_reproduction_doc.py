@@ -1,12 +1,15 @@
-"""docs/reproduction.md quotes the demo sweeps' databases: its numbers must be what `query` returns.
+"""The documents that quote committed sweep databases: their numbers must be what the CLI returns.
 
-The databases the document was written from are committed: docs/demo-results.db
-(sweeps/demo.yaml) and docs/kd-demo-results.db (sweeps/kd_demo.yaml). Each SQL block in the
-document (```sql for the demo's database, ```sql kd-demo for the KD demo's) is followed by the
-table of its result; the test runs every block through ``python -m orchestrator query --format
-csv`` on its database and compares cell by cell, and checks that each database holds exactly the
-trials its current sweep file plans (so a change to a demo, or to what a trial measures, forces
-the document to be regenerated).
+docs/reproduction.md is written from docs/reproduce-results.db (sweeps/reproduce.yaml): its
+claims are the output of ``python -m orchestrator report --sweep sweeps/reproduce.yaml``, pasted
+between ``<!-- report -->`` and ``<!-- /report -->`` without the report's title line, and its
+tables are query results. docs/lab/demo-before-protocol.md is the earlier reading of the demo
+sweeps' databases, docs/demo-results.db (sweeps/demo.yaml) and docs/kd-demo-results.db
+(sweeps/kd_demo.yaml). Each SQL block (```sql for the document's own database, ```sql KEY for
+another) is followed by the table of its result; the test runs every block through ``python -m
+orchestrator query --format csv`` on its database and compares cell by cell, and checks that
+each database holds exactly the trials its current sweep file plans (so a change to a sweep, or
+to what a trial measures, forces the documents to be regenerated).
 """
 
 from __future__ import annotations
@@ -25,49 +28,76 @@ from orchestrator.store import open_store
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import load_sweep
 
-DOC = REPO / "docs" / "reproduction.md"
 DATABASES = {
+    "reproduce": (REPO / "docs" / "reproduce-results.db", REPO / "sweeps" / "reproduce.yaml"),
     "demo": (REPO / "docs" / "demo-results.db", REPO / "sweeps" / "demo.yaml"),
     "kd-demo": (REPO / "docs" / "kd-demo-results.db", REPO / "sweeps" / "kd_demo.yaml"),
+}
+#: Each document and the database its unlabelled ```sql blocks query.
+DOCUMENTS = {
+    REPO / "docs" / "reproduction.md": "reproduce",
+    REPO / "docs" / "lab" / "demo-before-protocol.md": "demo",
 }
 QUERY_BLOCK = re.compile(
     r"```sql(?: (?P<db>[a-z-]+))?\n(?P<sql>.*?)\n```\s*\n(?P<table>(?:\|[^\n]*\|\n)+)", re.S
 )
+REPORT_BLOCK = re.compile(r"<!-- report -->\n(?P<text>.*?)<!-- /report -->", re.S)
 
 
-def doc_queries() -> list[tuple[str, str, list[list[str]]]]:
-    """Return each (database key, SQL, table rows including the header) of the document."""
+def doc_queries(doc: Path) -> list[tuple[str, str, list[list[str]]]]:
+    """Return each (database key, SQL, table rows including the header) of ``doc``."""
     queries = []
-    for match in QUERY_BLOCK.finditer(DOC.read_text(encoding="utf-8")):
+    for match in QUERY_BLOCK.finditer(doc.read_text(encoding="utf-8")):
         lines = match["table"].strip().splitlines()
         rows = [
             [cell.strip() for cell in line.strip().strip("|").split("|")]
             for index, line in enumerate(lines)
             if index != 1  # the |---| separator
         ]
-        queries.append((match["db"] or "demo", " ".join(match["sql"].split()), rows))
+        queries.append((match["db"] or DOCUMENTS[doc], " ".join(match["sql"].split()), rows))
     return queries
 
 
-def query_rows(db: Path, sql: str) -> list[list[str]]:
-    """Return the CSV rows (header first) that `query` prints for ``sql`` on ``db``."""
-    command = [sys.executable, "-m", "orchestrator", "query", "--db", f"sqlite:///{db}"]
+def cli_output(*argv: str) -> str:
+    """Return what ``python -m orchestrator ARGV`` prints (it must succeed)."""
     result = subprocess.run(
-        [*command, "--format", "csv", sql],
+        [sys.executable, "-m", "orchestrator", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=True,
     )
-    return [row for row in csv.reader(io.StringIO(result.stdout)) if row]
+    return result.stdout
 
 
-def test_every_table_in_the_document_is_what_query_returns() -> None:
-    queries = doc_queries()
+def query_rows(db: Path, sql: str) -> list[list[str]]:
+    """Return the CSV rows (header first) that `query` prints for ``sql`` on ``db``."""
+    printed = cli_output("query", "--db", f"sqlite:///{db}", "--format", "csv", sql)
+    return [row for row in csv.reader(io.StringIO(printed)) if row]
+
+
+@pytest.mark.parametrize("doc", sorted(DOCUMENTS), ids=lambda doc: doc.name)
+def test_every_table_in_the_document_is_what_query_returns(doc: Path) -> None:
+    queries = doc_queries(doc)
     assert len(queries) >= 3, "the document should show its numbers as query results"
-    assert {key for key, _, _ in queries} == set(DATABASES), "both databases are quoted"
+    assert DOCUMENTS[doc] in {key for key, _, _ in queries}, "its own database is quoted"
     for key, sql, table in queries:
         assert table == query_rows(DATABASES[key][0], sql), sql
+
+
+def test_every_database_is_quoted() -> None:
+    quoted = {key for doc in DOCUMENTS for key, _, _ in doc_queries(doc)}
+    assert quoted == set(DATABASES)
+
+
+def test_the_claims_are_the_report_of_the_committed_database() -> None:
+    doc = next(doc for doc, key in DOCUMENTS.items() if key == "reproduce")
+    (block,) = REPORT_BLOCK.findall(doc.read_text(encoding="utf-8"))
+    db, sweep = DATABASES["reproduce"]
+    printed = cli_output("--db", f"sqlite:///{db}", "report", "--sweep", str(sweep))
+    title, blank, *report = printed.splitlines(keepends=True)
+    assert title.startswith("# Reproduction report: ") and blank == "\n"
+    assert block == "".join(report)
 
 
 @pytest.mark.parametrize("key", sorted(DATABASES))

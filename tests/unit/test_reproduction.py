@@ -159,8 +159,13 @@ def test_a_dataset_without_holdout_is_refused_naming_the_field() -> None:
 
 
 def test_the_report_command_prints_the_markdown_and_refuses_a_bad_grid(
-    store: Store, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    store: Store,
+    db_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "40")  # a narrow terminal must not break the table's rows
     _stored(store)
     good = tmp_path / "repro.yaml"
     good.write_text(textwrap.dedent(SWEEP))
@@ -168,6 +173,8 @@ def test_the_report_command_prints_the_markdown_and_refuses_a_bad_grid(
     out = capsys.readouterr().out
     assert out.startswith("# Reproduction report: repro")
     assert "| svip (" in out and "threshold=0.3" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert len(rows) == 4 and all(row.endswith(" |") and len(row) > 40 for row in rows)
     bad = tmp_path / "bad.yaml"
     bad.write_text(SWEEP.replace("max_draft_lens: [1, 2, 4]", "max_draft_lens: [1, 4]"))
     assert cli.main(["--db", db_url, "report", "--sweep", str(bad)]) == 2
