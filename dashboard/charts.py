@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from dashboard.data import BASELINE_POLICY, ORACLE_POLICY
+from dashboard.data import BASELINE_POLICY, ORACLE_POLICY, policy_kind_label
 
 #: Drafting policies in a fixed order, so each gets the same palette colour everywhere.
 POLICY_ORDER = (
@@ -80,7 +80,7 @@ def frontier_figure(
     drafting = points[~points["is_baseline"] & (points["policy"] != ORACLE_POLICY)]
     several = drafting["draft_kind"].nunique(dropna=False) > 1
     for (policy, kind), rows in drafting.groupby(["policy", "draft_kind"], sort=True):
-        name = f"{policy} ({kind})" if several else str(policy)
+        name = policy_kind_label(policy, kind) if several else str(policy)
         colour, symbol = colours[policy], KIND_SYMBOLS.get(str(kind), "circle")
         style = dict(size=9, opacity=0.45, symbol=symbol)
         figure.add_trace(_markers(rows, x, y, name, colour, style))

@@ -87,6 +87,13 @@ METRIC_COLUMNS = HEADLINE_METRICS
 SETTING_COLUMNS = ("threshold", "max_draft_len")
 #: What a Pareto point and frontier belong to: a policy on drafts of one kind (or the baseline).
 FRONTIER_KEYS = ["policy", "draft_kind", "is_baseline"]
+
+
+def policy_kind_label(policy: object, kind: object) -> str:
+    """Return how a policy is named where trials hold several draft kinds: ``policy (kind)``."""
+    return f"{policy} ({kind})"
+
+
 #: Trial columns the dashboard keeps (JSON columns other than params are dropped).
 TRIAL_COLUMNS = (
     "trial_id",

@@ -16,7 +16,14 @@ import math
 
 import pandas as pd
 
-from dashboard.data import END_TO_END, INTERVAL_FIGURES, Speed, best_settings, setting_means
+from dashboard.data import (
+    END_TO_END,
+    INTERVAL_FIGURES,
+    Speed,
+    best_settings,
+    policy_kind_label,
+    setting_means,
+)
 
 BASE_DRAFT_METHOD = "none (base draft)"
 
@@ -34,10 +41,8 @@ def drafting_rows(trials: pd.DataFrame) -> pd.DataFrame:
     drafting = trials[~trials["is_baseline"]]
     if "draft_kind" not in drafting or drafting["draft_kind"].nunique(dropna=False) < 2:
         return drafting
-    labelled = [
-        f"{p} ({k})" for p, k in zip(drafting["policy"], drafting["draft_kind"], strict=True)
-    ]
-    return drafting.assign(policy=labelled)
+    kinds = zip(drafting["policy"], drafting["draft_kind"], strict=True)
+    return drafting.assign(policy=[policy_kind_label(policy, kind) for policy, kind in kinds])
 
 
 def tokens_per_s_tables(trials: pd.DataFrame, speed: Speed = END_TO_END) -> dict[int, pd.DataFrame]:
