@@ -263,9 +263,12 @@ def _sampling(sampling: TemperatureSpec, max_new_tokens: int) -> SamplingConfig:
     )
 
 
-def _policy_applies(policy: PolicySpec, pair: str, temperature: float) -> bool:
-    """Return whether ``policy`` runs on ``pair`` at ``temperature`` (its restrictions)."""
+def _policy_applies(policy: PolicySpec, pair: str, kind: str, temperature: float) -> bool:
+    """Return whether ``policy`` runs on ``pair``'s draft of ``kind`` at ``temperature`` (its
+    restrictions)."""
     if policy.pairs is not None and pair not in policy.pairs:
+        return False
+    if policy.draft_kinds is not None and kind not in policy.draft_kinds:
         return False
     return policy.temperatures is None or temperature in policy.temperatures
 
@@ -413,7 +416,7 @@ class _TrialGroup:
         temperature; append to ``skipped`` the entries left out (:meth:`_skip_reason`)."""
         trials = self.live_checks(baseline_id) if self.replays else []
         for policy in self.spec.policies:
-            if not _policy_applies(policy, pair, self.temperature):
+            if not _policy_applies(policy, pair, self.served.draft_kind, self.temperature):
                 continue
             reason = self._skip_reason(policy)
             if reason is not None:

@@ -141,6 +141,10 @@ class TargetSpec(_Frozen):
         return self
 
 
+#: The kinds of draft a pair may list (``DraftSpec.kind``).
+DraftKind = Literal["lm", "ngram", "eagle"]
+
+
 class DraftSpec(_Frozen):
     """The draft of a pair: a model reference or the name of a training job producing one
     (``kind: lm``, the default), n-gram prompt lookup (``kind: ngram``: no model; ``n_max``,
@@ -148,7 +152,7 @@ class DraftSpec(_Frozen):
     head over the target (``kind: eagle``: ``model`` the head's directory or zoo reference, or
     ``job`` an ``eagle_head`` training job; ``workers.proposers.eagle``)."""
 
-    kind: Literal["lm", "ngram", "eagle"] = "lm"
+    kind: DraftKind = "lm"
     model: ModelRef | None = None
     job: Name | None = None
     gpus: float = Field(0.0, ge=0.0, le=MAX_GPUS)
@@ -368,7 +372,10 @@ class PolicySpec(_Frozen):
 
     ``job`` names the training job whose artifact a trained-head policy loads (SpecDec++ head,
     Cali-TS predictor). ``pairs`` restricts the policy to the named pairs (a head trained for
-    one draft is meaningless on another); by default it runs on every pair. ``temperatures``
+    one draft is meaningless on another); by default it runs on every pair. ``draft_kinds``
+    restricts it to drafts of those kinds (``lm``, ``ngram``, ``eagle``: e.g. sampled arms for
+    the draft model only, where a lookup's point-mass proposals rarely survive); by default,
+    every kind the pair drafts with. ``temperatures``
     restricts it to those of the sweep's temperatures (e.g. a full threshold grid where greedy
     trials replay cheaply, one threshold where sampled trials run live); by default, all.
     ``max_draft_lens`` replaces the sweep's list of max draft lengths for this entry.
@@ -379,6 +386,7 @@ class PolicySpec(_Frozen):
     grid: dict[str, tuple[ParamValue, ...]] = Field(default_factory=dict)
     job: Name | None = None
     pairs: tuple[Name, ...] | None = None
+    draft_kinds: tuple[DraftKind, ...] | None = Field(None, min_length=1)
     temperatures: tuple[Annotated[float, Field(ge=0.0, le=100.0)], ...] | None = None
     max_draft_lens: tuple[Annotated[int, Field(ge=1, le=MAX_DRAFT_LEN_LIMIT)], ...] | None = Field(
         None, min_length=1
@@ -733,14 +741,19 @@ class SweepSpec(_Frozen):
     def _restriction_problems(
         self, index: int, policy: PolicySpec
     ) -> list[tuple[tuple[str | int, ...], str]]:
-        """Return the problems of a policy's ``pairs`` and ``temperatures`` restrictions: each
-        must name a pair, or a temperature, that the sweep has."""
+        """Return the problems of a policy's ``pairs``, ``draft_kinds`` and ``temperatures``
+        restrictions: each must name a pair, a draft kind, or a temperature, that the sweep has."""
         problems: list[tuple[tuple[str | int, ...], str]] = []
         pair_names = {pair.name for pair in self.pairs}
         for position, name in enumerate(policy.pairs or ()):
             if name not in pair_names:
                 loc = ("policies", index, "pairs", position)
                 problems.append((loc, f"no pair named {name!r} (defined: {sorted(pair_names)})"))
+        kinds = sorted({draft.kind for pair in self.pairs for draft in pair.draft_entries})
+        for position, kind in enumerate(policy.draft_kinds or ()):
+            if kind not in kinds:
+                loc = ("policies", index, "draft_kinds", position)
+                problems.append((loc, f"no draft of kind {kind!r} in the sweep's pairs ({kinds})"))
         temperatures = sorted({t.temperature for t in self.temperatures})
         for position, value in enumerate(policy.temperatures or ()):
             if value not in temperatures:

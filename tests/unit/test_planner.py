@@ -544,6 +544,28 @@ def test_policy_pair_restrictions_name_the_sweeps_pair_for_every_draft() -> None
     assert oracle == {("p1", "lm"), ("p1~1", "lm"), ("p1", "ngram")}
 
 
+def test_policy_draft_kind_restrictions_keep_a_policy_to_those_kinds() -> None:
+    """``draft_kinds: [lm]`` runs the entry on the pair's draft models only, the lookup keeping
+    every other entry; the ids of what runs are those of the unrestricted plan."""
+    text = _with_drafts("[zoo:micro/draft-m, {kind: ngram}]")
+    restricted = text.replace("  - name: oracle\n", "  - name: oracle\n    draft_kinds: [lm]\n")
+    full, plan = _plan(text), _plan(restricted)
+    oracle = {(t.pair, t.served.draft_kind) for t in plan.trials if t.setting.policy == "oracle"}
+    assert oracle == {("p1", "lm"), ("p2", "lm")}
+    dropped = {t.trial_id for t in full.trials} - {t.trial_id for t in plan.trials}
+    assert dropped and all(
+        t.setting.policy == "oracle" and t.served.draft_kind == "ngram"
+        for t in full.trials
+        if t.trial_id in dropped
+    )
+
+
+def test_a_draft_kind_restriction_names_a_kind_the_sweep_has() -> None:
+    text = BASE.replace("  - name: oracle\n", "  - name: oracle\n    draft_kinds: [ngram]\n")
+    with pytest.raises(SweepError, match=r"policies\[3\]\.draft_kinds\[0\]: no draft of kind 'ngram'"):
+        _spec(text)
+
+
 @pytest.mark.parametrize(
     ("pair", "message"),
     [
