@@ -3,13 +3,15 @@
 docs/reproduction.md is written from docs/reproduce-results.db (sweeps/reproduce.yaml): its
 claims are the output of ``python -m orchestrator report --sweep sweeps/reproduce.yaml``, pasted
 between ``<!-- report -->`` and ``<!-- /report -->`` without the report's title line, and its
-tables are query results. docs/lab/demo-before-protocol.md is the earlier reading of the demo
-sweeps' databases, docs/demo-results.db (sweeps/demo.yaml) and docs/kd-demo-results.db
-(sweeps/kd_demo.yaml). Each SQL block (```sql for the document's own database, ```sql KEY for
-another) is followed by the table of its result; the test runs every block through ``python -m
-orchestrator query --format csv`` on its database and compares cell by cell, and checks that
-each database holds exactly the trials its current sweep file plans (so a change to a sweep, or
-to what a trial measures, forces the documents to be regenerated).
+tables are query results. docs/lab/demo-sweeps.md quotes docs/demo-results.db (sweeps/demo.yaml)
+the same way, report and tables. docs/lab/demo-before-protocol.md is the earlier reading of the
+demo sweeps' databases, docs/lab/data/demo-before-protocol.db (the demo sweep of then, kept as
+docs/lab/data/demo-before-protocol.yaml) and docs/kd-demo-results.db (sweeps/kd_demo.yaml).
+Each SQL block (```sql for the document's own database, ```sql KEY for another) is followed by
+the table of its result; the test runs every block through ``python -m orchestrator query
+--format csv`` on its database and compares cell by cell, and checks that each database holds
+exactly the trials its current sweep file plans (so a change to a sweep, or to what a trial
+measures, forces the documents to be regenerated).
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ from orchestrator.sweep.spec import load_sweep
 DATABASES = {
     "reproduce": (REPO / "docs" / "reproduce-results.db", REPO / "sweeps" / "reproduce.yaml"),
     "demo": (REPO / "docs" / "demo-results.db", REPO / "sweeps" / "demo.yaml"),
+    "demo-before": (
+        REPO / "docs" / "lab" / "data" / "demo-before-protocol.db",
+        REPO / "docs" / "lab" / "data" / "demo-before-protocol.yaml",
+    ),
     "kd-demo": (REPO / "docs" / "kd-demo-results.db", REPO / "sweeps" / "kd_demo.yaml"),
 }
 #: Each document and the database its unlabelled ```sql blocks query.
 DOCUMENTS = {
     REPO / "docs" / "reproduction.md": "reproduce",
-    REPO / "docs" / "lab" / "demo-before-protocol.md": "demo",
+    REPO / "docs" / "lab" / "demo-sweeps.md": "demo",
+    REPO / "docs" / "lab" / "demo-before-protocol.md": "demo-before",
 }
 QUERY_BLOCK = re.compile(
     r"```sql(?: (?P<db>[a-z-]+))?\n(?P<sql>.*?)\n```\s*\n(?P<table>(?:\|[^\n]*\|\n)+)", re.S
@@ -90,10 +97,17 @@ def test_every_database_is_quoted() -> None:
     assert quoted == set(DATABASES)
 
 
-def test_the_claims_are_the_report_of_the_committed_database() -> None:
-    doc = next(doc for doc, key in DOCUMENTS.items() if key == "reproduce")
+REPORTED = [doc for doc in sorted(DOCUMENTS) if REPORT_BLOCK.search(doc.read_text("utf-8"))]
+
+
+def test_the_reproduction_and_the_demo_carry_a_report() -> None:
+    assert {DOCUMENTS[doc] for doc in REPORTED} == {"reproduce", "demo"}
+
+
+@pytest.mark.parametrize("doc", REPORTED, ids=lambda doc: doc.name)
+def test_the_claims_are_the_report_of_the_committed_database(doc: Path) -> None:
     (block,) = REPORT_BLOCK.findall(doc.read_text(encoding="utf-8"))
-    db, sweep = DATABASES["reproduce"]
+    db, sweep = DATABASES[DOCUMENTS[doc]]
     printed = cli_output("--db", f"sqlite:///{db}", "report", "--sweep", str(sweep))
     title, blank, *report = printed.splitlines(keepends=True)
     assert title.startswith("# Reproduction report: ") and blank == "\n"

@@ -273,17 +273,20 @@ def test_resources_per_pair() -> None:
 
 
 def test_demo_sweep_plan() -> None:
-    plan = plan_sweep(load_sweep(REPO / "sweeps" / "demo.yaml"))
+    spec = load_sweep(REPO / "sweeps" / "demo.yaml")
+    plan = plan_sweep(spec)
     counts = plan.counts()
-    # Greedy: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once, max_confidence and
-    # adaedl with 3 thresholds, svip with 4 = 16 settings x 3 caps. At 0.7: static and adaedl x
-    # 3 caps, five others at cap 16 = 11 (the SpecDec++ stand-in is greedy only). Per dataset,
-    # plus its greedy live check.
-    assert counts["policy_trials"] == 2 * (16 * 3 + 11 + 1)
+    # Greedy, per draft kind: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once,
+    # max_confidence and adaedl with 3 thresholds, svip with 4 = 16 settings x 4 caps, and
+    # ngram_match x 4 caps on the lookup; two live checks per kind. At 0.7: static K 1 / 2 and
+    # AdaEDL at 4 on the draft model only. Per dataset.
+    assert counts["policy_trials"] == 2 * ((16 * 4 + 2) + (17 * 4 + 2) + 3)
     assert counts["baselines"] == 2 * 2
     live = [t for t in plan.trials if t.mode == "live"]
-    assert len(live) == 2 * (2 + 1 + 11)  # AR x 2 temperatures, the check, the sampled trials
-    assert {t.setting.max_draft_len for t in live if t.setting.policy == "svip"} == {16}
+    assert len(live) == 2 * (2 + 2 * 2 + 3)  # AR x 2 temperatures, the checks, sampled trials
+    sampled = {(t.served.draft_kind, t.setting.policy) for t in live if t.sampling.temperature}
+    assert sampled == {("lm", "ar"), ("lm", "static"), ("lm", "adaedl")}
+    assert all(dataset.holdout is not None for dataset in spec.datasets)
     assert not [
         t for t in plan.trials if t.setting.policy == "specdecpp" and t.sampling.temperature > 0
     ]
@@ -562,7 +565,9 @@ def test_policy_draft_kind_restrictions_keep_a_policy_to_those_kinds() -> None:
 
 def test_a_draft_kind_restriction_names_a_kind_the_sweep_has() -> None:
     text = BASE.replace("  - name: oracle\n", "  - name: oracle\n    draft_kinds: [ngram]\n")
-    with pytest.raises(SweepError, match=r"policies\[3\]\.draft_kinds\[0\]: no draft of kind 'ngram'"):
+    with pytest.raises(
+        SweepError, match=r"policies\[3\]\.draft_kinds\[0\]: no draft of kind 'ngram'"
+    ):
         _spec(text)
 
 

@@ -19,7 +19,7 @@ from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import load_sweep, parse_sweep
 
-DEMO = REPO / "sweeps" / "demo.yaml"
+DEMO_BEFORE_PROTOCOL = REPO / "docs" / "lab" / "data" / "demo-before-protocol.yaml"
 
 
 def _row(**values: Any) -> StoredTrial:
@@ -178,8 +178,8 @@ def test_failed_rows_list_only_failures() -> None:
     assert list(failed) == list(report.FAILED_COLUMNS)
 
 
-def test_plan_group_rows_of_the_demo_sweep() -> None:
-    plan = plan_sweep(load_sweep(DEMO))
+def test_plan_group_rows_of_the_demo_sweep_before_the_protocol() -> None:
+    plan = plan_sweep(load_sweep(DEMO_BEFORE_PROTOCOL))
     groups = report.plan_group_rows(plan)
     by_key = {(g["dataset"], g["temperature"], g["policy"]): g for g in groups}
     # 2 datasets x 2 temperatures x (ar + 9 policies), minus the oracle and the SpecDec++
@@ -313,13 +313,14 @@ def test_render_table_headers_alignment_and_plain_text() -> None:
 
 
 def test_the_committed_demo_database_summarises_without_decode_figures() -> None:
-    """docs/demo-results.db predates prefill/decode timing: its summary shows no decode-only
-    figure, end-to-end ones, and best trials chosen and measured on the same 6 prompts."""
+    """docs/lab/data/demo-before-protocol.db predates prefill/decode timing: its summary shows
+    no decode-only figure, end-to-end ones, and best trials chosen and measured on the same 6
+    prompts."""
     from orchestrator.analysis.holdout import holdout_splits
     from orchestrator.store import open_store
 
-    spec = load_sweep(DEMO)
-    db = REPO / "docs" / "demo-results.db"
+    spec = load_sweep(DEMO_BEFORE_PROTOCOL)
+    db = REPO / "docs" / "lab" / "data" / "demo-before-protocol.db"
     with open_store(f"sqlite:///{db}", read_only=True) as store:
         rows = store.trials(spec.name)
         samples = store.trials_sample_speeds(row.trial_id for row in rows)

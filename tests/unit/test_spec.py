@@ -89,9 +89,11 @@ def test_demo_sweep_is_valid() -> None:
         "beta_ts",
         "cali_ts",
         "specdecpp",
+        "ngram_match",
         "oracle",
     }
-    assert spec.max_draft_lens == (3, 7, 16)
+    assert spec.max_draft_lens == (1, 2, 3, 4)
+    assert [d.kind for d in spec.pairs[0].draft_entries] == ["lm", "ngram"]
     assert [t.temperature for t in spec.temperatures] == [0.0, 0.7]
     assert {pair.target.model for pair in spec.pairs} == {"zoo:smol/target"}
     assert {d.name for d in spec.datasets} == {"humaneval", "builtin:math"}

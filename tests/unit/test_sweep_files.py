@@ -8,6 +8,7 @@ file without one must run on CPU (0 GPUs).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import yaml
 from support.paths import REPO
 
 from orchestrator.cli import main as cli_main
-from orchestrator.sweep.planner import Plan, Trial, plan_sweep
+from orchestrator.sweep.planner import KIND_FEATURES, REPLAYABLE_KINDS, Plan, Trial, plan_sweep
 from orchestrator.sweep.spec import SweepSpec, check_local_paths, load_sweep
 from policies import POLICIES
 
@@ -85,42 +86,60 @@ def raw_model(entry: Any) -> dict[str, Any]:
 DEFAULT_CHECKS = 4
 
 
+def raw_drafts(pair: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return a raw pair's drafts as mappings (``drafts``, else its one ``draft``)."""
+    return [raw_model(entry) for entry in pair.get("drafts") or [pair["draft"]]]
+
+
+def policy_count(policy: dict[str, Any], raw: dict[str, Any], kind: str, temperature: float):
+    """Return (run, skipped) trials of one raw policy entry on a draft of ``kind``, or None
+    where its ``draft_kinds`` or ``temperatures`` leave it out (not planned, not skipped)."""
+    if temperature not in policy.get("temperatures", [temperature]):
+        return None
+    if kind not in policy.get("draft_kinds", [kind]):
+        return None
+    trials = raw_grid_size(policy) * len(set(policy.get("max_draft_lens", raw["max_draft_lens"])))
+    policy_class = POLICIES[policy["name"]]
+    features = policy_class.features if isinstance(policy_class.features, frozenset) else set()
+    foreign = any(f in features and KIND_FEATURES[f] != kind for f in KIND_FEATURES)
+    skipped = (policy_class.greedy_only and temperature > 0) or foreign
+    return (0, trials) if skipped else (trials, 0)
+
+
 def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     """Return baselines, policy trials and skipped trials by the grid formula, from raw YAML.
 
-    policy trials = Σ over pairs of datasets x seeds x Σ over temperatures of the settings x max
-    draft lens of the policies run on that pair at that temperature (a policy's ``pairs`` and
-    ``temperatures`` lists restrict it, its ``max_draft_lens`` replace the sweep's; greedy-only
-    policies only at temperature 0), plus in ``mode: replay`` the live check trials per baseline
-    (``mode: mixed``: per greedy baseline): one per ``live_check`` entry, four when it is left
-    out; one AR baseline per (pair, dataset, temperature, seed).
+    policy trials = Σ over pairs and their drafts of datasets x seeds x Σ over temperatures of
+    the settings x max draft lens of the policies run on that draft at that temperature (a
+    policy's ``pairs``, ``draft_kinds`` and ``temperatures`` lists restrict it, its
+    ``max_draft_lens`` replace the sweep's; greedy-only policies only at temperature 0, a policy
+    reading a feature of another kind skipped), plus in ``mode: replay`` the live check trials
+    per baseline and replayable draft (``mode: mixed``: per greedy one): one per ``live_check``
+    entry, four when it is left out. One AR baseline per (worker pair, dataset, temperature,
+    seed): a pair's first draft and its lookups share one, each further draft model has its own.
     """
     cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
-    run = skipped = 0
-    for pair in raw["pairs"]:
-        for entry in raw["temperatures"]:
-            for policy in raw["policies"]:
-                if pair["name"] not in policy.get("pairs", [pair["name"]]):
-                    continue
-                temperature = raw_temperature(entry)
-                if temperature not in policy.get("temperatures", [temperature]):
-                    continue
-                lengths = len(set(policy.get("max_draft_lens", raw["max_draft_lens"])))
-                greedy_only = POLICIES[policy["name"]].greedy_only
-                if greedy_only and temperature > 0:
-                    skipped += raw_grid_size(policy) * lengths
-                else:
-                    run += raw_grid_size(policy) * lengths
-    baselines = cells * len(raw["pairs"]) * len(raw["temperatures"])
-    greedy = sum(raw_temperature(entry) == 0 for entry in raw["temperatures"])
+    temperatures = [raw_temperature(entry) for entry in raw["temperatures"]]
     mode = raw.get("execution", {}).get("mode")
     named = raw.get("execution", {}).get("live_check")
     per_group = len(named) if isinstance(named, list) else 1 if named else DEFAULT_CHECKS
-    groups = {"replay": baselines, "mixed": cells * len(raw["pairs"]) * greedy}.get(mode, 0)
-    live_checks = groups * per_group
+    run = skipped = worker_pairs = checks = 0
+    for pair in raw["pairs"]:
+        drafts = raw_drafts(pair)
+        worker_pairs += 1 + sum(d.get("kind", "lm") != "ngram" for d in drafts[1:])
+        for draft, temperature in itertools.product(drafts, temperatures):
+            kind = draft.get("kind", "lm")
+            if kind in REPLAYABLE_KINDS and mode in ("replay", "mixed"):
+                checks += per_group * (mode == "replay" or temperature == 0)
+            for policy in raw["policies"]:
+                if pair["name"] not in policy.get("pairs", [pair["name"]]):
+                    continue
+                counted = policy_count(policy, raw, kind, temperature)
+                if counted is not None:
+                    run, skipped = run + counted[0], skipped + counted[1]
     return {
-        "baselines": baselines,
-        "policy_trials": cells * run + live_checks,
+        "baselines": cells * worker_pairs * len(temperatures),
+        "policy_trials": cells * (run + checks),
         "skipped": cells * skipped,
     }
 
@@ -171,14 +190,15 @@ def test_trials_depend_on_the_jobs_they_name(path: Path) -> None:
     sweep = planned(path)
     job_ids = {job.name: job.job_id for job in sweep.plan.jobs}
     assert set(job_ids) == {job["name"] for job in sweep.raw.get("training_jobs", [])}
-    draft_job = {p["name"]: raw_model(p["draft"]).get("job") for p in sweep.raw["pairs"]}
+    draft_job = {p["name"]: raw_drafts(p)[0].get("job") for p in sweep.raw["pairs"]}
     policy_jobs: dict[str, set[str | None]] = {}
     for policy in sweep.raw["policies"]:
         policy_jobs.setdefault(policy["name"], set()).add(policy.get("job"))
     for trial in sweep.plan.trials:
         needed = [draft_job[trial.pair]]
         assert trial.served.draft_job == draft_job[trial.pair]
-        assert (trial.served.draft is None) == (draft_job[trial.pair] is not None)
+        lookup = trial.served.draft_kind == "ngram"
+        assert (trial.served.draft is None) == (lookup or draft_job[trial.pair] is not None)
         if not trial.is_baseline:
             assert trial.setting.job in policy_jobs[trial.setting.policy]
             needed.append(trial.setting.job)
@@ -196,7 +216,7 @@ def test_pairs_fit_the_declared_hardware(path: Path) -> None:
     resources = {r.pair: r for r in sweep.plan.resources()}
     demands = []
     for pair in sweep.raw["pairs"]:
-        target, draft = raw_model(pair["target"]), raw_model(pair["draft"])
+        target, draft = raw_model(pair["target"]), raw_drafts(pair)[0]
         ranks = target.get("tp_size", 1)
         demand = ranks * target.get("gpus", 0.0) + draft.get("gpus", 0.0)
         planned_pair = resources[pair["name"]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import textwrap
+from pathlib import Path
 
 import pytest
 from support.paths import REPO
@@ -60,10 +61,21 @@ seeds: [0, 3]
 execution: {mode: mixed, live_check: {policy: static}}
 """
 
+#: Pinned sweep files kept outside sweeps/ (the demo as it ran before the protocol).
+SWEEP_PATHS = {
+    "demo-before-protocol": REPO / "docs" / "lab" / "data" / "demo-before-protocol.yaml",
+}
+
+
+def sweep_path(name: str) -> Path:
+    """Return the file of the pinned sweep ``name``: sweeps/NAME.yaml unless kept elsewhere."""
+    return SWEEP_PATHS.get(name, REPO / "sweeps" / f"{name}.yaml")
+
+
 #: (sweep file, trials, digest, first two trial ids, first trace key, first job id).
 PINNED = [
-    ("demo", 124, "a79422eb70d2b54fddd69847", ["4a8b6303403250ec", "c3a7ffcea7c65e52"],
-     "db10de8c5a796ed4", None),
+    ("demo-before-protocol", 124, "a79422eb70d2b54fddd69847",
+     ["4a8b6303403250ec", "c3a7ffcea7c65e52"], "db10de8c5a796ed4", None),
     ("kd_demo", 88, "704c0c622b71175e996ce191", ["eadd9187a0695216", "94029467f9f4017f"],
      "7f605e5bb446799d", "c59bc8680ff01221"),
     ("replay_demo", 436, "0612ad66c1b7f9500f7f8623", ["2ac39381fb1dd629", "ecfb8c0bc35edea9"],
@@ -112,11 +124,7 @@ def _values_before_draft_kinds(trial: Trial) -> dict[str, object]:
 def test_ids_keys_and_columns_are_unchanged(
     sweep: str | None, n: int, digest: str, first: list[str], trace: str | None, job: str | None
 ) -> None:
-    spec = (
-        load_sweep(REPO / "sweeps" / f"{sweep}.yaml")
-        if sweep
-        else parse_sweep(textwrap.dedent(VARIED))
-    )
+    spec = load_sweep(sweep_path(sweep)) if sweep else parse_sweep(textwrap.dedent(VARIED))
     plan = plan_sweep(spec)
     groups = replay_groups(plan)
     assert len(plan.trials) == n
@@ -126,15 +134,23 @@ def test_ids_keys_and_columns_are_unchanged(
     assert _digest(plan) == digest
 
 
-@pytest.mark.parametrize("name", ["demo-results", "kd-demo-results"])
-def test_the_committed_databases_are_replanned_id_for_id(name: str) -> None:
-    with sqlite3.connect(REPO / "docs" / f"{name}.db") as db:
+@pytest.mark.parametrize(
+    ("database", "sweep_file"),
+    [
+        ("docs/demo-results.db", "sweeps/demo.yaml"),
+        ("docs/lab/data/demo-before-protocol.db", "docs/lab/data/demo-before-protocol.yaml"),
+        ("docs/kd-demo-results.db", "sweeps/kd_demo.yaml"),
+    ],
+)
+def test_the_committed_databases_are_replanned_id_for_id(database: str, sweep_file: str) -> None:
+    with sqlite3.connect(REPO / database) as db:
         (sweep,) = db.execute("SELECT name FROM sweeps").fetchone()
         trials = {row[0] for row in db.execute("SELECT trial_id FROM trials")}
         fits = {row[0] for row in db.execute("SELECT group_key FROM cost_fits")}
         traces = {row[0] for row in db.execute("SELECT trace_key FROM traces")}
         jobs = {row[0] for row in db.execute("SELECT job_id FROM training_jobs")}
-    plan = plan_sweep(load_sweep(REPO / "sweeps" / f"{sweep}.yaml"))
+    plan = plan_sweep(load_sweep(REPO / sweep_file))
+    assert sweep == plan.sweep
     assert trials and trials == {t.trial_id for t in plan.trials}
     assert fits and fits <= {fit_group_key(t) for t in plan.trials}
     assert traces and traces <= {group.trace_key for group in replay_groups(plan)}
