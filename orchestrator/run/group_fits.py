@@ -128,11 +128,13 @@ def fit_note(trials: Sequence[Trial], group: GroupFit) -> str:
     sizes = ", ".join(f"{size}: {cost * 1e3:.1f}" for size, cost in steps.verify_table)
     error = group.out_of_sample_error
     held = f"{error:.1%}" if error is not None else "not measured (no check can be held out)"
+    ar_step = "" if steps.t_target_step is None else f", AR step {steps.t_target_step * 1e3:.1f}"
     return (
         f"cost fit {pool_label(trials)}: draft step {steps.t_draft * 1e3:.3f} ms "
         f"(+{steps.t_feature * 1e3:.3f} with features, +{steps.t_ask * 1e3:.3f} per decision), "
-        f"verify ms by block size {{{sizes}}} + {steps.verify_per_context * 1e6:.2f} µs per "
-        f"token of context, R² draft {steps.r2_draft:.3f} verify {steps.r2_verify:.3f} over "
+        f"verify ms by block size {{{sizes}}}{ar_step} + "
+        f"{steps.verify_per_context * 1e6:.2f} µs per token of context, R² draft "
+        f"{steps.r2_draft:.3f} verify {steps.r2_verify:.3f} over "
         f"{steps.n_rounds} rounds of {group.n_trials} trials; out-of-sample error {held}"
     )
 

@@ -147,3 +147,28 @@ def test_feature_and_decision_costs_are_charged_to_the_policies_that_ask() -> No
 
 def test_a_policy_its_stored_parameters_no_longer_build_is_charged_a_decision() -> None:
     assert policy_demands("svip", 4, {"retired_knob": 1}) == StepDemands(asks=True)
+
+
+def _target_steps(n: int, seconds: float) -> list[RoundObservation]:
+    """Return ``n`` AR baseline steps of ``seconds`` each (no draft forward, context 100)."""
+    return [RoundObservation(0, 0, 100, StepDemands(), 0.0, seconds, True) for _ in range(n)]
+
+
+def test_the_ar_baselines_steps_are_a_class_apart_from_speculative_size_0_rounds() -> None:
+    """An AR step runs inside the target worker; a speculative round that keeps no candidate
+    pays its own call: the fit keeps both costs, and projects each round by its own."""
+    rounds, samples = _synthetic(np.random.default_rng(2), noise=0.0)
+    fit = fit_step_costs([*rounds, *_target_steps(200, 0.030)], samples)
+    assert dict(fit.verify_table)[0] == pytest.approx(VERIFY[0])
+    assert fit.t_target_step == pytest.approx(0.030 - VERIFY_PER_CONTEXT * 100)
+    assert fit.verify_seconds(0, 100, target_only=True) == pytest.approx(0.030)
+    assert fit.verify_seconds(0, 100) == pytest.approx(VERIFY[0] + VERIFY_PER_CONTEXT * 100)
+
+
+def test_the_ar_step_stands_in_for_size_0_only_where_no_speculative_round_kept_none() -> None:
+    rounds, samples = _synthetic(np.random.default_rng(3), noise=0.0)
+    speculative = [r for r in rounds if r.drafted > 0]
+    fit = fit_step_costs([*speculative, *_target_steps(50, 0.030)], samples)
+    assert dict(fit.verify_table)[0] == pytest.approx(fit.t_target_step)
+    alone = fit_step_costs(speculative, samples)
+    assert alone.t_target_step is None and 0 not in dict(alone.verify_table)

@@ -6,11 +6,17 @@ probability (a softmax and a host read per step), plus t_ask when the policy dec
 candidate (a host synchronisation per step; static and the HF heuristic keep every candidate),
 plus draft_per_context per token of context. A round's verify seconds are the measured cost of
 verifying a block of its size (a table over the sizes seen, with no slope across sizes) plus
-verify_per_context per token of context. A round's context is the prompt plus every token
-generated before it. A sample's time outside its rounds (prefill, bookkeeping) is a fitted
-intercept plus a slope per prompt token. A lookup draft (n-gram prompt lookup) runs no draft
-forward: its draft terms are 0 and each of its rounds costs the mean measured seconds of a
-lookup round instead, t_lookup (microseconds: a dictionary lookup).
+verify_per_context per token of context. The target-only AR baseline's one-token steps are a
+class of their own (t_target_step): its token loop runs inside the target worker, one call per
+request (``workers.engine.autoregressive_generate``), without the per-round call a speculative
+round pays even when it keeps no candidate, so pooling them with speculative rounds of size 0
+priced those rounds too cheaply (measured: the demo's AdaEDL checks, whose rounds are mostly of
+size 0, were projected 3-6% too fast). They stand in for size 0 only where no speculative round
+of size 0 was measured. A round's context is the prompt plus every token generated before it. A
+sample's time outside its rounds (prefill, bookkeeping) is a fitted intercept plus a slope per
+prompt token. A lookup draft (n-gram prompt lookup) runs no draft forward: its draft terms are 0
+and each of its rounds costs the mean measured seconds of a lookup round instead, t_lookup
+(microseconds: a dictionary lookup).
 
 Sizes missing from the table: a size between two measured ones takes the linear interpolation
 of its two neighbours; a size beyond the largest (or below the smallest) measured size takes
@@ -49,6 +55,7 @@ class RoundObservation:
     demands: StepDemands
     draft_seconds: float
     verify_seconds: float
+    target_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,10 @@ class SampleObservation:
 class StepCostFit:
     """The fitted per-step cost model (see the module docstring).
 
-    ``verify_table`` maps each measured block size to its verify seconds at context 0;
-    ``unidentified`` names the terms no observation could determine (fixed at 0).
+    ``verify_table`` maps each measured block size of a speculative round to its verify
+    seconds at context 0; ``t_target_step`` is the AR baseline's one-token step at context 0
+    (None: no AR round measured); ``unidentified`` names the terms no observation could
+    determine (fixed at 0).
     """
 
     t_draft: float
@@ -81,6 +90,7 @@ class StepCostFit:
     n_samples: int
     unidentified: tuple[str, ...] = ()
     t_lookup: float = 0.0
+    t_target_step: float | None = None
 
     def step_seconds(self, context: float, demands: StepDemands) -> float:
         """Return the seconds of one draft forward at ``context`` for a policy's demands."""
@@ -104,8 +114,10 @@ class StepCostFit:
         costs = [cost for _, cost in self.verify_table]
         return float(np.interp(drafted, sizes, costs))
 
-    def verify_seconds(self, drafted: int, context: float) -> float:
-        """Return a round's predicted verify seconds."""
+    def verify_seconds(self, drafted: int, context: float, target_only: bool = False) -> float:
+        """Return a round's predicted verify seconds (``target_only``: an AR baseline's step)."""
+        if target_only and self.t_target_step is not None:
+            return self.t_target_step + self.verify_per_context * context
         return self.block_seconds(drafted) + self.verify_per_context * context
 
     def sample_overhead(self, prompt_len: int) -> float:
@@ -121,8 +133,9 @@ def fit_step_costs(
     """Return the least-squares :class:`StepCostFit` of measured rounds and samples.
 
     Three separate fits: draft seconds on (forwards, forwards·features, forwards·asks,
-    forwards·context), verify seconds on one indicator per block size with at least
-    :data:`MIN_ROUNDS_PER_SIZE` rounds plus context, outside seconds on (1, prompt length).
+    forwards·context), verify seconds on one indicator per speculative block size with at
+    least :data:`MIN_ROUNDS_PER_SIZE` rounds, one for the AR baseline's steps and context,
+    outside seconds on (1, prompt length).
     A term whose column is zero in every observation, or that equals another's, is
     unidentified and fixed at 0. ``lookup_rounds`` are the rounds of a lookup draft's trials:
     t_lookup is their mean draft seconds. Raises CostModelError without a draft forward (or a
@@ -133,23 +146,24 @@ def fit_step_costs(
     if not samples:
         raise CostModelError("no sample: the per-sample overhead is not determined")
     draft, unknown_draft, r2_draft = _fit_draft(rounds)
-    table, verify_per_context, r2_verify = _fit_verify(rounds)
+    verify = _fit_verify(rounds)
     overhead, per_token, unknown_overhead = _fit_overhead(samples)
     return StepCostFit(
         t_draft=draft[0],
         t_feature=draft[1],
         t_ask=draft[2],
         draft_per_context=draft[3],
-        verify_table=table,
-        verify_per_context=verify_per_context,
+        verify_table=verify.table,
+        verify_per_context=verify.per_context,
         overhead=overhead,
         overhead_per_prompt_token=per_token,
         r2_draft=r2_draft,
-        r2_verify=r2_verify,
+        r2_verify=verify.r2,
         n_rounds=len(rounds),
         n_samples=len(samples),
         unidentified=unknown_draft + unknown_overhead,
         t_lookup=float(np.mean([r.draft_seconds for r in lookup_rounds])) if lookup_rounds else 0.0,
+        t_target_step=verify.target_step,
     )
 
 
@@ -174,27 +188,53 @@ def _fit_draft(rounds: Sequence[RoundObservation]) -> tuple[list[float], tuple[s
     return [float(c) for c in coefficients], unknown, r_squared(measured, residuals)
 
 
-def _fit_verify(
-    rounds: Sequence[RoundObservation],
-) -> tuple[tuple[tuple[int, float], ...], float, float]:
-    """Return the verify table (size, seconds at context 0), the context slope and R²."""
-    counts = Counter(r.drafted for r in rounds)
-    sizes = sorted(size for size, n in counts.items() if n >= MIN_ROUNDS_PER_SIZE)
-    if not sizes:
+@dataclass(frozen=True)
+class _VerifyFit:
+    """The verify fit: speculative block sizes' seconds at context 0, the context slope, the
+    AR baseline's step (None: unmeasured), R²."""
+
+    table: tuple[tuple[int, float], ...]
+    per_context: float
+    target_step: float | None
+    r2: float
+
+
+#: The verify fit's class of the AR baseline's one-token steps (apart from the block sizes).
+_TARGET_STEP = "target-only step"
+
+
+def _verify_class(r: RoundObservation) -> int | str:
+    """Return the verify class of a round: its block size, or the AR baseline's step."""
+    return _TARGET_STEP if r.target_only else r.drafted
+
+
+def _fit_verify(rounds: Sequence[RoundObservation]) -> _VerifyFit:
+    """Return the verify fit: one indicator per class with at least MIN_ROUNDS_PER_SIZE
+    rounds (each speculative block size, the AR baseline's steps) plus context. Without a
+    speculative round of size 0, the AR step stands in for size 0 in the table."""
+    counts = Counter(_verify_class(r) for r in rounds)
+    sizes = sorted(c for c, n in counts.items() if isinstance(c, int) and n >= MIN_ROUNDS_PER_SIZE)
+    steps = [_TARGET_STEP] if counts[_TARGET_STEP] >= MIN_ROUNDS_PER_SIZE else []
+    classes: list[int | str] = [*sizes, *steps]
+    if not classes:
         raise CostModelError(
             f"no block size has {MIN_ROUNDS_PER_SIZE} rounds: the verify cost is not determined"
         )
-    used = [r for r in rounds if r.drafted in sizes]
-    index = {size: i for i, size in enumerate(sizes)}
-    design = np.zeros((len(used), len(sizes) + 1))
+    used = [r for r in rounds if _verify_class(r) in classes]
+    index = {c: i for i, c in enumerate(classes)}
+    design = np.zeros((len(used), len(classes) + 1))
     for row, r in enumerate(used):
-        design[row, index[r.drafted]] = 1.0
+        design[row, index[_verify_class(r)]] = 1.0
         design[row, -1] = r.context
     measured = np.array([r.verify_seconds for r in used], dtype=float)
     coefficients, _ = _solve(design, measured)
     residuals = measured - design @ coefficients
-    table = tuple((size, float(coefficients[index[size]])) for size in sizes)
-    return table, float(coefficients[-1]), r_squared(measured, residuals)
+    cost = {c: float(coefficients[i]) for c, i in index.items()}
+    target_step = cost.pop(_TARGET_STEP, None)
+    if 0 not in cost and target_step is not None:
+        cost[0] = target_step
+    table = tuple(sorted((int(size), seconds) for size, seconds in cost.items()))
+    return _VerifyFit(table, float(coefficients[-1]), target_step, r_squared(measured, residuals))
 
 
 def _fit_overhead(samples: Sequence[SampleObservation]) -> tuple[float, float, tuple[str, ...]]:

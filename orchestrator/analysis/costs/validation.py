@@ -119,6 +119,7 @@ def live_trial(
                     demands,
                     row.draft_seconds,
                     row.verify_seconds,
+                    target_only=trial.is_baseline,
                 )
             )
         round_seconds = sum(r.draft_seconds + r.verify_seconds for r in own)
@@ -152,7 +153,7 @@ def projected_seconds(fit: StepCostFit, trial: LiveTrial) -> float:
     """Return ``trial``'s seconds as ``fit`` projects them from its rounds and samples."""
     rounds = sum(
         fit.draft_seconds(r.draft_forwards, r.context, r.demands)
-        + fit.verify_seconds(r.drafted, r.context)
+        + fit.verify_seconds(r.drafted, r.context, r.target_only)
         for r in trial.rounds
     )
     return rounds + sum(fit.sample_overhead(s.prompt_len) for s in trial.samples)
