@@ -393,5 +393,7 @@ def test_a_paired_ratios_model_error_is_named_in_cells_and_compares_note() -> No
         a, b, Comparison(36, interval, "not distinguishable", 1, 1.0, error), 36, 36
     )
     assert any("±2.9% (two replayed sides of one cost fit" in line for line in lines)
-    plain = report.comparison_lines(a, b, Comparison(36, interval, "not distinguishable"), 36, 36)
+    plain = report.comparison_lines(
+        a, b, Comparison(36, interval, "not distinguishable", 1, 1.0), 36, 36
+    )
     assert not any("cost model" in line for line in plain)
