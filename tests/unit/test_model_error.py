@@ -4,14 +4,18 @@
 A replayed side against a live side is widened by its fit's out-of-sample error e; two replayed
 sides of one fit by the error of a ratio of two projections, measured on the fit's live checks
 of the same prompts; two fits by both. The ratio stays, the interval and the p-value widen
-together, and a verdict only the ignored error made comes out "not distinguishable".
+together, and a verdict only the ignored error made comes out "not distinguishable". A replayed
+trial's fit is found among the stored ones by its group and the error it stored
+(``store.fit_errors``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
+from support.store_records import stored_trial
 
 from orchestrator.analysis.metrics import (
     CheckError,
@@ -23,6 +27,8 @@ from orchestrator.analysis.metrics import (
 )
 from orchestrator.analysis.pairing import SampleSpeed, compare_family, paired_ratio
 from orchestrator.analysis.stats import Interval, band_p_value, paired_speed_ratio
+from orchestrator.store.fit_errors import fit_of, side_fit
+from orchestrator.store.records import StoredCostFit
 
 E = 0.0347
 #: The committed reproduction's fit: two live checks on each of two datasets' prompts.
@@ -155,3 +161,49 @@ def test_band_p_value_is_one_inside_the_band_and_none_without_a_p_value() -> Non
     assert band_p_value(inside, 0.03) == 1.0
     assert band_p_value(Interval(1.02, 1.0, 1.04, 10), 0.03) is None
     assert band_p_value(inside, 1.5) == 1.0
+
+
+def _fit(id_: int, error: float | None, **values: object) -> StoredCostFit:
+    """A stored cost fit of group (demo, humaneval, 8 prompts, 48 tokens, greedy)."""
+    empty = dict.fromkeys(field.name for field in dataclasses.fields(StoredCostFit))
+    group = {"pair": "demo", "dataset": "humaneval", "split": None, "samples": 8}
+    return StoredCostFit(
+        **{
+            **empty,
+            **group,
+            "id": id_,
+            "sweep": "s",
+            "group_key": f"g{id_}",
+            "max_new_tokens": 48,
+            "temperature": 0.0,
+            "out_of_sample_error": error,
+            "checks": [{"trial_id": "c1", "error": -0.03}, {"trial_id": "c2", "error": 0.02}],
+            **values,
+        }
+    )
+
+
+def test_a_replayed_trials_fit_is_its_groups_with_the_error_it_stored() -> None:
+    columns = {"pair": "demo", "dataset": "humaneval", "split": None, "samples": 8}
+    row = stored_trial(
+        trial_id="r",
+        mode="replay",
+        max_new_tokens=48,
+        temperature=0.0,
+        **columns,
+        metrics={"cost_model_error": 0.025},
+    )
+    fits = [_fit(3, 0.025), _fit(2, 0.025), _fit(1, 0.04), _fit(4, 0.025, dataset="math")]
+    assert fit_of(row, fits).id == 2  # the oldest of its group with its error
+    checks = {
+        "c1": stored_trial(trial_id="c1", baseline_id="ar"),
+        "c2": stored_trial(trial_id="c2", baseline_id="ar"),
+    }
+    side = side_fit(row, fit_of(row, fits), checks)
+    assert side == FitError("s/g2", 0.025, (CheckError("ar", -0.03), CheckError("ar", 0.02)))
+    assert same_fit_ratio_error(side).error == pytest.approx(1.02 / 0.97 - 1)
+    # no stored fit matches: a fit of its own, its stored e, no checks
+    assert fit_of(row, [_fit(1, 0.04)]) is None
+    assert side_fit(row, None, checks) == FitError("trial r", 0.025)
+    # a check whose row is not stored is left out
+    assert side_fit(row, fits[1], {"c1": checks["c1"]}).checks == (CheckError("ar", -0.03),)
