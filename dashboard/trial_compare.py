@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from dashboard.data import reader
+from orchestrator.analysis.metrics import paired_model_error
 from orchestrator.analysis.pairing import Comparison, decode_speeds, paired_ratio
 from orchestrator.analysis.report import PROVENANCE_FIELDS
 
@@ -18,15 +19,17 @@ from orchestrator.analysis.report import PROVENANCE_FIELDS
 def compare_trials(url: str, trial_a: str, trial_b: str) -> dict[str, Comparison]:
     """Return A's tokens/s over B's on their shared prompts (interval None: not comparable)
     by measure: ``decode-only`` first where both trials stored decode seconds, then
-    ``end-to-end``."""
+    ``end-to-end``; with a replayed side widened by its cost model's error, as ``compare``."""
     with reader(url) as store:
         samples_a = store.sample_speeds(trial_a)
         samples_b = store.sample_speeds(trial_b)
+        fits = store.side_fits(store.trial_rows([trial_a, trial_b]))
+    error = paired_model_error(fits.get(trial_a), fits.get(trial_b))
     decode_a, decode_b = decode_speeds(samples_a), decode_speeds(samples_b)
     compared = {}
     if decode_a is not None and decode_b is not None:
-        compared["decode-only"] = paired_ratio(decode_a, decode_b)
-    compared["end-to-end"] = paired_ratio(samples_a, samples_b)
+        compared["decode-only"] = paired_ratio(decode_a, decode_b, error)
+    compared["end-to-end"] = paired_ratio(samples_a, samples_b, error)
     return compared
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import data, trial_compare
+from orchestrator.analysis.report import model_error_note
 from orchestrator.analysis.stats import too_few_prompts
 
 context: data.DashboardContext = st.session_state[data.CONTEXT_KEY]
@@ -15,7 +16,8 @@ st.caption(
     "A's tokens/s over B's on the prompts both measured, decode-only (prefill left out) first "
     "where both trials stored it, then end-to-end; the interval is a t interval on the log "
     "ratio with the jackknife standard error over those prompts, each left out of both trials "
-    "at once (paired), as in `python -m orchestrator compare A B`."
+    "at once (paired), as in `python -m orchestrator compare A B`; with a replayed side it "
+    "includes the cost model's measured error."
 )
 if len(labels) < 2:
     st.info("Fewer than two finished trials in this selection.")
@@ -52,3 +54,5 @@ for measure, compared in by_measure.items():
         else "not distinguishable",
     )
 st.caption(f"Over {compared.n_prompts} shared prompts (n = {compared.ratio.n}).")
+for note in model_error_note(compared.model_error):
+    st.caption(note.removeprefix("note: "))

@@ -23,9 +23,9 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
-from orchestrator.analysis.stats import Interval, ratio_interval
+from orchestrator.analysis.stats import Interval, band_p_value, ratio_interval
 from workers.records import GenerationResult
 
 
@@ -186,7 +186,9 @@ def all_or_none(values: Sequence[float | None]) -> list[float] | None:
 def widen(interval: Interval | None, error: float | None) -> Interval | None:
     """Return ``interval`` widened by the cost model's out-of-sample ``error`` e.
 
-    The bounds become low·(1 − e) and high·(1 + e), the estimate stays.
+    The bounds become low·(1 − e) and high·(1 + e), the estimate stays; a paired ratio's
+    p-value becomes the one of the widened interval (``stats.band_p_value``), so it still
+    falls below 1 − confidence exactly when the interval excludes 1.
 
     A replayed trial's speed carries the sampling spread over its prompts and the cost model's
     own error, which the prompts' spread does not show; None or 0 leaves it as is.
@@ -194,8 +196,89 @@ def widen(interval: Interval | None, error: float | None) -> Interval | None:
     if interval is None or not error:
         return interval
     return replace(
-        interval, low=interval.low * (1 - abs(error)), high=interval.high * (1 + abs(error))
+        interval,
+        low=interval.low * (1 - abs(error)),
+        high=interval.high * (1 + abs(error)),
+        p_value=band_p_value(interval, error),
     )
+
+
+@dataclass(frozen=True)
+class CheckError:
+    """One live check of a cost fit: the prompts it ran (its AR baseline's id: same prompts,
+    same sampling) and its out-of-sample error (measured / projected seconds − 1)."""
+
+    prompts: str
+    error: float
+
+
+@dataclass(frozen=True)
+class FitError:
+    """The cost fit a replayed side was projected by: ``fit`` names it (two sides with the same
+    name share it), ``error`` is its out-of-sample error e (None: not measured), ``checks`` its
+    live checks' own errors (empty when they are not known)."""
+
+    fit: str
+    error: float | None
+    checks: tuple[CheckError, ...] = ()
+
+
+#: Why a paired ratio carries the model error it does (:func:`paired_model_error`).
+ModelErrorSource = Literal["one side replayed", "one fit", "one fit, its e", "two fits"]
+
+
+@dataclass(frozen=True)
+class ModelError:
+    """The cost-model error a paired ratio is widened by (``error``; None: not measured) and
+    where it comes from (``source``)."""
+
+    error: float | None
+    source: ModelErrorSource
+
+
+def same_fit_ratio_error(fit: FitError) -> ModelError:
+    """Return the error of a ratio of two trials both projected by ``fit``, on the same prompts.
+
+    A ratio of two projections of one fit carries only the part of the fit's error that
+    differs between the two trials: what the fit gets wrong for both on those prompts (the
+    dataset's context terms, the machine's speed that day) cancels. Two live checks of the fit
+    that ran the same prompts measure exactly that: their projected tokens/s ratio over their
+    live one is (1 + e_i) / (1 + e_j), e = measured / projected seconds − 1 (each check
+    projected by the fit without it). The error is that ratio's distance from 1 (the larger of
+    it and its inverse, so the order does not matter), averaged over every such pair of checks
+    of the fit: a mean absolute error, as the fit's e is. With no two checks on the same
+    prompts the ratio's error is not measured and the fit's e, the error of one projection,
+    stands in for it.
+    """
+    by_prompts: dict[str, list[float]] = {}
+    for check in fit.checks:
+        by_prompts.setdefault(check.prompts, []).append(check.error)
+    gaps = [
+        math.exp(abs(math.log1p(x) - math.log1p(y))) - 1
+        for errors in by_prompts.values()
+        for i, x in enumerate(errors)
+        for y in errors[i + 1 :]
+    ]
+    if not gaps:
+        return ModelError(fit.error, "one fit, its e")
+    return ModelError(sum(gaps) / len(gaps), "one fit")
+
+
+def paired_model_error(a: FitError | None, b: FitError | None) -> ModelError | None:
+    """Return the cost-model error a paired ratio A / B carries (None: both sides live).
+
+    A replayed side against a live one carries its fit's e (as a replayed trial's speedup over
+    its live AR baseline does); two sides of one fit the error of a ratio of two projections
+    (:func:`same_fit_ratio_error`); two sides of different fits both fits' e added, a bound on
+    the mean absolute error of the difference of two errors.
+    """
+    if a is None or b is None:
+        side = a if b is None else b
+        return None if side is None else ModelError(side.error, "one side replayed")
+    if a.fit == b.fit:
+        return same_fit_ratio_error(a)
+    known = [e for e in (a.error, b.error) if e is not None]
+    return ModelError(sum(abs(e) for e in known) if known else None, "two fits")
 
 
 def trial_intervals(

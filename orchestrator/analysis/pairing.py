@@ -6,6 +6,8 @@ prompts only one trial holds are left out. Repeats of a prompt (``execution.repe
 with the same ``prompt_id``) pair repeat by repeat and are then summed within the prompt, so the
 interval's unit stays the prompt (a prompt that occurs twice in a slice counts once). Several
 comparisons made together (:func:`compare_family`) control the family-wise error with Holm's method.
+A ratio with a replayed side is widened by the cost model's error it carries
+(``metrics.paired_model_error``): its interval and its p-value, the estimate unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from orchestrator.analysis.metrics import ratio
+from orchestrator.analysis.metrics import ModelError, ratio, widen
 from orchestrator.analysis.stats import (
     CONFIDENCE,
     Interval,
@@ -49,7 +51,8 @@ class Comparison:
 
     In a family of ``family_size`` comparisons made together, ``ratio`` is at the family's
     per-interval level (Bonferroni, 1 − α/m: the intervals hold simultaneously) and the verdict
-    comes from ``adjusted_p``, Holm's adjustment of ``ratio.p_value`` over the family.
+    comes from ``adjusted_p``, Holm's adjustment of ``ratio.p_value`` over the family. With a
+    replayed side, ``model_error`` is the cost-model error ``ratio`` and its p-value include.
     """
 
     n_prompts: int
@@ -57,6 +60,7 @@ class Comparison:
     verdict: Verdict | None
     family_size: int = 1
     adjusted_p: float | None = None
+    model_error: ModelError | None = None
 
 
 def decode_speeds(samples: Sequence[SampleSpeed]) -> list[SampleSpeed] | None:
@@ -98,39 +102,55 @@ def sample_speedups(
 
 
 def _paired_interval(
-    a: Sequence[SampleSpeed], b: Sequence[SampleSpeed], confidence: float
+    a: Sequence[SampleSpeed],
+    b: Sequence[SampleSpeed],
+    confidence: float,
+    model_error: ModelError | None = None,
 ) -> tuple[int, Interval | None]:
-    """Return the number of shared prompts and A's tokens/s over B's interval on them."""
+    """Return the number of shared prompts and A's tokens/s over B's interval on them, widened
+    by ``model_error`` (``metrics.widen``)."""
     sums: dict[str, list[float]] = {}
     for x, y in pair_samples(a, b):
         total = sums.setdefault(x.prompt_id, [0.0, 0.0, 0.0, 0.0])
         for position, value in enumerate((x.tokens, x.seconds, y.tokens, y.seconds)):
             total[position] += value
     columns = [[total[position] for total in sums.values()] for position in range(4)]
-    return len(sums), paired_speed_ratio(*columns, confidence=confidence)
+    interval = paired_speed_ratio(*columns, confidence=confidence)
+    return len(sums), widen(interval, model_error.error if model_error else None)
 
 
-def paired_ratio(a: Sequence[SampleSpeed], b: Sequence[SampleSpeed]) -> Comparison:
-    """Return A's tokens/s over B's on their shared prompts with its paired 95% interval."""
-    n_prompts, interval = _paired_interval(a, b, CONFIDENCE)
+def paired_ratio(
+    a: Sequence[SampleSpeed], b: Sequence[SampleSpeed], model_error: ModelError | None = None
+) -> Comparison:
+    """Return A's tokens/s over B's on their shared prompts with its paired 95% interval,
+    widened by the cost-model error it carries (``model_error``; None: both sides live)."""
+    n_prompts, interval = _paired_interval(a, b, CONFIDENCE, model_error)
     return Comparison(
         n_prompts=n_prompts,
         ratio=interval,
         verdict=verdict(interval) if interval is not None else None,
         adjusted_p=interval.p_value if interval is not None else None,
+        model_error=model_error,
     )
 
 
 def compare_family(
     pairs: Sequence[tuple[Sequence[SampleSpeed], Sequence[SampleSpeed]]],
+    model_errors: Sequence[ModelError | None] = (),
 ) -> list[Comparison]:
     """Return each (A, B) comparison of a family made together, family-wise error ≤ 5%.
 
     Intervals are at 1 − 0.05/m (m comparisons that have an interval); verdicts come from
     Holm-adjusted p-values, which decide at least as often as the intervals exclude 1 (a
     verdict can be "faster" while its simultaneous interval still touches 1, never the reverse).
+    ``model_errors`` (one per pair, or none) widen each interval and its p-value before Holm,
+    so a verdict that only the cost model's error could explain is not made.
     """
-    found = [_paired_interval(a, b, CONFIDENCE) for a, b in pairs]
+    errors = list(model_errors) or [None] * len(pairs)
+    found = [
+        _paired_interval(a, b, CONFIDENCE, error)
+        for (a, b), error in zip(pairs, errors, strict=True)
+    ]
     m = sum(interval is not None for _, interval in found)
     level = family_confidence(m)
     tested = [
@@ -140,11 +160,11 @@ def compare_family(
     ]
     adjusted = iter(holm_adjusted(tested))
     family = []
-    for (a, b), (n_prompts, interval) in zip(pairs, found, strict=True):
+    for (a, b), (n_prompts, interval), error in zip(pairs, found, errors, strict=True):
         if interval is None:
-            family.append(Comparison(n_prompts, None, None, m))
+            family.append(Comparison(n_prompts, None, None, m, model_error=error))
             continue
-        _, wide = _paired_interval(a, b, level)
+        _, wide = _paired_interval(a, b, level, error)
         p = next(adjusted)
-        family.append(Comparison(n_prompts, wide, p_verdict(interval.estimate, p), m, p))
+        family.append(Comparison(n_prompts, wide, p_verdict(interval.estimate, p), m, p, error))
     return family

@@ -30,6 +30,7 @@ from orchestrator.sweep.planner import Plan
 from orchestrator.sweep.trial import ServedPair, Trial
 
 if TYPE_CHECKING:
+    from orchestrator.analysis.metrics import ModelError
     from orchestrator.analysis.pairing import Comparison
     from orchestrator.store.records import StoredCostFit, StoredJob, StoredRun, StoredTrial
 
@@ -394,6 +395,40 @@ def family_header(family: Sequence[Comparison], measure: str = "end-to-end") -> 
     ]
 
 
+#: What each source of a paired ratio's model error means (``metrics.paired_model_error``).
+MODEL_ERROR_SOURCES = {
+    "one side replayed": "a replayed side against a live one: its cost fit's out-of-sample error",
+    "one fit": "two replayed sides of one cost fit: the error of a ratio of two of its "
+    "projections, measured on its live checks of the same prompts",
+    "one fit, its e": "two replayed sides of one cost fit whose live checks share no "
+    "prompts: the fit's out-of-sample error",
+    "two fits": "replayed sides of two cost fits: both fits' out-of-sample errors added",
+}
+
+
+def model_error_cell(model_error: ModelError | None) -> str:
+    """Return a paired ratio's cost-model error in a table cell: "±2.9% (one fit)", "none
+    (both live)" or "not measured (…)"."""
+    if model_error is None:
+        return "none (both live)"
+    if model_error.error is None:
+        return f"not measured ({model_error.source})"
+    return f"±{abs(model_error.error):.1%} ({model_error.source})"
+
+
+def model_error_note(model_error: ModelError | None) -> list[str]:
+    """Return ``compare``'s note on the cost-model error a ratio includes ([] with none)."""
+    if model_error is None:
+        return []
+    why = MODEL_ERROR_SOURCES[model_error.source]
+    if model_error.error is None:
+        return [f"note: a side is replayed and its cost model's error is not measured ({why})"]
+    return [
+        f"note: the interval and p include the cost model's error, ±{abs(model_error.error):.1%} "
+        f"({why})"
+    ]
+
+
 def comparison_lines(
     a: StoredTrial,
     b: StoredTrial,
@@ -418,6 +453,7 @@ def comparison_lines(
         if compared.verdict != "not distinguishable"
         else f"verdict: not distinguishable ({measure}: the interval contains 1)",
     ]
+    lines += model_error_note(compared.model_error)
     if compared.n_prompts < max(n_a, n_b):
         lines.append(
             f"note: A has {n_a} prompts and B {n_b}; only the {compared.n_prompts} prompts "

@@ -6,9 +6,12 @@ prompts by its speedup over the cell's AR baseline (``holdout.best_setting``) an
 the test prompts only: A's tokens/s over B's on the same prompts, a t interval on the log ratio
 with the jackknife standard error over prompts (``pairing.compare_family``, the interval
 ``compare`` prints). The claims of one report are one family: Holm-adjusted verdicts and
-intervals at 1 − 0.05/m. The best static K is chosen from a grid that must hold K = 1 and 2 (the
-report refuses otherwise, naming the sweep field), and every dataset entry must hold out test
-prompts (``datasets[i].holdout``). Each claim names its n: test prompts × repeats × new tokens.
+intervals at 1 − 0.05/m. A claim with a replayed side is widened by the cost model's error it
+carries (``metrics.paired_model_error``: its interval and p-value, before Holm), so a verdict
+only the cost model's error could explain is not made. The best static K is chosen from a grid
+that must hold K = 1 and 2 (the report refuses otherwise, naming the sweep field), and every
+dataset entry must hold out test prompts (``datasets[i].holdout``). Each claim names its n: test
+prompts × repeats × new tokens.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from orchestrator.analysis.holdout import (
     headline_measure,
     holdout_splits,
 )
+from orchestrator.analysis.metrics import FitError, ModelError, paired_model_error
 from orchestrator.analysis.pairing import Comparison, SampleSpeed, compare_family, decode_speeds
-from orchestrator.analysis.report import MISSING, format_params
+from orchestrator.analysis.report import MISSING, format_params, model_error_cell
 from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.spec import SweepSpec
 
@@ -203,12 +207,22 @@ def _cell_picks(
     return picks
 
 
+def _model_errors(picks: Sequence[_Pick], fits: Mapping[str, FitError]) -> list[ModelError | None]:
+    """Return the cost-model error each claim carries (None: both sides live, or not known)."""
+    return [
+        paired_model_error(fits.get(p.chosen.trial_id), fits.get(p.static.trial_id)) for p in picks
+    ]
+
+
 def reproduction_report(
     spec: SweepSpec,
     rows: Sequence[StoredTrial],
     samples: Mapping[str, Sequence[SampleSpeed]],
+    fits: Mapping[str, FitError] | None = None,
 ) -> ReproductionReport:
-    """Return the sweep's report from its done trials ``rows`` and their ``samples`` (by id).
+    """Return the sweep's report from its done trials ``rows`` and their ``samples`` (by id);
+    ``fits`` holds each replayed trial's cost fit (``Store.side_fits``); a replayed trial not
+    in it is compared as if it were live, without its model's error.
 
     Raises ReproductionError when the static grid lacks K = 1 or 2 or a dataset entry has no
     holdout (the message names the field).
@@ -233,7 +247,7 @@ def reproduction_report(
         )
         for p in picks
     ]
-    family = compare_family(pairs) if pairs else []
+    family = compare_family(pairs, _model_errors(picks, fits or {})) if pairs else []
     claims = tuple(
         Claim(
             cell=p.cell,
@@ -260,13 +274,15 @@ def _setting(row: StoredTrial) -> str:
 
 
 def _ratio_cells(compared: Comparison) -> list[str]:
-    """Return the ratio, interval, Holm p and verdict cells of one claim."""
+    """Return the ratio, interval, model error, Holm p and verdict cells of one claim."""
     ratio = compared.ratio
+    error = model_error_cell(compared.model_error)
     if ratio is None:
-        return ["-", f"no interval ({compared.n_prompts} test prompts)", "-", "not tested"]
+        return ["-", f"no interval ({compared.n_prompts} test prompts)", error, "-", "not tested"]
     return [
         f"{ratio.estimate:.3f}",
         f"[{ratio.low:.3f}, {ratio.high:.3f}]",
+        error,
         f"{compared.adjusted_p:.3g}",
         str(compared.verdict),
     ]
@@ -291,12 +307,18 @@ def report_markdown(report: ReproductionReport) -> str:
         "standard error over prompts (as `compare`).",
         f"- Holm over the m = {m} claims of this report: verdicts from Holm-adjusted p-values "
         f"(family-wise error 5%), intervals at {level:.4g}%, which hold together.",
-        "- n = test prompts × repeats × new tokens. A replayed side's seconds are projected by "
-        "its cost fit (out-of-sample error in `cost_fits`); two replayed sides of a claim share "
-        "one fit.",
+        "- n = test prompts × repeats × new tokens.",
+        "- A replayed side's seconds are projected by its cost fit, so a claim with one "
+        'includes the model\'s measured error (column "model error"; docs/methods.md, '
+        "\"Replay's per-step cost model\"): against a live side the fit's out-of-sample error "
+        "e; for two replayed sides of one fit the mean error of a ratio of two projections, "
+        "measured on the fit's live checks of the same prompts; two fits, both e added. The "
+        "interval becomes [low·(1 − e), high·(1 + e)] and the Holm p is the widened "
+        "interval's; the ratio is unchanged.",
         "",
-        "| cell | A: best of policy | B: best static K | A / B | interval | Holm p | verdict | n |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| cell | A: best of policy | B: best static K | A / B | interval | model error | Holm p "
+        "| verdict | n |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for claim in report.claims:
         cells = [
@@ -308,6 +330,6 @@ def report_markdown(report: ReproductionReport) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if not report.claims:
-        lines.append("| (no claim: no cell has a done policy and static trial) |" + " |" * 7)
+        lines.append("| (no claim: no cell has a done policy and static trial) |" + " |" * 8)
     lines += ["", *(f"- not claimed: {line}" for line in report.skipped)]
     return "\n".join(lines).rstrip() + "\n"

@@ -145,6 +145,33 @@ def paired_speed_ratio(
     )
 
 
+def band_p_value(ratio: Interval, error: float) -> float | None:
+    """Return the p-value of a paired ``ratio`` widened by a model error e (``metrics.widen``).
+
+    The widened interval is [low·(1 − e), high·(1 + e)]: it excludes 1 exactly when the t
+    statistic, measured from the edge of the band [1/(1 + e), 1/(1 − e)] around 1 instead of
+    from 1, passes the quantile. This returns that statistic's two-sided p-value (1.0 inside the
+    band), so ``p < 1 − confidence`` exactly when the widened interval excludes 1, at every
+    level. ``ratio`` must be as measured (not yet widened): its standard error is read from its
+    bounds. None when ``ratio`` has no p-value.
+    """
+    from scipy.special import stdtr, stdtrit
+
+    if ratio.p_value is None:
+        return None
+    e = abs(error)
+    if e >= 1:
+        return 1.0
+    theta = float(np.log(ratio.estimate))
+    beyond = max(theta + float(np.log1p(-e)), -theta - float(np.log1p(e)), 0.0)
+    half = float(np.log(ratio.high) - np.log(ratio.low)) / 2
+    quantile = float(stdtrit(ratio.n - 1, 0.5 + ratio.confidence / 2))
+    se = half / quantile
+    if se == 0:  # every prompt gave the same ratio: outside the band or not
+        return 0.0 if beyond > 0 else 1.0
+    return float(2 * stdtr(ratio.n - 1, -beyond / se))
+
+
 def verdict(ratio: Interval) -> Verdict:
     """Return "faster" when the whole interval is above 1, "slower" below, else undecided."""
     if ratio.low > 1.0:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -16,6 +17,9 @@ from orchestrator.cli.common import (
     add_command,
     opened_store,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.metrics import ModelError
 
 
 def add_parser(commands: Any, db: list[Any]) -> None:
@@ -33,7 +37,10 @@ def add_parser(commands: Any, db: list[Any]) -> None:
         "interval. Several pairs (A B A2 B2 ...) are one family: Holm-adjusted verdicts and\n"
         "intervals at 1 - 0.05/m, which hold together. Where both trials of every pair stored\n"
         "their decode seconds, the decode-only ratio (prefill left out) comes first, as its own\n"
-        "family, then the end-to-end one.\n\n"
+        "family, then the end-to-end one. A replayed side's seconds are projected by its cost\n"
+        "fit: the interval and p then include the fit's measured out-of-sample error (against\n"
+        "a live side its e; two sides of one fit the error of a ratio of two projections,\n"
+        "measured on its live checks; two fits both), and the output says so.\n\n"
         "examples:\n"
         f"  {PROG} compare 3f2a9c01d4e5b6a7 9e8d7c6b5a4f3e2d\n"
         f"  {PROG} compare A1 B A2 B A3 B  # three trials against B, Holm-adjusted\n"
@@ -52,6 +59,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     """``compare``: A's tokens/s over B's on their shared prompts, with interval and verdict,
     decode-only first where stored, then end to end; several pairs are one Holm-adjusted
     family per measure."""
+    from orchestrator.analysis.metrics import paired_model_error
     from orchestrator.analysis.pairing import decode_speeds
 
     if len(args.trials) % 2:
@@ -66,7 +74,9 @@ def handle(args: argparse.Namespace, console: Console) -> int:
             if rows[trial_id].status != "done":
                 raise UserError(f"error: trial {trial_id} is {rows[trial_id].status}, not done")
         samples = {trial_id: store.sample_speeds(trial_id) for trial_id in set(args.trials)}
+        fits = store.side_fits(rows.values())
     pairs = list(zip(args.trials[::2], args.trials[1::2], strict=True))
+    errors = [paired_model_error(fits.get(a), fits.get(b)) for a, b in pairs]
     sampled = [(samples[a], samples[b]) for a, b in pairs]
     decoded = [(decode_speeds(a), decode_speeds(b)) for a, b in sampled]
     measures = [("end-to-end", sampled)]
@@ -74,19 +84,27 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         measures.insert(0, ("decode-only", decoded))
     lines: list[str] = []
     for measure, measured in measures:
-        lines += _measure_lines(rows, pairs, measured, measure)
+        lines += _measure_lines(rows, pairs, measured, measure, errors)
     for line in lines:
         console.print(line, markup=False)
     return EXIT_OK
 
 
 def _measure_lines(
-    rows: dict[str, Any], pairs: list[tuple[str, str]], sampled: list[Any], measure: str
+    rows: dict[str, Any],
+    pairs: list[tuple[str, str]],
+    sampled: list[Any],
+    measure: str,
+    errors: Sequence[ModelError | None],
 ) -> list[str]:
-    """Return the comparison lines of ``pairs`` by one measure's samples (one Holm family)."""
+    """Return the comparison lines of ``pairs`` by one measure's samples (one Holm family),
+    each widened by the cost-model error it carries (``errors``, one per pair)."""
     from orchestrator.analysis.pairing import compare_family, paired_ratio
 
-    family = compare_family(sampled) if len(pairs) > 1 else [paired_ratio(*sampled[0])]
+    if len(pairs) > 1:
+        family = compare_family(sampled, errors)
+    else:
+        family = [paired_ratio(*sampled[0], model_error=errors[0])]
     if len(pairs) == 1 and family[0].ratio is None:
         a, b = pairs[0]
         raise UserError(report.comparison_refusal(rows[a], rows[b], family[0].n_prompts))

@@ -30,9 +30,10 @@ def add_parser(commands: Any, db: list[Any]) -> None:
         "policy's best setting with the best static K, each chosen on the dev prompts\n"
         "(datasets[].holdout) and measured on the test prompts: A's tokens/s over B's on the\n"
         "same prompts, a t interval on the log ratio with the jackknife standard error (as\n"
-        "compare), Holm over all claims of the report. The static grid must include K = 1\n"
-        "and 2. Each claim names its n (test prompts x repeats x new tokens). Reads the\n"
-        "store; measures nothing.\n\n"
+        "compare), Holm over all claims of the report; a claim with a replayed side is\n"
+        "widened by its cost model's measured error (as compare). The static grid must\n"
+        "include K = 1 and 2. Each claim names its n (test prompts x repeats x new tokens).\n"
+        "Reads the store; measures nothing.\n\n"
         "examples:\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --db sqlite:///results.db\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --out reproduction.md",
@@ -59,8 +60,9 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         require_sweep(store, spec.name)
         rows = [row for row in store.trials(spec.name) if row.trial_id in planned]
         samples = store.trials_sample_speeds(row.trial_id for row in rows if row.status == "done")
+        fits = store.side_fits(row for row in rows if row.status == "done")
     try:
-        text = report_markdown(reproduction_report(spec, rows, samples))
+        text = report_markdown(reproduction_report(spec, rows, samples, fits))
     except ReproductionError as error:
         raise UserError(f"error: {args.sweep}: {error}") from None
     if args.out:

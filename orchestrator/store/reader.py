@@ -9,9 +9,11 @@ from typing import Any, TypeVar
 import pandas as pd
 from sqlalchemy import func, select
 
+from orchestrator.analysis.metrics import FitError
 from orchestrator.analysis.pairing import SampleSpeed
 from orchestrator.store.base import StoreBase
 from orchestrator.store.db import StoreError
+from orchestrator.store.fit_errors import check_ids, fit_of, side_fit
 from orchestrator.store.models import (
     AcceptedLengthRow,
     ArtifactRow,
@@ -45,6 +47,7 @@ from orchestrator.store.records import (
     records_frame,
 )
 from orchestrator.store.rows import ID_CHUNK, trial_sample_speeds
+from orchestrator.sweep.trial import REPLAY_MODE
 from workers.records import GenerationResult, result_from_json
 
 R = TypeVar("R")
@@ -276,6 +279,19 @@ class StoreReader(StoreBase):
             query = query.where(CostFitRow.sweep == sweep)
         with self._transaction() as session:
             return [record_of(StoredCostFit, row) for row in session.scalars(query)]
+
+    def side_fits(self, rows: Iterable[StoredTrial]) -> dict[str, FitError]:
+        """Return the cost fit of each replayed trial among ``rows``, by trial id: its stored
+        out-of-sample error and its live checks' errors (``fit_errors``), what a paired ratio
+        with a replayed side is widened by (``metrics.paired_model_error``)."""
+        replayed = [row for row in rows if row.mode == REPLAY_MODE]
+        if not replayed:
+            return {}
+        fits = self.cost_fits()
+        found = {row.trial_id: fit_of(row, fits) for row in replayed}
+        wanted = [trial_id for fit in found.values() if fit for trial_id in check_ids(fit)]
+        checks = {row.trial_id: row for row in self.trial_rows(wanted)}
+        return {row.trial_id: side_fit(row, found[row.trial_id], checks) for row in replayed}
 
     def cost_fits_dataframe(self, sweep: str | None = None) -> pd.DataFrame:
         """Return :meth:`cost_fits` as a DataFrame, one column per ``cost_fits`` column."""

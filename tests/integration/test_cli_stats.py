@@ -262,3 +262,81 @@ def test_compare_leads_with_decode_only_where_both_trials_stored_it(tmp_path, ca
     expected = sum(0.3 + d for d in decode) / sum(0.3 + d / 3 for d in decode)
     assert float(second.group(1)) == pytest.approx(expected, rel=1e-3)
     assert "verdict: A is faster than B (decode-only)" in out
+
+
+#: The cli sweep over 6 prompts, replayed: static K=4 and SVIP projected by one cost fit whose
+#: live checks (static and SVIP 0.3 at K=4) were off by -3% and +2% on the same prompts.
+REPLAYED = cli_sweeps.SWEEP.replace("2,", "6,") + (
+    "execution:\n  mode: replay\n  live_check:\n    - {policy: static, max_draft_len: 4}\n"
+    "    - {policy: svip, max_draft_len: 4, params: {threshold: 0.3}}\n"
+)
+FIT_ERROR = 0.025
+
+
+def _replayed_store(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """Store the replayed sweep: AR live; static and SVIP 0.3 replayed with identical rounds
+    and seconds (about 2x AR); the checks live; the group's cost fit with the checks' errors."""
+    spec = load_sweep(cli_sweeps.write_sweep(tmp_path / "cli.yaml", REPLAYED))
+    plan = plan_sweep(spec)
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    grid = [t for t in plan.trials if not t.is_check]
+    checks = [t for t in plan.trials if t.is_check]
+    ids = {"ar": cli_sweeps.trial_of(plan, "ar").trial_id}
+    projected = _results(
+        [s * f for s, f in zip(BASE, [1, 1.1, 0.9, 1, 1.05, 0.95], strict=True)], 2
+    )
+    with open_store(url) as store:
+        store.register_sweep(spec, plan)
+        for trial in [*grid, *checks]:
+            replayed = trial.mode == "replay"
+            results = projected if trial.setting.max_draft_len else _results(BASE, 0)
+            error = FIT_ERROR if replayed else None
+            store.record_trial(trial, results, trial_metrics(results, cost_model_error=error))
+            if replayed:
+                ids[f"{trial.setting.policy} {trial.setting.threshold}"] = trial.trial_id
+        store.record_cost_fit(
+            {
+                "sweep": "cli",
+                "group_key": "g",
+                "pair": "demo",
+                "dataset": "builtin:code",
+                "split": None,
+                "samples": 6,
+                "max_new_tokens": 8,
+                "temperature": 0.0,
+                **dict.fromkeys(("t_draft", "t_target", "t_per_verified"), 0.001),
+                **dict.fromkeys(("r2_draft", "r2_verify", "r2_round"), 0.9),
+                "n_rounds": 48,
+                "n_trials": 3,
+                "overhead_seconds": 0.01,
+                "checks": [
+                    {"trial_id": t.trial_id, "error": e}
+                    for t, e in zip(checks, (-0.03, 0.02), strict=True)
+                ],
+                "out_of_sample_error": FIT_ERROR,
+            }
+        )
+    return url, ids
+
+
+def test_compare_includes_the_cost_models_error_of_a_replayed_side(tmp_path, capsys) -> None:
+    url, ids = _replayed_store(tmp_path)
+    # two replayed sides of one fit with identical rounds: 1, widened by the ratio's error
+    assert cli.main(["--db", url, "compare", ids["svip 0.3"], ids["static None"]]) == 0
+    out = capsys.readouterr().out
+    gap = 1.02 / 0.97 - 1
+    match = re.search(r"tokens/s A / B = (\S+), 95% CI \[(\S+), (\S+)\]", out)
+    assert match is not None
+    assert [float(v) for v in match.groups()] == pytest.approx([1, 1 - gap, 1 + gap], rel=1e-3)
+    assert "verdict: not distinguishable" in out
+    assert f"±{gap:.1%} (two replayed sides of one cost fit" in out
+    # a replayed side against the live AR: the fit's e
+    assert cli.main(["--db", url, "compare", ids["static None"], ids["ar"]]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: A is faster than B" in out
+    assert "±2.5% (a replayed side against a live one" in out
+    # both in one family: the same notes, Holm-adjusted
+    pairs = [ids["svip 0.3"], ids["static None"], ids["static None"], ids["ar"]]
+    assert cli.main(["--db", url, "compare", *pairs]) == 0
+    out = capsys.readouterr().out
+    assert out.count("note: the interval and p include the cost model's error") == 2

@@ -371,3 +371,30 @@ def test_plan_tables_show_each_trials_draft_kind_and_draft() -> None:
     assert [row["draft_kind"] for row in trials] == ["lm", "lm", "ngram", "ngram"]
     (skipped,) = report.skipped_rows(plan)
     assert (skipped["draft"], skipped["policy"]) == ("zoo:micro/draft-s", "ngram_match")
+
+
+def test_a_paired_ratios_model_error_is_named_in_cells_and_compares_note() -> None:
+    from orchestrator.analysis.metrics import ModelError
+    from orchestrator.analysis.pairing import Comparison
+    from orchestrator.analysis.stats import Interval
+
+    assert report.model_error_cell(None) == "none (both live)"
+    assert report.model_error_cell(ModelError(0.0291, "one fit")) == "±2.9% (one fit)"
+    assert report.model_error_cell(ModelError(None, "one side replayed")) == (
+        "not measured (one side replayed)"
+    )
+    assert report.model_error_note(None) == []
+    (note,) = report.model_error_note(ModelError(0.0347, "one side replayed"))
+    assert note.startswith("note: the interval and p include the cost model's error, ±3.5% (")
+    assert "a replayed side against a live one" in note
+    interval = Interval(0.979, 0.95, 1.007, 36, 1.0)
+    error = ModelError(0.0291, "one fit")
+    a, b = _row(trial_id="a", mode="replay"), _row(trial_id="b", mode="replay")
+    lines = report.comparison_lines(
+        a, b, Comparison(36, interval, "not distinguishable", 1, 1.0, error), 36, 36
+    )
+    assert any("±2.9% (two replayed sides of one cost fit" in line for line in lines)
+    plain = report.comparison_lines(
+        a, b, Comparison(36, interval, "not distinguishable", 1, 1.0), 36, 36
+    )
+    assert not any("cost model" in line for line in plain)

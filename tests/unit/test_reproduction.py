@@ -17,14 +17,14 @@ from support import store_db
 
 from orchestrator import cli
 from orchestrator.analysis.holdout import holdout_splits
-from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.analysis.metrics import ModelError, trial_metrics
 from orchestrator.analysis.reproduction import (
     ReproductionError,
     report_markdown,
     reproduction_report,
 )
 from orchestrator.store import Store
-from orchestrator.sweep.planner import Trial
+from orchestrator.sweep.planner import Trial, fit_group_key
 from orchestrator.sweep.spec import SweepSpec, parse_sweep
 from workers.records import GenerationResult, RoundRecord
 
@@ -86,12 +86,14 @@ def _results(trial: Trial) -> list[GenerationResult]:
     return results
 
 
-def _stored(store: Store, text: str = SWEEP) -> SweepSpec:
+def _stored(store: Store, text: str = SWEEP, error: float | None = None) -> SweepSpec:
+    """Store every planned trial; a replayed one with the cost-model ``error`` its fit measured."""
     spec, plan = store_db.spec_and_plan(text)
     store.register_sweep(spec, plan)
     for trial in plan.trials:
         results = _results(trial)
-        store.record_trial(trial, results, trial_metrics(results))
+        replayed = error if trial.mode == "replay" else None
+        store.record_trial(trial, results, trial_metrics(results, cost_model_error=replayed))
     return spec
 
 
@@ -180,3 +182,79 @@ def test_the_report_command_prints_the_markdown_and_refuses_a_bad_grid(
     assert cli.main(["--db", db_url, "report", "--sweep", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.yaml: max_draft_lens" in err and "K = 2" in err
+
+
+#: The sweep replayed: its greedy trials projected by one cost fit, checked live at static and
+#: AdaEDL K = 4 (checks' errors -6% and +6%: a ratio of two projections off by 12.8%).
+REPLAYED = (
+    SWEEP
+    + """\
+execution:
+  mode: replay
+  live_check:
+    - {policy: static, max_draft_len: 4}
+    - {policy: adaedl, max_draft_len: 4}
+"""
+)
+CHECK_ERRORS = (-0.06, 0.06)
+
+
+def _record_fit(store: Store, spec: SweepSpec) -> None:
+    """Store the group's cost fit with its two live checks' out-of-sample errors."""
+    rows = store.trials(spec.name)
+    checks = [row for row in rows if row.config.get("is_check")]
+    _, plan = store_db.spec_and_plan(REPLAYED)
+    values = {
+        "sweep": spec.name,
+        "group_key": fit_group_key(plan.trials[0]),
+        "pair": "demo",
+        "dataset": "builtin:code",
+        "split": None,
+        "samples": PROMPTS,
+        "max_new_tokens": 8,
+        "temperature": 0.0,
+        **dict.fromkeys(("t_draft", "t_target", "t_per_verified", "overhead_seconds"), 0.001),
+        **dict.fromkeys(("r2_draft", "r2_verify", "r2_round"), 0.9),
+        "n_rounds": 100,
+        "n_trials": 3,
+        "checks": [
+            {"trial_id": row.trial_id, "error": error}
+            for row, error in zip(checks, CHECK_ERRORS, strict=True)
+        ],
+        "out_of_sample_error": 0.06,
+    }
+    store.record_cost_fit(values)
+
+
+def test_a_claim_of_two_replayed_sides_includes_their_fits_ratio_error(
+    store: Store, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = _stored(store, REPLAYED, error=0.06)
+    _record_fit(store, spec)
+    rows = store.trials(spec.name)
+    samples = store.trials_sample_speeds(row.trial_id for row in rows)
+    fits = store.side_fits(rows)
+    assert {fits[r.trial_id].fit for r in rows if r.mode == "replay"} == {
+        f"{spec.name}/{fit_group_key(store_db.spec_and_plan(REPLAYED)[1].trials[0])}"
+    }
+    assert all(r.trial_id not in fits for r in rows if r.mode == "live")
+    ignored = reproduction_report(spec, rows, samples)
+    report = reproduction_report(spec, rows, samples, fits)
+    gap = 1.06 / 0.94 - 1
+    for before, after in zip(ignored.claims, report.claims, strict=True):
+        assert after.comparison.model_error == ModelError(pytest.approx(gap), "one fit")
+        assert after.comparison.ratio.estimate == before.comparison.ratio.estimate
+        low, high = before.comparison.ratio.low, before.comparison.ratio.high
+        assert after.comparison.ratio.low == pytest.approx(low * (1 - gap))
+        assert after.comparison.ratio.high == pytest.approx(high * (1 + gap))
+    # SVIP's 10% over the best static K was decided on the prompts alone; within the model's
+    # error of a ratio of two projections it is not
+    before = {c.policy: c.comparison.verdict for c in ignored.claims}
+    assert before == {"svip": "faster", "adaedl": "not distinguishable"}
+    assert [c.comparison.verdict for c in report.claims] == ["not distinguishable"] * 2
+    text = report_markdown(report)
+    assert "| model error |" in text and text.count("±12.8% (one fit)") == 2
+    sweep_file = tmp_path / "repro.yaml"
+    sweep_file.write_text(REPLAYED)
+    assert cli.main(["--db", db_url, "report", "--sweep", str(sweep_file)]) == 0
+    assert capsys.readouterr().out.count("| ±12.8% (one fit) | ") == 2
