@@ -26,6 +26,12 @@ What replay promises and what it cannot:
   alone: its trace holds, per round start, the lookup's proposals with their ``match_length``
   (``GreedyTrace.lookups``), entropy 0 and max probability 1 (a point mass), and no draft
   forward (``step_cost`` 0). Every policy replays over it (``ngram_match`` only over it).
+- An EAGLE head (``eagle``) drafts a round autoregressively in feature space from the target's
+  true features of the verified prefix: its i-th candidate reads the head's own predicted
+  feature of the (i − 1)-th, not the target's, so it too depends on where the round starts.
+  Its trace holds, per round start s, the head's greedy chain from prompt + T[:s] with the
+  features a draft model's trace records (``GreedyTrace.chains``; one head forward per
+  candidate, ``step_cost`` 1; ``workers.eagle.trace`` records it).
 - Sampling (temperature > 0): replay is not exact and is not offered. The draft's tokens are
   drawn from the draft-side generator, whose stream position depends on how many tokens earlier
   rounds drafted, the target's acceptance uniforms are drawn per drafted token, and the
@@ -82,6 +88,9 @@ class GreedyTrace:
     output position s (at most ``cap``, none past position len(T) − 2; s absent: no match),
     ``on_path`` and ``off_path`` empty, ``target_margins`` empty (T decoded by the target
     alone), and ``step_cost`` 0: the draft forwards one proposal costs (1 for a draft model).
+    An EAGLE head's trace has ``chains[s]``: the head's greedy chain of a round that starts at
+    s (min(``cap``, len(T) − 1 − s) candidates, each with its features), ``on_path``,
+    ``off_path`` and ``target_margins`` empty, and ``step_cost`` 1.
     """
 
     prompt_ids: tuple[int, ...]
@@ -94,6 +103,7 @@ class GreedyTrace:
     off_path: dict[int, tuple[DraftPrediction, ...]] = field(default_factory=dict)
     lookups: dict[int, tuple[DraftPrediction, ...]] | None = None
     step_cost: int = 1
+    chains: dict[int, tuple[DraftPrediction, ...]] | None = None
 
     @property
     def reference(self) -> tuple[int, ...]:
@@ -122,11 +132,12 @@ class GreedyTrace:
         self, start: int, position: int, first_disagreement: int | None
     ) -> DraftPrediction | None:
         """Return the candidate at ``position`` of a round that started at ``start`` (None: the
-        draft proposes nothing more, a lookup past its match): a lookup's proposal, else
-        :meth:`candidate`."""
-        if self.lookups is None:
+        draft proposes nothing more, a lookup past its match): a lookup's proposal or an EAGLE
+        head's chain element, else :meth:`candidate`."""
+        by_start = self.lookups if self.lookups is not None else self.chains
+        if by_start is None:
             return self.candidate(position, first_disagreement)
-        found = self.lookups.get(start, ())
+        found = by_start.get(start, ())
         offset = position - start
         return found[offset] if offset < len(found) else None
 

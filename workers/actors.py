@@ -14,7 +14,9 @@ Ray-free placement runs them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from threading import Lock
 
 import ray
@@ -25,6 +27,7 @@ from workers.batch_target import BATCH_METHODS, BatchTarget, ChannelBatchedLM
 from workers.batch_trial import run_group
 from workers.channel import ChannelAddress, ChannelClient, serve_channel
 from workers.eagle.artifact import load_head_for_target
+from workers.eagle.trace import record_eagle_trace
 from workers.lm import CachedLM, SingleStepCalibration, StepOutput, load_causal_lm
 from workers.model_spec import EagleHeadSpec, ModelSpec, RankSpec
 from workers.proposers import EagleProposer
@@ -268,6 +271,10 @@ class RemoteLM:
         self._cached_len = ray.get([rank.lm_crop.remote(length) for rank in self.ranks])[0]
 
 
+#: Records one prompt's greedy trace: (prompt ids, max new tokens, cap, EOS id) -> the trace.
+TraceRecorder = Callable[[torch.Tensor, int, int, int | None], GreedyTrace]
+
+
 def load_draft(model: ModelSpec | EagleHeadSpec, device: str) -> CachedLM | EagleProposer:
     """Load what a draft worker drafts with on ``device``: a draft model, or an EAGLE head over
     its target's frozen parts as one proposer (its weights prepared once; every request
@@ -320,34 +327,24 @@ class DraftWorker:
         lookup: NgramSettings | None = None,
     ) -> list[GreedyTrace]:
         """Record the greedy trace of each prompt at ``cap``: the draft model's
-        (``workers.trace.record_trace``), or with ``lookup`` set an n-gram lookup's with those
-        settings (``workers.trace.record_lookup_trace``: no draft model needed)."""
-        if lookup is not None:
-            return [
-                record_lookup_trace(
-                    self.target,
-                    torch.tensor(prompt, dtype=torch.long),
-                    max_new_tokens,
-                    cap,
-                    eos_token_id,
-                    lookup,
-                )
-                for prompt in prompts
-            ]
-        if not isinstance(self.draft, CachedLM):
-            raise ValueError("recording a trace needs a draft model")
-        target = RemoteLM(self.target.ranks)
+        (``workers.trace.record_trace``), the EAGLE head's (``workers.eagle.trace``), or with
+        ``lookup`` set an n-gram lookup's with those settings
+        (``workers.trace.record_lookup_trace``: no draft model needed)."""
+        record = self._trace_recorder(lookup)
         return [
-            record_trace(
-                self.draft,
-                target,  # type: ignore[arg-type]
-                torch.tensor(prompt, dtype=torch.long),
-                max_new_tokens,
-                cap,
-                eos_token_id,
-            )
+            record(torch.tensor(prompt, dtype=torch.long), max_new_tokens, cap, eos_token_id)
             for prompt in prompts
         ]
+
+    def _trace_recorder(self, lookup: NgramSettings | None) -> TraceRecorder:
+        """Return the recorder of one prompt's trace for this actor's draft (or ``lookup``)."""
+        if lookup is not None:
+            return partial(record_lookup_trace, self.target, settings=lookup)
+        if isinstance(self.draft, EagleProposer):
+            return partial(record_eagle_trace, self.draft.drafter, self.target)
+        if not isinstance(self.draft, CachedLM):
+            raise ValueError("recording a trace needs a draft model, an EAGLE head or a lookup")
+        return partial(record_trace, self.draft, RemoteLM(self.target.ranks))
 
     def node_id(self) -> str:
         """Return the Ray node this actor runs on (placement checks)."""

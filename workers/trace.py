@@ -15,7 +15,8 @@ to the last bits where the live run forwards a block of a different size.
 A lookup draft (``ngram``) has no model to record: :func:`record_lookup_trace` decodes T with
 the target alone (one AR run, not stopped at EOS, since a round may verify past it), and
 :func:`lookup_trace` computes from the prompt and T the lookup's proposals of a round starting
-at each position, as ``workers.proposers.ngram`` proposes them live.
+at each position, as ``workers.proposers.ngram`` proposes them live. An EAGLE head's trace is
+recorded by ``workers.eagle.trace`` (the head's chain at every round start).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DraftPrediction",
     "GreedyTrace",
+    "draft_prediction",
     "lookup_trace",
     "record_lookup_trace",
     "record_trace",
@@ -116,7 +118,7 @@ def _draft_greedy(
     predictions: list[DraftPrediction] = []
     while True:
         logits = draft.forward(ids, last_only=True).logits[-1]
-        predictions.append(_prediction(logits))
+        predictions.append(draft_prediction(logits))
         if len(predictions) == count:
             return predictions
         ids = logits.argmax().view(1)
@@ -185,7 +187,7 @@ def _trace(
     )
 
 
-def _prediction(logits: torch.Tensor) -> DraftPrediction:
+def draft_prediction(logits: torch.Tensor) -> DraftPrediction:
     """Return the greedy token and the features the engine computes from these logits."""
     probs = feature_probs(logits, _GREEDY)
     top = torch.topk(logits, min(2, logits.numel())).values

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections import Counter
 from typing import Any
 
 from rich.console import Console
@@ -21,7 +21,7 @@ from orchestrator.cli.estimates import (
     print_estimate,
     sweep_estimate,
 )
-from orchestrator.sweep.planner import Plan, live_eagle_notes, plan_sweep
+from orchestrator.sweep.planner import Plan, plan_sweep
 
 
 def add_parser(commands: Any, db: list[Any]) -> None:
@@ -55,9 +55,28 @@ def add_parser(commands: Any, db: list[Any]) -> None:
     add_estimate_options(command)
 
 
-def print_plan(console: Console, plan: Plan, all_trials: bool, notes: Sequence[str] = ()) -> None:
-    """Print a plan: counts, ``notes`` (e.g. ``live_eagle_notes``), trials (grouped or all),
-    jobs, skipped groups and resources."""
+def replay_line(plan: Plan) -> str:
+    """Return the plan's replay line ("" when nothing replays): the trials replayed from
+    greedy traces by draft kind, and what runs live."""
+    kinds = Counter(trial.served.draft_kind for trial in plan.trials if trial.mode == "replay")
+    if not kinds:
+        return ""
+    replayed = sum(kinds.values())
+    live = [trial for trial in plan.trials if trial.mode != "replay"]
+    baselines = sum(trial.is_baseline for trial in live)
+    checks = sum(trial.is_check for trial in live)
+    others = len(live) - baselines - checks
+    by_kind = ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items()))
+    return (
+        f"mode replay: {replayed} trials replayed from greedy traces (by draft kind: "
+        f"{by_kind}), {len(live)} run live ({baselines} AR baselines, {checks} live checks, "
+        f"{others} that do not replay)"
+    )
+
+
+def print_plan(console: Console, plan: Plan, all_trials: bool) -> None:
+    """Print a plan: counts, the replay line, trials (grouped or all), jobs, skipped groups
+    and resources."""
     counts = plan.counts()
     console.print(
         f"sweep {plan.sweep}: {counts['trials']} trials ({counts['baselines']} AR baselines + "
@@ -65,15 +84,8 @@ def print_plan(console: Console, plan: Plan, all_trials: bool, notes: Sequence[s
         f"{counts['skipped']} trials skipped",
         markup=False,
     )
-    replayed = sum(trial.mode == "replay" for trial in plan.trials)
-    if replayed:
-        console.print(
-            f"mode replay: {replayed} trials replayed from greedy traces, "
-            f"{len(plan.trials) - replayed} run live (AR baselines and live checks)",
-            markup=False,
-        )
-    for note in notes:
-        console.print(note, markup=False)
+    if line := replay_line(plan):
+        console.print(line, markup=False)
     if all_trials:
         print_table(console, report.plan_trial_rows(plan), report.PLAN_TRIAL_COLUMNS, "trials")
     else:
@@ -93,7 +105,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     """``plan``: print what a sweep expands to (and, with ``--estimate``, what it costs)."""
     spec = load_sweep_file(args.sweep)
     plan = plan_sweep(spec)
-    print_plan(console, plan, args.all, live_eagle_notes(spec))
+    print_plan(console, plan, args.all)
     if args.estimate:
         print_estimate(console, sweep_estimate(args, spec, plan))
     return EXIT_OK

@@ -32,12 +32,12 @@ from orchestrator.cli.estimates import (
     print_estimate,
     sweep_estimate,
 )
-from orchestrator.cli.plan import print_plan
+from orchestrator.cli.plan import print_plan, replay_line
 from orchestrator.store import (
     StoredTrial,
     display_url,
 )
-from orchestrator.sweep.planner import Plan, live_eagle_notes, plan_sweep
+from orchestrator.sweep.planner import Plan, plan_sweep
 from orchestrator.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     spec = load_sweep_file(args.sweep)
     plan = plan_sweep(spec)
     if args.dry_run:
-        print_plan(console, plan, all_trials=False, notes=live_eagle_notes(spec))
+        print_plan(console, plan, all_trials=False)
         console.print("dry run: nothing was run and the store was not opened")
         return EXIT_OK
     from orchestrator import api
@@ -154,8 +154,8 @@ def handle(args: argparse.Namespace, console: Console) -> int:
                 *(f"  {problem}" for problem in error.problems),
             ]
         ) from None
-    for note in live_eagle_notes(spec):
-        console.print(note, markup=False)
+    if line := replay_line(plan):
+        console.print(line, markup=False)
     # After preflight: the estimate reads stored fits, and a failed preflight leaves the
     # database's files exactly as they were (a SQLite reader leaves -wal/-shm files behind).
     if not _estimate_and_confirm(args, console, spec, plan):

@@ -63,8 +63,9 @@ MIXED_MODE = "mixed"
 #: Step features one draft kind alone shows (``workers.proposers``): a policy reading one
 #: is planned only for drafts of that kind (skipped for the others of a pair's ``drafts``).
 KIND_FEATURES = {"match_length": "ngram"}
-#: Draft kinds whose greedy trials replay from a greedy trace (``workers.trace``).
-REPLAYABLE_KINDS = ("lm", "ngram")
+#: Draft kinds whose greedy trials replay from a greedy trace (``workers.trace``,
+#: ``workers.eagle.trace``): every kind a sweep may name.
+REPLAYABLE_KINDS = ("lm", "ngram", "eagle")
 
 
 @dataclass(frozen=True)
@@ -347,8 +348,8 @@ class _TrialGroup:
     @property
     def replays(self) -> bool:
         """True when this group replays trials: a replay sweep, or a mixed sweep's greedy group
-        with a replayable policy. A draft model's and a lookup's greedy traces replay
-        (``policies.replay``); an EAGLE head's run live."""
+        with a replayable policy. A draft model's, a lookup's and an EAGLE head's greedy
+        traces replay (``policies.replay``)."""
         if self.served.draft_kind not in REPLAYABLE_KINDS:
             return False
         mode = self.spec.execution.mode
@@ -517,17 +518,3 @@ def replay_groups(plan: Plan) -> list[ReplayGroup]:
         pool = tuple(pools.get(fit_pool_key(members[0]), ()))
         groups.append(ReplayGroup(key, trace_key(members[0], cap), cap, tuple(members), pool))
     return groups
-
-
-def live_eagle_notes(spec: SweepSpec) -> list[str]:
-    """Return one line per EAGLE pair of a replay or mixed sweep saying that its trials run
-    live: replay reads a draft model's greedy traces, and an EAGLE head's are not recorded."""
-    mode = spec.execution.mode
-    if mode == LIVE_MODE:
-        return []
-    return [
-        f"pair {pair.name}: draft kind eagle runs live in mode {mode} (replay reads a draft "
-        "model's greedy traces; an EAGLE head's are not recorded)"
-        for pair in spec.pairs
-        if any(draft.kind == "eagle" for draft in pair.draft_entries)
-    ]

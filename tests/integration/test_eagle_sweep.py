@@ -1,13 +1,14 @@
 """Sweeps whose pair drafts with an EAGLE head run on real Ray actors with the micro zoo: a head
 trained by the sweep's own ``eagle_head`` job, and a head given by path. Greedy trials (static
 K and an adaptive policy) reproduce the AR baseline's tokens, sampled ones run, the trials are
-stored with their draft kind; preflight refuses a head that does not fit the pair, naming the
-field."""
+stored with their draft kind; a mixed sweep replays its greedy EAGLE trials to exactly the
+rounds of the same trials run live; preflight refuses a head that does not fit the pair,
+naming the field."""
 
 from __future__ import annotations
 
 import pytest
-from support.eagle_heads import untrained_head
+from support.eagle_heads import trained_head, untrained_head
 
 from orchestrator.run.preflight import PreflightError
 from orchestrator.run.runner import RunOptions, execute_plan, preflight
@@ -97,6 +98,60 @@ def test_a_head_given_by_path_runs_on_ray(job_env, head_dir, ray_local, tmp_path
     assert _check_greedy_equals_baseline(plan, store) > 0
     rows = store.trials("eagle-path")
     assert {(row.config["draft_kind"], row.draft) for row in rows} == {("eagle", str(head_dir))}
+    store.close()
+
+
+MIXED_SWEEP = (
+    PATH_SWEEP.replace("name: eagle-path", "name: eagle-mixed")
+    .replace("temperatures: [0]", "temperatures: [0, 0.7]")
+    .replace("{name: svip}", "{name: adaedl}")
+    .replace("max_draft_lens: [3]", "max_draft_lens: [4]")
+    .replace("retries: 0}", "retries: 0, mode: mixed}")
+)
+
+
+@pytest.fixture
+def trained_head_dir(micro_zoo, tmp_path):
+    """An EAGLE head trained briefly on the micro target's greedy continuations, saved."""
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    return save_eagle_head(tmp_path / "head", trained_head(target, n=32, steps=80), {})
+
+
+def _rounds_of(store, trial) -> dict[tuple[int, int], tuple]:
+    """Return a trial's stored rounds by (sample, round): drafted, accepted, bonus, forwards."""
+    return {
+        (r.sample_index, r.round_index): (r.drafted, r.accepted, r.bonus, r.draft_forwards)
+        for r in store.rounds([trial.trial_id])
+    }
+
+
+def test_a_mixed_sweep_replays_eagle_trials_as_they_run_live(
+    job_env, trained_head_dir, ray_local, tmp_path
+):
+    """Greedy EAGLE trials are replayed from one recorded EAGLE trace per prompt, each with
+    exactly the rounds and tokens of its live twin (the default live checks hold static and
+    AdaEDL at K = 4); sampled ones run live; the greedy pool's fit has a head step."""
+    plan, store = _run(MIXED_SWEEP.replace("HEAD", str(trained_head_dir)), "m.yaml", tmp_path)
+    replayed = [t for t in plan.trials if t.mode == "replay"]
+    assert {(t.setting.policy, t.sampling.temperature) for t in replayed} == {
+        ("static", 0.0),
+        ("adaedl", 0.0),
+    }
+    assert {t.mode for t in plan.trials if t.sampling.temperature > 0} == {"live"}
+    twins = {(t.setting.policy, t.setting.max_draft_len): t for t in plan.trials if t.is_check}
+    accepted = 0
+    for trial in replayed:
+        twin = twins[(trial.setting.policy, trial.setting.max_draft_len)]
+        ours = _rounds_of(store, trial)
+        assert ours == _rounds_of(store, twin), trial.setting.policy
+        outputs = [s.output_ids for s in store.sample_outputs(trial.trial_id)]
+        assert outputs == [s.output_ids for s in store.sample_outputs(twin.trial_id)]
+        accepted += sum(r[1] for r in ours.values())
+    assert accepted > 0, "the trained head should have drafts accepted"
+    rows = {row.trial_id: row for row in store.trials("eagle-mixed")}
+    assert {rows[t.trial_id].mode for t in replayed} == {"replay"}
+    (fit,) = [f for f in store.cost_fits("eagle-mixed") if f.temperature == 0]
+    assert fit.check_same_rounds == 1.0 and fit.step_model["t_draft"] > 0
     store.close()
 
 

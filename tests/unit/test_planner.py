@@ -9,12 +9,13 @@ import textwrap
 import pytest
 from support.paths import REPO
 
+from orchestrator.cli.plan import replay_line
 from orchestrator.sweep.planner import (
     CODE_VERSION,
     Plan,
     canonical_json,
     config_id,
-    live_eagle_notes,
+    fit_pool_key,
     plan_sweep,
     replay_groups,
 )
@@ -433,29 +434,52 @@ def test_an_eagle_draft_is_its_own_pair_identified_by_its_head() -> None:
     assert all(a.isdisjoint(b) for a, b in itertools.combinations([*ids, set(lm_ids)], 2))
 
 
-def test_eagle_pairs_run_live_in_a_mixed_sweep_and_the_plan_says_so() -> None:
+def test_eagle_pairs_replay_in_a_mixed_sweep_as_draft_models_do() -> None:
+    """Greedy trials of an EAGLE pair replay (live checks and baselines live), sampled ones run
+    live; each head has its own traces; the plan's replay line counts the kinds."""
     text = BASE.replace("datasets:", EAGLE_PAIRS, 1) + EAGLE_JOB
-    mixed = _spec(text + "execution: {mode: mixed, record_rounds: true}\n")
-    plan = plan_sweep(mixed)
-    modes = {(t.served.draft_kind, t.mode) for t in plan.trials}
-    assert ("lm", "replay") in modes
-    assert {mode for kind, mode in modes if kind == "eagle"} == {"live"}
-    notes = live_eagle_notes(mixed)
-    assert [note.split(":")[0] for note in notes] == ["pair e1", "pair e2", "pair e3"]
-    assert "runs live in mode mixed" in notes[0]
-    assert live_eagle_notes(_spec(text)) == []
+    plan = plan_sweep(_spec(text + "execution: {mode: mixed, record_rounds: true}\n"))
+    eagle = [t for t in plan.trials if t.served.draft_kind == "eagle"]
+    greedy = [t for t in eagle if t.sampling.temperature == 0 and not t.is_baseline]
+    assert {t.mode for t in eagle if t.sampling.temperature > 0} == {"live"}
+    assert {(t.is_check, t.mode) for t in greedy} == {(True, "live"), (False, "replay")}
+    groups = replay_groups(plan)
+    by_kind = {
+        kind: {g.trace_key for g in groups if g.trials[0].served.draft_kind == kind}
+        for kind in ("lm", "eagle")
+    }
+    assert len(by_kind["eagle"]) == 3 * 2  # pairs × datasets (a greedy trace has no seed)
+    assert by_kind["lm"] and by_kind["lm"].isdisjoint(by_kind["eagle"])
+    replayed = [t for t in plan.trials if t.mode == "replay"]
+    n_eagle = sum(t.served.draft_kind == "eagle" for t in replayed)
+    live = len(plan.trials) - len(replayed)
+    baselines = sum(t.is_baseline for t in plan.trials)
+    checks = sum(t.is_check for t in plan.trials)
+    sampled = sum(t.sampling.temperature > 0 and not t.is_baseline for t in plan.trials)
+    assert replay_line(plan) == (
+        f"mode replay: {len(replayed)} trials replayed from greedy traces (by draft kind: "
+        f"eagle {n_eagle}, lm {len(replayed) - n_eagle}), {live} run live ({baselines} AR "
+        f"baselines, {checks} live checks, {sampled} that do not replay)"
+    )
+    assert replay_line(_plan(text)) == ""
 
 
-def test_a_drafts_list_gets_a_live_note_for_its_eagle_entry_only() -> None:
+def test_every_kind_of_a_drafts_list_replays_with_its_own_traces_and_fit_pool() -> None:
     listed = BASE.replace(
         "    draft: zoo:micro/draft-s\n",
         "    drafts: [zoo:micro/draft-s, {kind: ngram}, {kind: eagle, model: zoo:micro/eagle}]\n",
     )
     assert listed != BASE
-    mixed = _spec(listed + "execution: {mode: mixed, record_rounds: true}\n")
-    assert [note.split(":")[0] for note in live_eagle_notes(mixed)] == ["pair p2"]
-    lookup_only = listed.replace(", {kind: eagle, model: zoo:micro/eagle}", "")
-    assert live_eagle_notes(_spec(lookup_only + "execution: {mode: mixed}\n")) == []
+    plan = _plan(listed + "execution: {mode: mixed, record_rounds: true}\n")
+    groups = [g for g in replay_groups(plan) if g.trials[0].pair.startswith("p2")]
+    kinds = {g.trials[0].served.draft_kind for g in groups}
+    assert kinds == {"lm", "ngram", "eagle"}
+    for kind in kinds:
+        mine = [g for g in groups if g.trials[0].served.draft_kind == kind]
+        others = [g for g in groups if g.trials[0].served.draft_kind != kind]
+        assert {g.trace_key for g in mine}.isdisjoint(g.trace_key for g in others)
+        pools = {fit_pool_key(t) for g in mine for t in g.pool}
+        assert pools and pools.isdisjoint(fit_pool_key(t) for g in others for t in g.pool)
 
 
 @pytest.mark.parametrize(

@@ -4,5 +4,6 @@
 decoder layer, the target's frozen final norm and LM head, optionally cut to a frequency-ranked
 subset of rows); ``artifact`` saves and loads it in this project's layout and loads published
 heads in the ``speculators`` layout; ``step`` runs it one block at a time over its own small KV
-cache; ``drafter`` is the stateful proposer a round loop drives (begin / propose / accept).
+cache; ``drafter`` is the stateful proposer a round loop drives (begin / propose / accept);
+``trace`` records a head's greedy trace for replay.
 """

@@ -47,11 +47,12 @@ ROUND_KEY = ("drafted", "accepted", "draft_forwards")
 
 
 def trace_to_json(trace: GreedyTrace) -> dict[str, Any]:
-    """Return ``trace`` as JSON-ready data (off-path positions and lookup round starts as
-    string keys)."""
+    """Return ``trace`` as JSON-ready data (off-path positions, lookup and EAGLE chain round
+    starts as string keys)."""
     data = asdict(trace)
     data["off_path"] = _by_position(trace.off_path)
     data["lookups"] = None if trace.lookups is None else _by_position(trace.lookups)
+    data["chains"] = None if trace.chains is None else _by_position(trace.chains)
     return data
 
 
@@ -68,8 +69,8 @@ def _from_positions(data: dict[str, Any]) -> dict[int, tuple[DraftPrediction, ..
 
 
 def trace_from_json(data: dict[str, Any]) -> GreedyTrace:
-    """Return the trace :func:`trace_to_json` wrote (traces stored before lookup traces
-    existed are a draft model's)."""
+    """Return the trace :func:`trace_to_json` wrote (traces stored before lookup or EAGLE
+    traces existed are a draft model's)."""
     return GreedyTrace(
         prompt_ids=tuple(data["prompt_ids"]),
         max_new_tokens=data["max_new_tokens"],
@@ -81,6 +82,7 @@ def trace_from_json(data: dict[str, Any]) -> GreedyTrace:
         off_path=_from_positions(data["off_path"]),
         lookups=None if data.get("lookups") is None else _from_positions(data["lookups"]),
         step_cost=data.get("step_cost", 1),
+        chains=None if data.get("chains") is None else _from_positions(data["chains"]),
     )
 
 
