@@ -29,13 +29,16 @@ from orchestrator.analysis.stats import (
 @dataclass(frozen=True)
 class SampleSpeed:
     """One stored sample: its prompt, its sample index, generated tokens and seconds (end to
-    end), and its decode seconds (None when stored without them)."""
+    end), its decode seconds (None when stored without them), and its drafted and accepted draft
+    tokens (None when not read)."""
 
     prompt_id: str
     sample_index: int
     tokens: int
     seconds: float
     decode_seconds: float | None = None
+    drafted: int | None = None
+    accepted: int | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -65,6 +68,18 @@ def decode_speeds(samples: Sequence[SampleSpeed]) -> list[SampleSpeed] | None:
     if any(sample.decode_seconds is None for sample in samples):
         return None
     return [replace(sample, seconds=sample.decode_seconds) for sample in samples]
+
+
+def acceptance_counts(samples: Sequence[SampleSpeed]) -> list[SampleSpeed] | None:
+    """Return ``samples`` with their accepted draft tokens as ``tokens`` and their drafted ones
+    as ``seconds``, so that the functions here compare acceptance rates (Σ accepted / Σ
+    drafted) by the same paired interval as speeds; None when a sample has no counts."""
+    if any(sample.drafted is None or sample.accepted is None for sample in samples):
+        return None
+    return [
+        replace(sample, tokens=sample.accepted, seconds=sample.drafted, decode_seconds=None)
+        for sample in samples
+    ]
 
 
 def _keyed(samples: Iterable[SampleSpeed]) -> dict[tuple[str, int], SampleSpeed]:
