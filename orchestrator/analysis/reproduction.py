@@ -9,6 +9,11 @@ with the jackknife standard error over prompts (``pairing.compare_family``, the 
 intervals at 1 − 0.05/m. The best static K is chosen from a grid that must hold K = 1 and 2 (the
 report refuses otherwise, naming the sweep field), and every dataset entry must hold out test
 prompts (``datasets[i].holdout``). Each claim names its n: test prompts × repeats × new tokens.
+
+The sweep's ``report`` section declares further claims of the same family
+(``orchestrator.analysis.declared_claims``): a policy's best against another policy's best, and
+two pairs' drafts (one target) under one policy, on speed and on acceptance rate (Σ accepted /
+Σ drafted, the same paired interval on the log ratio).
 """
 
 from __future__ import annotations
@@ -16,26 +21,44 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.analysis.claim_cells import (
+    DRAFT_ACCEPTANCE,
+    POLICY,
+    POLICY_VS_POLICY,
+    STATIC,
+    CellKey,
+    Pick,
+    candidates,
+    cell_key,
+    cell_label,
+    of_policy,
+)
+from orchestrator.analysis.declared_claims import draft_picks, policy_picks
 from orchestrator.analysis.holdout import (
     DECODE,
-    BestSetting,
-    Candidate,
+    DatasetKey,
     PromptSplit,
     best_setting,
-    dataset_key,
     headline_measure,
     holdout_splits,
 )
-from orchestrator.analysis.pairing import Comparison, SampleSpeed, compare_family, decode_speeds
+from orchestrator.analysis.pairing import (
+    Comparison,
+    SampleSpeed,
+    acceptance_counts,
+    compare_family,
+    decode_speeds,
+)
 from orchestrator.analysis.report import MISSING, format_params
 from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.spec import SweepSpec
 
-STATIC = "static"
 #: Static K the grid must hold: the short drafts a tuned threshold rule is often no better than.
 REQUIRED_STATIC = (1, 2)
 #: Policies that make no claim of their own: the AR baseline and the oracle (an upper bound).
 NOT_CLAIMED = frozenset({"ar", "oracle", STATIC})
+#: An acceptance claim's verdicts, by the verdict of its ratio.
+ACCEPTANCE_VERDICTS = {"faster": "higher", "slower": "lower"}
 
 
 class ReproductionError(ValueError):
@@ -44,16 +67,12 @@ class ReproductionError(ValueError):
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim: the best setting of ``policy`` (``chosen``) against the best static K
-    (``static``) in one cell, their comparison on the test prompts (``comparison``, in the
-    report's Holm family), and its n (test prompts × ``repeats`` × ``new_tokens``)."""
+    """One claim: its two sides and how each was chosen (``pick``: a policy's best setting
+    against the best static K, or a comparison the sweep's ``report`` section declares), their
+    comparison on the test prompts (``comparison``, in the report's Holm family), and its n
+    (test prompts × ``repeats`` × ``new_tokens``)."""
 
-    cell: str
-    policy: str
-    chosen: StoredTrial
-    static: StoredTrial
-    picked: BestSetting
-    picked_static: BestSetting
+    pick: Pick
     comparison: Comparison
     repeats: int
     new_tokens: int
@@ -67,6 +86,14 @@ class Claim:
             f"{self.new_tokens} new tokens"
         )
 
+    @property
+    def verdict_text(self) -> str:
+        """Return the verdict as printed: an acceptance claim's is "higher" or "lower"."""
+        verdict = str(self.comparison.verdict)
+        if self.pick.form == DRAFT_ACCEPTANCE:
+            return ACCEPTANCE_VERDICTS.get(verdict, verdict)
+        return verdict
+
 
 @dataclass(frozen=True)
 class ReproductionReport:
@@ -77,6 +104,16 @@ class ReproductionReport:
     static_grid: tuple[int, ...]
     claims: tuple[Claim, ...]
     skipped: tuple[str, ...]
+
+    @property
+    def policy_claims(self) -> tuple[Claim, ...]:
+        """Return the claims of each policy's best against the best static K."""
+        return tuple(claim for claim in self.claims if claim.pick.form == POLICY)
+
+    @property
+    def declared_claims(self) -> tuple[Claim, ...]:
+        """Return the claims the sweep's ``report`` section declares."""
+        return tuple(claim for claim in self.claims if claim.pick.form != POLICY)
 
 
 def static_grid(spec: SweepSpec) -> tuple[int, ...]:
@@ -103,7 +140,7 @@ def static_grid(spec: SweepSpec) -> tuple[int, ...]:
     return grid
 
 
-def _splits(spec: SweepSpec) -> dict[tuple, PromptSplit]:
+def _splits(spec: SweepSpec) -> dict[DatasetKey, PromptSplit]:
     """Return each dataset entry's dev/test split; raise naming an entry without one."""
     for index, entry in enumerate(spec.datasets):
         if entry.holdout is None:
@@ -115,65 +152,18 @@ def _splits(spec: SweepSpec) -> dict[tuple, PromptSplit]:
     return holdout_splits(spec)
 
 
-def _cell_key(row: StoredTrial) -> tuple:
-    """Return a trial's cell: pair, dataset entry, sampling setting, seed, draft kind (a lookup
-    draft shares its pair's worker and AR baseline, not its claims)."""
-    return (
-        row.pair,
-        dataset_key(row),
-        row.temperature,
-        row.top_k,
-        row.top_p,
-        row.seed,
-        row.draft_kind,
-    )
-
-
-def _cell_label(row: StoredTrial) -> str:
-    """Return a cell's printable name (the draft kind shown when it is not a draft model)."""
-    sampling = f"T={row.temperature:g}"
-    if row.temperature > 0 and (row.top_k or row.top_p < 1):
-        sampling += f" top-k {row.top_k} top-p {row.top_p:g}"
-    kind = "" if row.draft_kind == "lm" else f" ({row.draft_kind})"
-    return f"{row.pair}{kind} · {row.dataset} · {sampling} · seed {row.seed}"
-
-
-def _candidates(
-    rows: Sequence[StoredTrial], samples: Mapping[str, Sequence[SampleSpeed]]
-) -> dict[str, Candidate]:
-    """Return the done grid trials among ``rows`` that have samples and a baseline with
-    samples (a live check repeats a grid setting and is left out)."""
-    return {
-        row.trial_id: Candidate(samples[row.trial_id], samples[row.baseline_id])
-        for row in rows
-        if row.baseline_id
-        and not row.config.get("is_check")
-        and samples.get(row.trial_id)
-        and samples.get(row.baseline_id)
-    }
-
-
-def _test_speeds(
-    speeds: Sequence[SampleSpeed], split: PromptSplit, prompts: int, measure: str
+def _compared_samples(
+    pick: Pick, trial: StoredTrial, samples: Mapping[str, Sequence[SampleSpeed]], measure: str
 ) -> list[SampleSpeed]:
-    """Return the samples of the test prompts (every repeat of each), timed by ``measure``."""
-    test = set(split.test)
-    chosen = [s for s in speeds if s.sample_index % max(prompts, 1) in test]
+    """Return what a claim compares of one side on the test prompts (every repeat of each):
+    the acceptance counts of an acceptance claim, else the speeds timed by ``measure``."""
+    test = set(pick.split.test)
+    prompts = max(trial.samples, 1)
+    chosen = [s for s in samples[trial.trial_id] if s.sample_index % prompts in test]
+    if pick.form == DRAFT_ACCEPTANCE:
+        return acceptance_counts(chosen) or []
     timed = decode_speeds(chosen) if measure == DECODE else None
     return chosen if timed is None else timed
-
-
-@dataclass(frozen=True)
-class _Pick:
-    """One claim before the family is compared: the cell, the policy and both best settings."""
-
-    cell: str
-    policy: str
-    chosen: StoredTrial
-    static: StoredTrial
-    picked: BestSetting
-    picked_static: BestSetting
-    split: PromptSplit
 
 
 def _cell_picks(
@@ -181,25 +171,46 @@ def _cell_picks(
     samples: Mapping[str, Sequence[SampleSpeed]],
     split: PromptSplit,
     skipped: list[str],
-) -> list[_Pick]:
+) -> list[Pick]:
     """Return one cell's claims (each policy's best against the best static K); note in
     ``skipped`` what cannot be claimed."""
     by_id = {row.trial_id: row for row in rows}
-    label = _cell_label(rows[0])
-    statics = _candidates([r for r in rows if r.policy == STATIC], samples)
-    best_static = best_setting(statics, split)
+    label = cell_label(rows[0])
+    best_static = best_setting(candidates(of_policy(rows, STATIC), samples), split)
     policies = dict.fromkeys(r.policy for r in rows if r.policy not in NOT_CLAIMED)
     if best_static is None:
         skipped += [f"{label}: {name}: no done static trial to compare with" for name in policies]
         return []
     picks = []
+    static = by_id[best_static.trial_id]
     for policy in policies:
-        found = best_setting(_candidates([r for r in rows if r.policy == policy], samples), split)
+        found = best_setting(candidates(of_policy(rows, policy), samples), split)
         if found is None:
             skipped.append(f"{label}: {policy}: no done trial with a done AR baseline")
             continue
-        chosen, static = by_id[found.trial_id], by_id[best_static.trial_id]
-        picks.append(_Pick(label, policy, chosen, static, found, best_static, split))
+        chosen = by_id[found.trial_id]
+        picks.append(Pick(POLICY, label, policy, STATIC, chosen, static, found, best_static, split))
+    return picks
+
+
+def _picks(
+    spec: SweepSpec,
+    cells: Mapping[CellKey, Sequence[StoredTrial]],
+    samples: Mapping[str, Sequence[SampleSpeed]],
+    skipped: list[str],
+) -> list[Pick]:
+    """Return every claim of the report before it is compared: each cell's policy claims,
+    then the comparisons ``spec.report`` declares, in its order."""
+    splits = _splits(spec)
+    picks = [
+        pick
+        for key, members in cells.items()
+        for pick in _cell_picks(members, samples, splits[key[1]], skipped)
+    ]
+    for policies in spec.report.policies:
+        picks += policy_picks(policies, cells, samples, splits, skipped)
+    for drafts in spec.report.drafts:
+        picks += draft_picks(drafts, cells, samples, splits, skipped)
     return picks
 
 
@@ -214,39 +225,19 @@ def reproduction_report(
     holdout (the message names the field).
     """
     grid = static_grid(spec)
-    splits = _splits(spec)
-    cells: dict[tuple, list[StoredTrial]] = {}
+    cells: dict[CellKey, list[StoredTrial]] = {}
     for row in rows:
         if row.status == "done":
-            cells.setdefault(_cell_key(row), []).append(row)
+            cells.setdefault(cell_key(row), []).append(row)
     skipped: list[str] = []
-    picks = [
-        pick
-        for key, members in cells.items()
-        for pick in _cell_picks(members, samples, splits[key[1]], skipped)
-    ]
-    measure = headline_measure([samples[t.trial_id] for p in picks for t in (p.chosen, p.static)])
-    pairs = [
-        tuple(
-            _test_speeds(samples[t.trial_id], p.split, t.samples, measure)
-            for t in (p.chosen, p.static)
-        )
-        for p in picks
-    ]
+    picks = _picks(spec, cells, samples, skipped)
+    timed = [p for p in picks if p.form != DRAFT_ACCEPTANCE]
+    measure = headline_measure([samples[t.trial_id] for p in timed for t in (p.a, p.b)])
+    pairs = [tuple(_compared_samples(p, t, samples, measure) for t in (p.a, p.b)) for p in picks]
     family = compare_family(pairs) if pairs else []
     claims = tuple(
-        Claim(
-            cell=p.cell,
-            policy=p.policy,
-            chosen=p.chosen,
-            static=p.static,
-            picked=p.picked,
-            picked_static=p.picked_static,
-            comparison=compared,
-            repeats=spec.execution.repeats,
-            new_tokens=p.chosen.max_new_tokens,
-        )
-        for p, compared in zip(picks, family, strict=True)
+        Claim(pick, compared, spec.execution.repeats, pick.a.max_new_tokens)
+        for pick, compared in zip(picks, family, strict=True)
     )
     return ReproductionReport(spec.name, measure, grid, claims, tuple(skipped))
 
@@ -259,8 +250,9 @@ def _setting(row: StoredTrial) -> str:
     return f"{row.policy}{shown} K={row.max_draft_len}{replayed}"
 
 
-def _ratio_cells(compared: Comparison) -> list[str]:
+def _ratio_cells(claim: Claim) -> list[str]:
     """Return the ratio, interval, Holm p and verdict cells of one claim."""
+    compared = claim.comparison
     ratio = compared.ratio
     if ratio is None:
         return ["-", f"no interval ({compared.n_prompts} test prompts)", "-", "not tested"]
@@ -268,16 +260,16 @@ def _ratio_cells(compared: Comparison) -> list[str]:
         f"{ratio.estimate:.3f}",
         f"[{ratio.low:.3f}, {ratio.high:.3f}]",
         f"{compared.adjusted_p:.3g}",
-        str(compared.verdict),
+        claim.verdict_text,
     ]
 
 
-def report_markdown(report: ReproductionReport) -> str:
-    """Return the report as markdown: the rule, then one table row per claim."""
+def _rule_lines(report: ReproductionReport) -> list[str]:
+    """Return the report's title and the bullets of its rule."""
     m = sum(claim.comparison.ratio is not None for claim in report.claims)
     level = 100 * (1 - 0.05 / max(m, 1))
     measure = "decode-only" if report.measure == DECODE else "end-to-end"
-    lines = [
+    return [
         f"# Reproduction report: {report.sweep}",
         "",
         "One rule for every claim:",
@@ -294,20 +286,58 @@ def report_markdown(report: ReproductionReport) -> str:
         "- n = test prompts × repeats × new tokens. A replayed side's seconds are projected by "
         "its cost fit (out-of-sample error in `cost_fits`); two replayed sides of a claim share "
         "one fit.",
+    ]
+
+
+#: The rule of the declared comparisons, printed when the report has any.
+DECLARED_RULE = (
+    "- Declared comparisons (the sweep's `report` section; second table), in the same Holm "
+    "family and by the same interval: *policy vs policy*: policy A's best setting against "
+    "policy B's in one cell, each chosen on the dev prompts as above; *draft speed*: pair A's "
+    "draft against pair B's (one target) under one policy, each at its best setting chosen on "
+    "the dev prompts by its speedup over its own pair's AR baseline, A's tokens/s over B's on "
+    "the same test prompts (the two pairs' arms are not interleaved prompt by prompt, so a "
+    "change of the machine's speed between them enters this ratio); *draft acceptance*: A at B's "
+    "chosen setting against B, A's acceptance rate (accepted over drafted tokens) over B's on "
+    "the same test prompts (verdict higher or lower)."
+)
+
+
+def _claim_rows(claims: Sequence[Claim], declared: bool) -> list[str]:
+    """Return one table row per claim (a declared claim's row starts with its form and names
+    a draft claim's pairs)."""
+    rows = []
+    for claim in claims:
+        pick = claim.pick
+        sides = [_setting(pick.a), _setting(pick.b)]
+        if pick.form not in (POLICY, POLICY_VS_POLICY):
+            sides = [f"{pick.name_a}: {sides[0]}", f"{pick.name_b}: {sides[1]}"]
+        form = [pick.form] if declared else []
+        cells = [*form, pick.cell, *sides, *_ratio_cells(claim), claim.n_text]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def report_markdown(report: ReproductionReport) -> str:
+    """Return the report as markdown: the rule, then one table row per claim (the declared
+    comparisons in a second table)."""
+    declared = report.declared_claims
+    lines = [
+        *_rule_lines(report),
+        *([DECLARED_RULE] if declared else []),
         "",
         "| cell | A: best of policy | B: best static K | A / B | interval | Holm p | verdict | n |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *_claim_rows(report.policy_claims, declared=False),
     ]
-    for claim in report.claims:
-        cells = [
-            claim.cell,
-            _setting(claim.chosen),
-            _setting(claim.static),
-            *_ratio_cells(claim.comparison),
-            claim.n_text,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    if not report.claims:
+    if not report.policy_claims:
         lines.append("| (no claim: no cell has a done policy and static trial) |" + " |" * 7)
+    if declared:
+        lines += [
+            "",
+            "| claim | cell | A | B | A / B | interval | Holm p | verdict | n |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            *_claim_rows(declared, declared=True),
+        ]
     lines += ["", *(f"- not claimed: {line}" for line in report.skipped)]
     return "\n".join(lines).rstrip() + "\n"

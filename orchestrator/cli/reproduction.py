@@ -31,8 +31,10 @@ def add_parser(commands: Any, db: list[Any]) -> None:
         "(datasets[].holdout) and measured on the test prompts: A's tokens/s over B's on the\n"
         "same prompts, a t interval on the log ratio with the jackknife standard error (as\n"
         "compare), Holm over all claims of the report. The static grid must include K = 1\n"
-        "and 2. Each claim names its n (test prompts x repeats x new tokens). Reads the\n"
-        "store; measures nothing.\n\n"
+        "and 2. The sweep's report section declares further claims of the same family:\n"
+        "policy against policy (report.policies) and draft against draft on speed and\n"
+        "acceptance (report.drafts). Each claim names its n (test prompts x repeats x new\n"
+        "tokens). Reads the store; measures nothing.\n\n"
         "examples:\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --db sqlite:///results.db\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --out reproduction.md",
