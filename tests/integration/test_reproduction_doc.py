@@ -31,7 +31,10 @@ from orchestrator.sweep.spec import load_sweep
 DATABASES = {
     "reproduce": (REPO / "docs" / "reproduce-results.db", REPO / "sweeps" / "reproduce.yaml"),
     "demo": (REPO / "docs" / "demo-results.db", REPO / "sweeps" / "demo.yaml"),
-    "kd-demo": (REPO / "docs" / "kd-demo-results.db", REPO / "sweeps" / "kd_demo.yaml"),
+    "kd-demo": (
+        REPO / "docs" / "lab" / "data" / "kd-demo-before-protocol.db",
+        REPO / "docs" / "lab" / "data" / "kd-demo-before-protocol.yaml",
+    ),
 }
 #: Each document and the database its unlabelled ```sql blocks query.
 DOCUMENTS = {
