@@ -3,9 +3,11 @@
 ``report.drafts`` entry ``{a, b, policy}``: in every cell of pair ``b`` (dataset entry,
 sampling, seed, draft kind) that pair ``a`` also holds, two claims. Speed: A's best setting of
 ``policy`` against B's, each chosen on the dev prompts by its speedup over its own pair's AR
-baseline, compared on the test prompts by tokens/s. Acceptance: A's trial at B's chosen setting
-(same policy, parameters and max draft length) against B's, compared on the test prompts by
-acceptance rate (Σ accepted / Σ drafted), so the drafts are compared at one draft length.
+baseline, compared on the test prompts by that speedup (A's over B's: the two pairs' arms are
+not interleaved together, so their raw tokens/s would carry the machine's drift). Acceptance:
+A's trial at B's chosen setting (same policy, parameters and max draft length) against B's,
+compared on the test prompts by acceptance rate (Σ accepted / Σ drafted), so the drafts are
+compared at one draft length.
 
 ``report.policies`` entry ``{a, b}``: in every cell that holds done trials of both policies,
 A's best setting against B's, each chosen on the dev prompts.

@@ -21,7 +21,7 @@ from orchestrator.analysis.stats import (
     family_confidence,
     holm_adjusted,
     p_verdict,
-    paired_speed_ratio,
+    paired_log_ratio,
     verdict,
 )
 
@@ -112,22 +112,41 @@ def sample_speedups(
     return speedups
 
 
-def _paired_interval(
-    a: Sequence[SampleSpeed], b: Sequence[SampleSpeed], confidence: float
-) -> tuple[int, Interval | None]:
-    """Return the number of shared prompts and A's tokens/s over B's interval on them."""
+#: Signs of (tokens, seconds) of A, B, A's baseline and B's baseline in a paired ratio: A's
+#: tokens/s over B's, and with the baselines, A's speedup over B's.
+RATIO_SIGNS = (1, -1, -1, 1)
+SPEEDUP_RATIO_SIGNS = (1, -1, -1, 1, -1, 1, 1, -1)
+
+
+def _prompt_sums(sides: Sequence[Sequence[SampleSpeed]]) -> list[list[float]]:
+    """Return, over the prompts every side holds (in the first side's sample order), each
+    side's tokens and seconds summed within the prompt: columns tokens, seconds of each side."""
+    keyed = [_keyed(side) for side in sides]
     sums: dict[str, list[float]] = {}
-    for x, y in pair_samples(a, b):
-        total = sums.setdefault(x.prompt_id, [0.0, 0.0, 0.0, 0.0])
-        for position, value in enumerate((x.tokens, x.seconds, y.tokens, y.seconds)):
-            total[position] += value
-    columns = [[total[position] for total in sums.values()] for position in range(4)]
-    return len(sums), paired_speed_ratio(*columns, confidence=confidence)
+    for key in keyed[0]:
+        if not all(key in other for other in keyed[1:]):
+            continue
+        total = sums.setdefault(key[0], [0.0] * (2 * len(sides)))
+        for index, side in enumerate(keyed):
+            total[2 * index] += side[key].tokens
+            total[2 * index + 1] += side[key].seconds
+    return [[total[column] for total in sums.values()] for column in range(2 * len(sides))]
+
+
+def _paired_interval(
+    sides: Sequence[Sequence[SampleSpeed]], confidence: float
+) -> tuple[int, Interval | None]:
+    """Return the number of prompts every side shares and, on them, A's tokens/s over B's
+    (sides A, B) or A's speedup over its baseline over B's (sides A, B, A's and B's
+    baselines), with its interval."""
+    signs = RATIO_SIGNS if len(sides) == 2 else SPEEDUP_RATIO_SIGNS
+    columns = _prompt_sums(sides)
+    return len(columns[0]), paired_log_ratio(columns, signs, confidence)
 
 
 def paired_ratio(a: Sequence[SampleSpeed], b: Sequence[SampleSpeed]) -> Comparison:
     """Return A's tokens/s over B's on their shared prompts with its paired 95% interval."""
-    n_prompts, interval = _paired_interval(a, b, CONFIDENCE)
+    n_prompts, interval = _paired_interval((a, b), CONFIDENCE)
     return Comparison(
         n_prompts=n_prompts,
         ratio=interval,
@@ -136,16 +155,16 @@ def paired_ratio(a: Sequence[SampleSpeed], b: Sequence[SampleSpeed]) -> Comparis
     )
 
 
-def compare_family(
-    pairs: Sequence[tuple[Sequence[SampleSpeed], Sequence[SampleSpeed]]],
-) -> list[Comparison]:
-    """Return each (A, B) comparison of a family made together, family-wise error ≤ 5%.
+def compare_family(pairs: Sequence[Sequence[Sequence[SampleSpeed]]]) -> list[Comparison]:
+    """Return each comparison of a family made together, family-wise error ≤ 5%: an entry
+    (A, B) compares A's tokens/s with B's, an entry (A, B, A's baseline, B's baseline) A's
+    speedup over its baseline with B's over its own (both on the prompts all four share).
 
     Intervals are at 1 − 0.05/m (m comparisons that have an interval); verdicts come from
     Holm-adjusted p-values, which decide at least as often as the intervals exclude 1 (a
     verdict can be "faster" while its simultaneous interval still touches 1, never the reverse).
     """
-    found = [_paired_interval(a, b, CONFIDENCE) for a, b in pairs]
+    found = [_paired_interval(sides, CONFIDENCE) for sides in pairs]
     m = sum(interval is not None for _, interval in found)
     level = family_confidence(m)
     tested = [
@@ -155,11 +174,11 @@ def compare_family(
     ]
     adjusted = iter(holm_adjusted(tested))
     family = []
-    for (a, b), (n_prompts, interval) in zip(pairs, found, strict=True):
+    for sides, (n_prompts, interval) in zip(pairs, found, strict=True):
         if interval is None:
             family.append(Comparison(n_prompts, None, None, m))
             continue
-        _, wide = _paired_interval(a, b, level)
+        _, wide = _paired_interval(sides, level)
         p = next(adjusted)
         family.append(Comparison(n_prompts, wide, p_verdict(interval.estimate, p), m, p))
     return family

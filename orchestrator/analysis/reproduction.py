@@ -12,8 +12,9 @@ prompts (``datasets[i].holdout``). Each claim names its n: test prompts × repea
 
 The sweep's ``report`` section declares further claims of the same family
 (``orchestrator.analysis.declared_claims``): a policy's best against another policy's best, and
-two pairs' drafts (one target) under one policy, on speed and on acceptance rate (Σ accepted /
-Σ drafted, the same paired interval on the log ratio).
+two pairs' drafts (one target) under one policy, on speed (the ratio of the two speedups, each
+over its own pair's AR baseline) and on acceptance rate (Σ accepted / Σ drafted), by the same
+paired interval on the log ratio.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from orchestrator.analysis.claim_cells import (
     DRAFT_ACCEPTANCE,
+    DRAFT_SPEED,
     POLICY,
     POLICY_VS_POLICY,
     STATIC,
@@ -153,17 +155,28 @@ def _splits(spec: SweepSpec) -> dict[DatasetKey, PromptSplit]:
 
 
 def _compared_samples(
-    pick: Pick, trial: StoredTrial, samples: Mapping[str, Sequence[SampleSpeed]], measure: str
+    pick: Pick, speeds: Sequence[SampleSpeed], prompts: int, measure: str
 ) -> list[SampleSpeed]:
-    """Return what a claim compares of one side on the test prompts (every repeat of each):
-    the acceptance counts of an acceptance claim, else the speeds timed by ``measure``."""
+    """Return what a claim compares of one side's samples (of ``prompts`` prompts) on the test
+    prompts (every repeat of each): acceptance counts in an acceptance claim, else the speeds
+    timed by ``measure``."""
     test = set(pick.split.test)
-    prompts = max(trial.samples, 1)
-    chosen = [s for s in samples[trial.trial_id] if s.sample_index % prompts in test]
+    chosen = [s for s in speeds if s.sample_index % max(prompts, 1) in test]
     if pick.form == DRAFT_ACCEPTANCE:
         return acceptance_counts(chosen) or []
     timed = decode_speeds(chosen) if measure == DECODE else None
     return chosen if timed is None else timed
+
+
+def _sides(
+    pick: Pick, samples: Mapping[str, Sequence[SampleSpeed]], measure: str
+) -> list[list[SampleSpeed]]:
+    """Return the sides a claim compares: A and B, and for a draft speed claim their pairs' AR
+    baselines too (A's speedup over B's: the two pairs' arms are not interleaved together)."""
+    ids = [pick.a.trial_id, pick.b.trial_id]
+    if pick.form == DRAFT_SPEED:
+        ids += [pick.a.baseline_id or "", pick.b.baseline_id or ""]
+    return [_compared_samples(pick, samples[i], pick.a.samples, measure) for i in ids]
 
 
 def _cell_picks(
@@ -233,8 +246,7 @@ def reproduction_report(
     picks = _picks(spec, cells, samples, skipped)
     timed = [p for p in picks if p.form != DRAFT_ACCEPTANCE]
     measure = headline_measure([samples[t.trial_id] for p in timed for t in (p.a, p.b)])
-    pairs = [tuple(_compared_samples(p, t, samples, measure) for t in (p.a, p.b)) for p in picks]
-    family = compare_family(pairs) if pairs else []
+    family = compare_family([_sides(p, samples, measure) for p in picks]) if picks else []
     claims = tuple(
         Claim(pick, compared, spec.execution.repeats, pick.a.max_new_tokens)
         for pick, compared in zip(picks, family, strict=True)
@@ -295,9 +307,10 @@ DECLARED_RULE = (
     "family and by the same interval: *policy vs policy*: policy A's best setting against "
     "policy B's in one cell, each chosen on the dev prompts as above; *draft speed*: pair A's "
     "draft against pair B's (one target) under one policy, each at its best setting chosen on "
-    "the dev prompts by its speedup over its own pair's AR baseline, A's tokens/s over B's on "
-    "the same test prompts (the two pairs' arms are not interleaved prompt by prompt, so a "
-    "change of the machine's speed between them enters this ratio); *draft acceptance*: A at B's "
+    "the dev prompts by its speedup over its own pair's AR baseline, A's speedup over its AR "
+    "baseline over B's over its own on the same test prompts (each pair's arms are interleaved "
+    "with its own AR baseline, not with the other pair's: the ratio of speedups cancels a "
+    "change of the machine's speed between the pairs); *draft acceptance*: A at B's "
     "chosen setting against B, A's acceptance rate (accepted over drafted tokens) over B's on "
     "the same test prompts (verdict higher or lower)."
 )

@@ -58,13 +58,16 @@ def _speed(trial: Trial) -> float:
     return 1.5 if setting.policy == "adaedl" else 1.0
 
 
-def _results(trial: Trial, faster: float, accepted: int) -> list[GenerationResult]:
+def _results(
+    trial: Trial, faster: float, accepted: int, machine: float = 1.0
+) -> list[GenerationResult]:
     """One sample per prompt: 8 tokens in seconds that vary by prompt (± 1% noise by setting),
-    ``faster`` times the setting's speed; eight rounds of K drafted tokens, each accepting
-    ``accepted`` (at most K), the last one more on odd prompts."""
+    ``faster`` times the setting's speed (the AR baseline too at ``machine`` times its speed);
+    eight rounds of K drafted tokens, each accepting ``accepted`` (at most K), the last one more
+    on odd prompts."""
     k = trial.setting.max_draft_len
     phase = k + len(trial.setting.policy) * 0.9 + (trial.setting.threshold or 0) * 5
-    speed = _speed(trial) * (1.0 if trial.is_baseline else faster)
+    speed = _speed(trial) * machine * (1.0 if trial.is_baseline else faster)
     results = []
     for i in range(PROMPTS):
         seconds = (1.0 + 0.25 * i) / speed * (1 + 0.01 * math.sin(i * 1.7 + phase))
@@ -82,14 +85,17 @@ def _results(trial: Trial, faster: float, accepted: int) -> list[GenerationResul
     return results
 
 
-def _stored(store: Store, medium: tuple[float, int], text: str = SWEEP) -> SweepSpec:
+def _stored(
+    store: Store, medium: tuple[float, int], text: str = SWEEP, machine: float = 1.0
+) -> SweepSpec:
     """Store every trial of ``text``: pair small at speed factor 1 accepting 1 token a round,
-    pair medium at ``medium`` (speed factor, accepted tokens)."""
+    pair medium at ``medium`` (speed factor, accepted tokens) on a machine ``machine`` times as
+    fast while it runs (its AR baseline too)."""
     spec, plan = store_db.spec_and_plan(text)
     store.register_sweep(spec, plan)
     for trial in plan.trials:
         faster, accepted = medium if trial.pair == "medium" else (1.0, 1)
-        results = _results(trial, faster, accepted)
+        results = _results(trial, faster, accepted, machine if trial.pair == "medium" else 1.0)
         store.record_trial(trial, results, trial_metrics(results))
     return spec
 
@@ -119,6 +125,13 @@ def test_identical_drafts_are_not_distinguishable(store: Store) -> None:
     assert (speed.pick.a.pair, speed.pick.b.pair) == ("medium", "small")
     assert speed.pick.b.max_draft_len == 2 and speed.pick.a.max_draft_len == 2
     assert acceptance.verdict_text == "not distinguishable"
+
+
+def test_draft_speed_is_a_ratio_of_speedups_so_machine_drift_cancels(store: Store) -> None:
+    # pair medium ran while the machine was 20% slower, AR baseline included: same draft
+    (speed,) = _by_form(_declared(store, _stored(store, (1.0, 1), machine=0.8)))[DRAFT_SPEED]
+    assert speed.comparison.ratio.estimate == pytest.approx(1.0)
+    assert speed.comparison.verdict == "not distinguishable"
 
 
 def test_a_clear_difference_is_decided_with_its_sign(store: Store) -> None:
