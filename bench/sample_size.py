@@ -7,19 +7,27 @@ replacement), takes the paired 95% interval of the speedup
 (``orchestrator.analysis.stats.paired_speed_ratio``, the interval every stored speedup carries) and
 reports the mean relative half-width over the draws.
 
+``--measure acceptance`` sizes a draft-against-draft acceptance claim instead (the reproduction
+report's ``report.drafts``): it pools the per-prompt (accepted, drafted) of every two done trials
+of one setting (policy, parameters, max draft length, dataset entry, sampling, seed) on two
+pairs, each pair of trials scaled to an acceptance ratio of 1, and takes the same paired
+interval on the ratio of acceptance rates.
+
     python bench/sample_size.py --db sqlite:///docs/toy-demo-results.db --n 10 30 100 300
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import numpy as np
 
-from orchestrator.analysis.pairing import SampleSpeed, pair_samples
+from orchestrator.analysis.pairing import SampleSpeed, acceptance_counts, pair_samples
 from orchestrator.analysis.stats import paired_speed_ratio
 from orchestrator.store import open_store
+from orchestrator.store.records import StoredTrial
 
 Quad = tuple[float, float, float, float]
 
@@ -35,6 +43,36 @@ def pooled_prompts(db: str) -> list[Quad]:
             )
             if pairs:
                 pooled += _scaled(pairs)
+    return pooled
+
+
+def _setting(trial: StoredTrial) -> str:
+    """Return what a trial measures apart from its pair: dataset entry, sampling, seed, draft
+    kind, policy, parameters and max draft length."""
+    parts = (
+        *(trial.dataset, trial.split, trial.samples, trial.max_new_tokens),
+        *(trial.temperature, trial.top_k, trial.top_p, trial.seed, trial.draft_kind),
+        *(trial.policy, json.dumps(trial.params, sort_keys=True), trial.max_draft_len),
+    )
+    return json.dumps(parts)
+
+
+def pooled_acceptance(db: str) -> list[Quad]:
+    """Return (accepted, drafted, other's accepted, other's drafted) per prompt of every two done
+    speculative trials of one setting on two pairs, each pair of trials scaled to a ratio of 1."""
+    pooled: list[Quad] = []
+    with open_store(db, read_only=True) as store:
+        settings: dict[str, list[StoredTrial]] = {}
+        for trial in store.trials():
+            if trial.status == "done" and trial.baseline_id and not trial.config.get("is_check"):
+                settings.setdefault(_setting(trial), []).append(trial)
+        for trials in settings.values():
+            for a, b in itertools.combinations(trials, 2):
+                counts = [acceptance_counts(store.sample_speeds(t.trial_id)) or [] for t in (a, b)]
+                pairs = pair_samples(*counts)
+                accepted = [sum(x.tokens for x, _ in pairs), sum(y.tokens for _, y in pairs)]
+                if a.pair != b.pair and pairs and min(accepted) > 0:
+                    pooled += _scaled(pairs)
     return pooled
 
 
@@ -66,8 +104,14 @@ def main() -> None:
     parser.add_argument("--db", default="sqlite:///docs/toy-demo-results.db")
     parser.add_argument("--n", type=int, nargs="+", default=[10, 30, 100, 300])
     parser.add_argument("--draws", type=int, default=20)
+    parser.add_argument(
+        "--measure",
+        choices=("speedup", "acceptance"),
+        default="speedup",
+        help="speedup over AR (default), or one draft's acceptance rate over another's",
+    )
     args = parser.parse_args()
-    pooled = pooled_prompts(args.db)
+    pooled = pooled_prompts(args.db) if args.measure == "speedup" else pooled_acceptance(args.db)
     report = {
         "prompts_pooled": len(pooled),
         "half_width": {n: half_width(pooled, n, args.draws, seed=n) for n in args.n},

@@ -23,7 +23,7 @@ from orchestrator.analysis.stats import (
     family_confidence,
     holm_adjusted,
     p_verdict,
-    paired_speed_ratio,
+    paired_log_ratio,
     verdict,
 )
 
@@ -31,13 +31,16 @@ from orchestrator.analysis.stats import (
 @dataclass(frozen=True)
 class SampleSpeed:
     """One stored sample: its prompt, its sample index, generated tokens and seconds (end to
-    end), and its decode seconds (None when stored without them)."""
+    end), its decode seconds (None when stored without them), and its drafted and accepted draft
+    tokens (None when not read)."""
 
     prompt_id: str
     sample_index: int
     tokens: int
     seconds: float
     decode_seconds: float | None = None
+    drafted: int | None = None
+    accepted: int | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -71,6 +74,18 @@ def decode_speeds(samples: Sequence[SampleSpeed]) -> list[SampleSpeed] | None:
     return [replace(sample, seconds=sample.decode_seconds) for sample in samples]
 
 
+def acceptance_counts(samples: Sequence[SampleSpeed]) -> list[SampleSpeed] | None:
+    """Return ``samples`` with their accepted draft tokens as ``tokens`` and their drafted ones
+    as ``seconds``, so that the functions here compare acceptance rates (Σ accepted / Σ
+    drafted) by the same paired interval as speeds; None when a sample has no counts."""
+    if any(sample.drafted is None or sample.accepted is None for sample in samples):
+        return None
+    return [
+        replace(sample, tokens=sample.accepted, seconds=sample.drafted, decode_seconds=None)
+        for sample in samples
+    ]
+
+
 def _keyed(samples: Iterable[SampleSpeed]) -> dict[tuple[str, int], SampleSpeed]:
     """Key samples by (prompt id, occurrence of that prompt), in sample order."""
     seen: dict[str, int] = {}
@@ -101,22 +116,39 @@ def sample_speedups(
     return speedups
 
 
+#: Signs of (tokens, seconds) of A, B, A's baseline and B's baseline in a paired ratio: A's
+#: tokens/s over B's, and with the baselines, A's speedup over B's.
+RATIO_SIGNS = (1, -1, -1, 1)
+SPEEDUP_RATIO_SIGNS = (1, -1, -1, 1, -1, 1, 1, -1)
+
+
+def _prompt_sums(sides: Sequence[Sequence[SampleSpeed]]) -> list[list[float]]:
+    """Return, over the prompts every side holds (in the first side's sample order), each
+    side's tokens and seconds summed within the prompt: columns tokens, seconds of each side."""
+    keyed = [_keyed(side) for side in sides]
+    sums: dict[str, list[float]] = {}
+    for key in keyed[0]:
+        if not all(key in other for other in keyed[1:]):
+            continue
+        total = sums.setdefault(key[0], [0.0] * (2 * len(sides)))
+        for index, side in enumerate(keyed):
+            total[2 * index] += side[key].tokens
+            total[2 * index + 1] += side[key].seconds
+    return [[total[column] for total in sums.values()] for column in range(2 * len(sides))]
+
+
 def _paired_interval(
-    a: Sequence[SampleSpeed],
-    b: Sequence[SampleSpeed],
+    sides: Sequence[Sequence[SampleSpeed]],
     confidence: float,
     model_error: ModelError | None = None,
 ) -> tuple[int, Interval | None]:
-    """Return the number of shared prompts and A's tokens/s over B's interval on them, widened
-    by ``model_error`` (``metrics.widen``)."""
-    sums: dict[str, list[float]] = {}
-    for x, y in pair_samples(a, b):
-        total = sums.setdefault(x.prompt_id, [0.0, 0.0, 0.0, 0.0])
-        for position, value in enumerate((x.tokens, x.seconds, y.tokens, y.seconds)):
-            total[position] += value
-    columns = [[total[position] for total in sums.values()] for position in range(4)]
-    interval = paired_speed_ratio(*columns, confidence=confidence)
-    return len(sums), widen(interval, model_error.error if model_error else None)
+    """Return the number of prompts every side shares and, on them, A's tokens/s over B's
+    (sides A, B) or A's speedup over its baseline over B's (sides A, B, A's and B's
+    baselines), with its interval widened by ``model_error`` (``metrics.widen``)."""
+    signs = RATIO_SIGNS if len(sides) == 2 else SPEEDUP_RATIO_SIGNS
+    columns = _prompt_sums(sides)
+    interval = paired_log_ratio(columns, signs, confidence)
+    return len(columns[0]), widen(interval, model_error.error if model_error else None)
 
 
 def paired_ratio(
@@ -124,7 +156,7 @@ def paired_ratio(
 ) -> Comparison:
     """Return A's tokens/s over B's on their shared prompts with its paired 95% interval,
     widened by the cost-model error it carries (``model_error``; None: both sides live)."""
-    n_prompts, interval = _paired_interval(a, b, CONFIDENCE, model_error)
+    n_prompts, interval = _paired_interval((a, b), CONFIDENCE, model_error)
     return Comparison(
         n_prompts=n_prompts,
         ratio=interval,
@@ -135,10 +167,12 @@ def paired_ratio(
 
 
 def compare_family(
-    pairs: Sequence[tuple[Sequence[SampleSpeed], Sequence[SampleSpeed]]],
+    pairs: Sequence[Sequence[Sequence[SampleSpeed]]],
     model_errors: Sequence[ModelError | None] = (),
 ) -> list[Comparison]:
-    """Return each (A, B) comparison of a family made together, family-wise error ≤ 5%.
+    """Return each comparison of a family made together, family-wise error ≤ 5%: an entry
+    (A, B) compares A's tokens/s with B's, an entry (A, B, A's baseline, B's baseline) A's
+    speedup over its baseline with B's over its own (both on the prompts all four share).
 
     Intervals are at 1 − 0.05/m (m comparisons that have an interval); verdicts come from
     Holm-adjusted p-values, which decide at least as often as the intervals exclude 1 (a
@@ -148,8 +182,8 @@ def compare_family(
     """
     errors = list(model_errors) or [None] * len(pairs)
     found = [
-        _paired_interval(a, b, CONFIDENCE, error)
-        for (a, b), error in zip(pairs, errors, strict=True)
+        _paired_interval(sides, CONFIDENCE, error)
+        for sides, error in zip(pairs, errors, strict=True)
     ]
     m = sum(interval is not None for _, interval in found)
     level = family_confidence(m)
@@ -160,11 +194,11 @@ def compare_family(
     ]
     adjusted = iter(holm_adjusted(tested))
     family = []
-    for (a, b), (n_prompts, interval), error in zip(pairs, found, errors, strict=True):
+    for sides, (n_prompts, interval), error in zip(pairs, found, errors, strict=True):
         if interval is None:
             family.append(Comparison(n_prompts, None, None, m, model_error=error))
             continue
-        _, wide = _paired_interval(a, b, level, error)
+        _, wide = _paired_interval(sides, level, error)
         p = next(adjusted)
         family.append(Comparison(n_prompts, wide, p_verdict(interval.estimate, p), m, p, error))
     return family

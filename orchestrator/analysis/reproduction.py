@@ -12,6 +12,12 @@ only the cost model's error could explain is not made. The best static K is chos
 that must hold K = 1 and 2 (the report refuses otherwise, naming the sweep field), and every
 dataset entry must hold out test prompts (``datasets[i].holdout``). Each claim names its n: test
 prompts × repeats × new tokens.
+
+The sweep's ``report`` section declares further claims of the same family
+(``orchestrator.analysis.declared_claims``): a policy's best against another policy's best, and
+two pairs' drafts (one target) under one policy, on speed (the ratio of the two speedups, each
+over its own pair's AR baseline) and on acceptance rate (Σ accepted / Σ drafted), by the same
+paired interval on the log ratio.
 """
 
 from __future__ import annotations
@@ -19,27 +25,46 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.analysis.claim_cells import (
+    DRAFT_ACCEPTANCE,
+    DRAFT_SPEED,
+    POLICY,
+    POLICY_VS_POLICY,
+    STATIC,
+    CellKey,
+    Pick,
+    candidates,
+    cell_key,
+    cell_label,
+    of_policy,
+)
+from orchestrator.analysis.declared_claims import draft_picks, policy_picks
 from orchestrator.analysis.holdout import (
     DECODE,
-    BestSetting,
-    Candidate,
+    DatasetKey,
     PromptSplit,
     best_setting,
-    dataset_key,
     headline_measure,
     holdout_splits,
 )
 from orchestrator.analysis.metrics import FitError, ModelError, paired_model_error
-from orchestrator.analysis.pairing import Comparison, SampleSpeed, compare_family, decode_speeds
+from orchestrator.analysis.pairing import (
+    Comparison,
+    SampleSpeed,
+    acceptance_counts,
+    compare_family,
+    decode_speeds,
+)
 from orchestrator.analysis.report import MISSING, format_params, model_error_cell
 from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.spec import SweepSpec
 
-STATIC = "static"
 #: Static K the grid must hold: the short drafts a tuned threshold rule is often no better than.
 REQUIRED_STATIC = (1, 2)
 #: Policies that make no claim of their own: the AR baseline and the oracle (an upper bound).
 NOT_CLAIMED = frozenset({"ar", "oracle", STATIC})
+#: An acceptance claim's verdicts, by the verdict of its ratio.
+ACCEPTANCE_VERDICTS = {"faster": "higher", "slower": "lower"}
 
 
 class ReproductionError(ValueError):
@@ -48,16 +73,12 @@ class ReproductionError(ValueError):
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim: the best setting of ``policy`` (``chosen``) against the best static K
-    (``static``) in one cell, their comparison on the test prompts (``comparison``, in the
-    report's Holm family), and its n (test prompts × ``repeats`` × ``new_tokens``)."""
+    """One claim: its two sides and how each was chosen (``pick``: a policy's best setting
+    against the best static K, or a comparison the sweep's ``report`` section declares), their
+    comparison on the test prompts (``comparison``, in the report's Holm family), and its n
+    (test prompts × ``repeats`` × ``new_tokens``)."""
 
-    cell: str
-    policy: str
-    chosen: StoredTrial
-    static: StoredTrial
-    picked: BestSetting
-    picked_static: BestSetting
+    pick: Pick
     comparison: Comparison
     repeats: int
     new_tokens: int
@@ -71,6 +92,14 @@ class Claim:
             f"{self.new_tokens} new tokens"
         )
 
+    @property
+    def verdict_text(self) -> str:
+        """Return the verdict as printed: an acceptance claim's is "higher" or "lower"."""
+        verdict = str(self.comparison.verdict)
+        if self.pick.form == DRAFT_ACCEPTANCE:
+            return ACCEPTANCE_VERDICTS.get(verdict, verdict)
+        return verdict
+
 
 @dataclass(frozen=True)
 class ReproductionReport:
@@ -81,6 +110,16 @@ class ReproductionReport:
     static_grid: tuple[int, ...]
     claims: tuple[Claim, ...]
     skipped: tuple[str, ...]
+
+    @property
+    def policy_claims(self) -> tuple[Claim, ...]:
+        """Return the claims of each policy's best against the best static K."""
+        return tuple(claim for claim in self.claims if claim.pick.form == POLICY)
+
+    @property
+    def declared_claims(self) -> tuple[Claim, ...]:
+        """Return the claims the sweep's ``report`` section declares."""
+        return tuple(claim for claim in self.claims if claim.pick.form != POLICY)
 
 
 def static_grid(spec: SweepSpec) -> tuple[int, ...]:
@@ -107,7 +146,7 @@ def static_grid(spec: SweepSpec) -> tuple[int, ...]:
     return grid
 
 
-def _splits(spec: SweepSpec) -> dict[tuple, PromptSplit]:
+def _splits(spec: SweepSpec) -> dict[DatasetKey, PromptSplit]:
     """Return each dataset entry's dev/test split; raise naming an entry without one."""
     for index, entry in enumerate(spec.datasets):
         if entry.holdout is None:
@@ -119,65 +158,29 @@ def _splits(spec: SweepSpec) -> dict[tuple, PromptSplit]:
     return holdout_splits(spec)
 
 
-def _cell_key(row: StoredTrial) -> tuple:
-    """Return a trial's cell: pair, dataset entry, sampling setting, seed, draft kind (a lookup
-    draft shares its pair's worker and AR baseline, not its claims)."""
-    return (
-        row.pair,
-        dataset_key(row),
-        row.temperature,
-        row.top_k,
-        row.top_p,
-        row.seed,
-        row.draft_kind,
-    )
-
-
-def _cell_label(row: StoredTrial) -> str:
-    """Return a cell's printable name (the draft kind shown when it is not a draft model)."""
-    sampling = f"T={row.temperature:g}"
-    if row.temperature > 0 and (row.top_k or row.top_p < 1):
-        sampling += f" top-k {row.top_k} top-p {row.top_p:g}"
-    kind = "" if row.draft_kind == "lm" else f" ({row.draft_kind})"
-    return f"{row.pair}{kind} · {row.dataset} · {sampling} · seed {row.seed}"
-
-
-def _candidates(
-    rows: Sequence[StoredTrial], samples: Mapping[str, Sequence[SampleSpeed]]
-) -> dict[str, Candidate]:
-    """Return the done grid trials among ``rows`` that have samples and a baseline with
-    samples (a live check repeats a grid setting and is left out)."""
-    return {
-        row.trial_id: Candidate(samples[row.trial_id], samples[row.baseline_id])
-        for row in rows
-        if row.baseline_id
-        and not row.config.get("is_check")
-        and samples.get(row.trial_id)
-        and samples.get(row.baseline_id)
-    }
-
-
-def _test_speeds(
-    speeds: Sequence[SampleSpeed], split: PromptSplit, prompts: int, measure: str
+def _compared_samples(
+    pick: Pick, speeds: Sequence[SampleSpeed], prompts: int, measure: str
 ) -> list[SampleSpeed]:
-    """Return the samples of the test prompts (every repeat of each), timed by ``measure``."""
-    test = set(split.test)
+    """Return what a claim compares of one side's samples (of ``prompts`` prompts) on the test
+    prompts (every repeat of each): acceptance counts in an acceptance claim, else the speeds
+    timed by ``measure``."""
+    test = set(pick.split.test)
     chosen = [s for s in speeds if s.sample_index % max(prompts, 1) in test]
+    if pick.form == DRAFT_ACCEPTANCE:
+        return acceptance_counts(chosen) or []
     timed = decode_speeds(chosen) if measure == DECODE else None
     return chosen if timed is None else timed
 
 
-@dataclass(frozen=True)
-class _Pick:
-    """One claim before the family is compared: the cell, the policy and both best settings."""
-
-    cell: str
-    policy: str
-    chosen: StoredTrial
-    static: StoredTrial
-    picked: BestSetting
-    picked_static: BestSetting
-    split: PromptSplit
+def _sides(
+    pick: Pick, samples: Mapping[str, Sequence[SampleSpeed]], measure: str
+) -> list[list[SampleSpeed]]:
+    """Return the sides a claim compares: A and B, and for a draft speed claim their pairs' AR
+    baselines too (A's speedup over B's: the two pairs' arms are not interleaved together)."""
+    ids = [pick.a.trial_id, pick.b.trial_id]
+    if pick.form == DRAFT_SPEED:
+        ids += [pick.a.baseline_id or "", pick.b.baseline_id or ""]
+    return [_compared_samples(pick, samples[i], pick.a.samples, measure) for i in ids]
 
 
 def _cell_picks(
@@ -185,32 +188,57 @@ def _cell_picks(
     samples: Mapping[str, Sequence[SampleSpeed]],
     split: PromptSplit,
     skipped: list[str],
-) -> list[_Pick]:
+) -> list[Pick]:
     """Return one cell's claims (each policy's best against the best static K); note in
     ``skipped`` what cannot be claimed."""
     by_id = {row.trial_id: row for row in rows}
-    label = _cell_label(rows[0])
-    statics = _candidates([r for r in rows if r.policy == STATIC], samples)
-    best_static = best_setting(statics, split)
+    label = cell_label(rows[0])
+    best_static = best_setting(candidates(of_policy(rows, STATIC), samples), split)
     policies = dict.fromkeys(r.policy for r in rows if r.policy not in NOT_CLAIMED)
     if best_static is None:
         skipped += [f"{label}: {name}: no done static trial to compare with" for name in policies]
         return []
     picks = []
+    static = by_id[best_static.trial_id]
     for policy in policies:
-        found = best_setting(_candidates([r for r in rows if r.policy == policy], samples), split)
+        found = best_setting(candidates(of_policy(rows, policy), samples), split)
         if found is None:
             skipped.append(f"{label}: {policy}: no done trial with a done AR baseline")
             continue
-        chosen, static = by_id[found.trial_id], by_id[best_static.trial_id]
-        picks.append(_Pick(label, policy, chosen, static, found, best_static, split))
+        chosen = by_id[found.trial_id]
+        picks.append(Pick(POLICY, label, policy, STATIC, chosen, static, found, best_static, split))
     return picks
 
 
-def _model_errors(picks: Sequence[_Pick], fits: Mapping[str, FitError]) -> list[ModelError | None]:
-    """Return the cost-model error each claim carries (None: both sides live, or not known)."""
+def _picks(
+    spec: SweepSpec,
+    cells: Mapping[CellKey, Sequence[StoredTrial]],
+    samples: Mapping[str, Sequence[SampleSpeed]],
+    skipped: list[str],
+) -> list[Pick]:
+    """Return every claim of the report before it is compared: each cell's policy claims,
+    then the comparisons ``spec.report`` declares, in its order."""
+    splits = _splits(spec)
+    picks = [
+        pick
+        for key, members in cells.items()
+        for pick in _cell_picks(members, samples, splits[key[1]], skipped)
+    ]
+    for policies in spec.report.policies:
+        picks += policy_picks(policies, cells, samples, splits, skipped)
+    for drafts in spec.report.drafts:
+        picks += draft_picks(drafts, cells, samples, splits, skipped)
+    return picks
+
+
+def _model_errors(picks: Sequence[Pick], fits: Mapping[str, FitError]) -> list[ModelError | None]:
+    """Return the cost-model error each claim carries (None: both sides live, not known, or an
+    acceptance claim, which times nothing)."""
     return [
-        paired_model_error(fits.get(p.chosen.trial_id), fits.get(p.static.trial_id)) for p in picks
+        None
+        if p.form == DRAFT_ACCEPTANCE
+        else paired_model_error(fits.get(p.a.trial_id), fits.get(p.b.trial_id))
+        for p in picks
     ]
 
 
@@ -221,46 +249,26 @@ def reproduction_report(
     fits: Mapping[str, FitError] | None = None,
 ) -> ReproductionReport:
     """Return the sweep's report from its done trials ``rows`` and their ``samples`` (by id);
-    ``fits`` holds each replayed trial's cost fit (``Store.side_fits``); a replayed trial not
-    in it is compared as if it were live, without its model's error.
+    ``fits`` holds each replayed trial's cost fit (``Store.side_fits``; a replayed trial not in
+    it carries no model error).
 
     Raises ReproductionError when the static grid lacks K = 1 or 2 or a dataset entry has no
     holdout (the message names the field).
     """
     grid = static_grid(spec)
-    splits = _splits(spec)
-    cells: dict[tuple, list[StoredTrial]] = {}
+    cells: dict[CellKey, list[StoredTrial]] = {}
     for row in rows:
         if row.status == "done":
-            cells.setdefault(_cell_key(row), []).append(row)
+            cells.setdefault(cell_key(row), []).append(row)
     skipped: list[str] = []
-    picks = [
-        pick
-        for key, members in cells.items()
-        for pick in _cell_picks(members, samples, splits[key[1]], skipped)
-    ]
-    measure = headline_measure([samples[t.trial_id] for p in picks for t in (p.chosen, p.static)])
-    pairs = [
-        tuple(
-            _test_speeds(samples[t.trial_id], p.split, t.samples, measure)
-            for t in (p.chosen, p.static)
-        )
-        for p in picks
-    ]
-    family = compare_family(pairs, _model_errors(picks, fits or {})) if pairs else []
+    picks = _picks(spec, cells, samples, skipped)
+    timed = [p for p in picks if p.form != DRAFT_ACCEPTANCE]
+    measure = headline_measure([samples[t.trial_id] for p in timed for t in (p.a, p.b)])
+    sides = [_sides(p, samples, measure) for p in picks]
+    family = compare_family(sides, _model_errors(picks, fits or {})) if picks else []
     claims = tuple(
-        Claim(
-            cell=p.cell,
-            policy=p.policy,
-            chosen=p.chosen,
-            static=p.static,
-            picked=p.picked,
-            picked_static=p.picked_static,
-            comparison=compared,
-            repeats=spec.execution.repeats,
-            new_tokens=p.chosen.max_new_tokens,
-        )
-        for p, compared in zip(picks, family, strict=True)
+        Claim(pick, compared, spec.execution.repeats, pick.a.max_new_tokens)
+        for pick, compared in zip(picks, family, strict=True)
     )
     return ReproductionReport(spec.name, measure, grid, claims, tuple(skipped))
 
@@ -273,8 +281,9 @@ def _setting(row: StoredTrial) -> str:
     return f"{row.policy}{shown} K={row.max_draft_len}{replayed}"
 
 
-def _ratio_cells(compared: Comparison) -> list[str]:
+def _ratio_cells(claim: Claim) -> list[str]:
     """Return the ratio, interval, model error, Holm p and verdict cells of one claim."""
+    compared = claim.comparison
     ratio = compared.ratio
     error = model_error_cell(compared.model_error)
     if ratio is None:
@@ -284,16 +293,16 @@ def _ratio_cells(compared: Comparison) -> list[str]:
         f"[{ratio.low:.3f}, {ratio.high:.3f}]",
         error,
         f"{compared.adjusted_p:.3g}",
-        str(compared.verdict),
+        claim.verdict_text,
     ]
 
 
-def report_markdown(report: ReproductionReport) -> str:
-    """Return the report as markdown: the rule, then one table row per claim."""
+def _rule_lines(report: ReproductionReport) -> list[str]:
+    """Return the report's title and the bullets of its rule."""
     m = sum(claim.comparison.ratio is not None for claim in report.claims)
     level = 100 * (1 - 0.05 / max(m, 1))
     measure = "decode-only" if report.measure == DECODE else "end-to-end"
-    lines = [
+    return [
         f"# Reproduction report: {report.sweep}",
         "",
         "One rule for every claim:",
@@ -315,21 +324,60 @@ def report_markdown(report: ReproductionReport) -> str:
         "measured on the fit's live checks of the same prompts; two fits, both e added. The "
         "interval becomes [low·(1 − e), high·(1 + e)] and the Holm p is the widened "
         "interval's; the ratio is unchanged.",
+    ]
+
+
+#: The rule of the declared comparisons, printed when the report has any.
+DECLARED_RULE = (
+    "- Declared comparisons (the sweep's `report` section; second table), in the same Holm "
+    "family and by the same interval: *policy vs policy*: policy A's best setting against "
+    "policy B's in one cell, each chosen on the dev prompts as above; *draft speed*: pair A's "
+    "draft against pair B's (one target) under one policy, each at its best setting chosen on "
+    "the dev prompts by its speedup over its own pair's AR baseline, A's speedup over its AR "
+    "baseline over B's over its own on the same test prompts (each pair's arms are interleaved "
+    "with its own AR baseline, not with the other pair's: the ratio of speedups cancels a "
+    "change of the machine's speed between the pairs); *draft acceptance*: A at B's "
+    "chosen setting against B, A's acceptance rate (accepted over drafted tokens) over B's on "
+    "the same test prompts (verdict higher or lower)."
+)
+
+
+def _claim_rows(claims: Sequence[Claim], declared: bool) -> list[str]:
+    """Return one table row per claim (a declared claim's row starts with its form and names
+    a draft claim's pairs)."""
+    rows = []
+    for claim in claims:
+        pick = claim.pick
+        sides = [_setting(pick.a), _setting(pick.b)]
+        if pick.form not in (POLICY, POLICY_VS_POLICY):
+            sides = [f"{pick.name_a}: {sides[0]}", f"{pick.name_b}: {sides[1]}"]
+        form = [pick.form] if declared else []
+        cells = [*form, pick.cell, *sides, *_ratio_cells(claim), claim.n_text]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def report_markdown(report: ReproductionReport) -> str:
+    """Return the report as markdown: the rule, then one table row per claim (the declared
+    comparisons in a second table)."""
+    declared = report.declared_claims
+    lines = [
+        *_rule_lines(report),
+        *([DECLARED_RULE] if declared else []),
         "",
         "| cell | A: best of policy | B: best static K | A / B | interval | model error | Holm p "
         "| verdict | n |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *_claim_rows(report.policy_claims, declared=False),
     ]
-    for claim in report.claims:
-        cells = [
-            claim.cell,
-            _setting(claim.chosen),
-            _setting(claim.static),
-            *_ratio_cells(claim.comparison),
-            claim.n_text,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    if not report.claims:
+    if not report.policy_claims:
         lines.append("| (no claim: no cell has a done policy and static trial) |" + " |" * 8)
+    if declared:
+        lines += [
+            "",
+            "| claim | cell | A | B | A / B | interval | model error | Holm p | verdict | n |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            *_claim_rows(declared, declared=True),
+        ]
     lines += ["", *(f"- not claimed: {line}" for line in report.skipped)]
     return "\n".join(lines).rstrip() + "\n"

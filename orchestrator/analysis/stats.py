@@ -126,12 +126,28 @@ def paired_speed_ratio(
     Entry i of every sequence belongs to prompt i. This is the speedup when B is the AR
     baseline. None with fewer than ``MIN_PROMPTS`` prompts or no time or tokens on a side.
     """
-    data = tuple(np.asarray(v, float) for v in (tokens_a, seconds_a, tokens_b, seconds_b))
-    if len({d.shape for d in data}) != 1 or data[0].ndim != 1:
-        raise ValueError("the four sequences must be 1-D and of equal length (one per prompt)")
+    parts = (tokens_a, seconds_a, tokens_b, seconds_b)
+    return paired_log_ratio(parts, (1, -1, -1, 1), confidence)
+
+
+def paired_log_ratio(
+    parts: Sequence[Sequence[float]], signs: Sequence[int], confidence: float = CONFIDENCE
+) -> Interval | None:
+    """Return Π (Σ part)^sign over the same prompts with its paired interval and p-value (the
+    t interval on its log with the jackknife standard error, every part left out together).
+
+    Entry i of every part belongs to prompt i; e.g. parts (tokens, seconds) of A, B and their
+    AR baselines with signs (1, -1, -1, 1, -1, 1, 1, -1) give A's speedup over B's. None with
+    fewer than ``MIN_PROMPTS`` prompts or a sum that is not positive.
+    """
+    data = tuple(np.asarray(v, float) for v in parts)
+    if len({d.shape for d in data}) != 1 or data[0].ndim != 1 or len(signs) != len(data):
+        raise ValueError(
+            "every part must be 1-D and of equal length (one per prompt), one sign each"
+        )
     if len(data[0]) < MIN_PROMPTS:
         return None
-    found = _log_ratio_t(data, (1, -1, -1, 1), confidence)
+    found = _log_ratio_t(data, signs, confidence)
     if found is None:
         return None
     theta, low, high, p_value = found

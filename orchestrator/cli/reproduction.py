@@ -32,8 +32,10 @@ def add_parser(commands: Any, db: list[Any]) -> None:
         "same prompts, a t interval on the log ratio with the jackknife standard error (as\n"
         "compare), Holm over all claims of the report; a claim with a replayed side is\n"
         "widened by its cost model's measured error (as compare). The static grid must\n"
-        "include K = 1 and 2. Each claim names its n (test prompts x repeats x new tokens).\n"
-        "Reads the store; measures nothing.\n\n"
+        "include K = 1 and 2. The sweep's report section declares further claims of the same\n"
+        "family: policy against policy (report.policies) and draft against draft on speed and\n"
+        "acceptance (report.drafts). Each claim names its n (test prompts x repeats x new\n"
+        "tokens). Reads the store; measures nothing.\n\n"
         "examples:\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --db sqlite:///results.db\n"
         f"  {PROG} report --sweep sweeps/reproduce.yaml --out reproduction.md",

@@ -63,13 +63,15 @@ def trial_sample_speeds(
         SampleResultRow.generated_tokens,
         SampleResultRow.seconds,
         SampleResultRow.decode_seconds,
+        SampleResultRow.drafted,
+        SampleResultRow.accepted,
     )
     for start in range(0, len(wanted), ID_CHUNK):
         query = select(*columns).where(
             SampleResultRow.trial_id.in_(wanted[start : start + ID_CHUNK])
         )
-        for row_id, trial_id, index, prompt, tokens, seconds, decode in session.execute(query):
-            sample = SampleSpeed(prompt, index, tokens, seconds, decode)
+        for row_id, trial_id, index, prompt, *values in session.execute(query):
+            sample = SampleSpeed(prompt, index, *values)
             speeds.setdefault(trial_id, []).append(sample)
             ids[(trial_id, index)] = row_id
     return speeds, ids

@@ -684,6 +684,32 @@ class ExecutionSpec(_Frozen):
     repeats: int = Field(1, ge=1, le=1000)
 
 
+class DraftComparisonSpec(_Frozen):
+    """Two pairs' drafts compared by the reproduction report under one policy: pair ``a``'s
+    draft against pair ``b``'s (same target), each at its best setting of ``policy`` chosen on
+    the dev prompts, on speed, and on acceptance at ``b``'s chosen setting."""
+
+    a: Name
+    b: Name
+    policy: str = "static"
+
+
+class PolicyComparisonSpec(_Frozen):
+    """Two policies compared by the reproduction report: policy ``a``'s best setting against
+    policy ``b``'s (each chosen on the dev prompts) in every cell that runs both."""
+
+    a: str
+    b: str
+
+
+class ReportSpec(_Frozen):
+    """The comparisons the reproduction report makes besides each policy against the best
+    static K (``orchestrator.analysis.reproduction``): declared here, never guessed."""
+
+    drafts: tuple[DraftComparisonSpec, ...] = ()
+    policies: tuple[PolicyComparisonSpec, ...] = ()
+
+
 class SweepSpec(_Frozen):
     """A whole sweep: the grid to expand (see ``orchestrator.sweep.planner``) and how to run it."""
 
@@ -698,6 +724,7 @@ class SweepSpec(_Frozen):
     batch_sizes: NonEmpty[Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]] = (1,)
     training_jobs: tuple[TrainingJobSpec, ...] = ()
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    report: ReportSpec = Field(default_factory=ReportSpec)
 
     @model_validator(mode="after")
     def _cross_references(self) -> SweepSpec:
@@ -731,6 +758,7 @@ class SweepSpec(_Frozen):
         if self.execution.mode != "live":
             problems += self._record_rounds_problems()
         problems += self._batch_problems()
+        problems += self._report_problems()
         size = self.grid_size()
         if size > MAX_GRID_TRIALS:
             problems.append(((), f"the grid expands to {size} trials (limit {MAX_GRID_TRIALS})"))
@@ -760,6 +788,69 @@ class SweepSpec(_Frozen):
                 loc = ("policies", index, "temperatures", position)
                 problems.append((loc, f"the sweep has no temperature {value:g} ({temperatures})"))
         return problems
+
+    def policy_pairs(self, name: str) -> set[str]:
+        """Return the names of the pairs that some ``policies[]`` entry named ``name`` runs on."""
+        every = {pair.name for pair in self.pairs}
+        entries = [policy for policy in self.policies if policy.name == name]
+        return {pair for policy in entries for pair in (policy.pairs or every)}
+
+    def _report_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return the problems of ``report``: each comparison must name two different pairs of
+        one target (drafts) or two different policies of the sweep, run on a common pair."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for index, draft in enumerate(self.report.drafts):
+            problems += self._draft_comparison_problems(("report", "drafts", index), draft)
+        for index, policy in enumerate(self.report.policies):
+            problems += self._policy_comparison_problems(("report", "policies", index), policy)
+        return problems
+
+    def _policy_comparison_problems(
+        self, loc: tuple[str | int, ...], policy: PolicyComparisonSpec
+    ) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return the problems of one ``report.policies`` entry (its fields named in ``loc``)."""
+        named = sorted({p.name for p in self.policies})
+        problems = [
+            ((*loc, side), f"no policies[] entry named {name!r} (defined: {named})")
+            for side, name in (("a", policy.a), ("b", policy.b))
+            if name not in named
+        ]
+        if problems:
+            return problems
+        if policy.a == policy.b:
+            return [((*loc, "b"), f"compares policy {policy.a!r} with itself")]
+        if not self.policy_pairs(policy.a) & self.policy_pairs(policy.b):
+            message = f"no pair runs both {policy.a!r} and {policy.b!r} (policies[].pairs)"
+            return [((*loc, "b"), message)]
+        return []
+
+    def _draft_comparison_problems(
+        self, loc: tuple[str | int, ...], draft: DraftComparisonSpec
+    ) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return the problems of one ``report.drafts`` entry (its fields named in ``loc``)."""
+        pairs = {pair.name: pair for pair in self.pairs}
+        problems = [
+            ((*loc, side), f"no pair named {name!r} (defined: {sorted(pairs)})")
+            for side, name in (("a", draft.a), ("b", draft.b))
+            if name not in pairs
+        ]
+        if problems:
+            return problems
+        if draft.a == draft.b:
+            return [((*loc, "b"), f"compares pair {draft.a!r} with itself")]
+        if pairs[draft.a].target != pairs[draft.b].target:
+            message = (
+                f"pairs {draft.a!r} and {draft.b!r} have different targets; a draft comparison "
+                "needs one target, so that only the draft differs"
+            )
+            return [((*loc, "b"), message)]
+        if not {draft.a, draft.b} <= self.policy_pairs(draft.policy):
+            message = (
+                f"no policies[] entry named {draft.policy!r} runs on both pairs {draft.a!r} "
+                f"and {draft.b!r}"
+            )
+            return [((*loc, "policy"), message)]
+        return []
 
     def _replay_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
         """Return what a ``mode: replay`` sweep cannot replay exactly (policies.replay)."""

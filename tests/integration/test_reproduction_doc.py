@@ -6,7 +6,7 @@ between ``<!-- report -->`` and ``<!-- /report -->`` without the report's title 
 tables are query results. docs/lab/demo-sweeps.md quotes docs/demo-results.db (sweeps/demo.yaml)
 the same way, report and tables. docs/lab/demo-before-protocol.md is the earlier reading of the
 demo sweeps' databases, docs/lab/data/demo-before-protocol.db (the demo sweep of then, kept as
-docs/lab/data/demo-before-protocol.yaml) and docs/kd-demo-results.db (sweeps/kd_demo.yaml).
+docs/lab/data/demo-before-protocol.yaml) and docs/lab/data/kd-demo-before-protocol.db (likewise).
 Each SQL block (```sql for the document's own database, ```sql KEY for another) is followed by
 the table of its result; the test runs every block through ``python -m orchestrator query
 --format csv`` on its database and compares cell by cell, and checks that each database holds
@@ -37,7 +37,10 @@ DATABASES = {
         REPO / "docs" / "lab" / "data" / "demo-before-protocol.db",
         REPO / "docs" / "lab" / "data" / "demo-before-protocol.yaml",
     ),
-    "kd-demo": (REPO / "docs" / "kd-demo-results.db", REPO / "sweeps" / "kd_demo.yaml"),
+    "kd-demo": (
+        REPO / "docs" / "lab" / "data" / "kd-demo-before-protocol.db",
+        REPO / "docs" / "lab" / "data" / "kd-demo-before-protocol.yaml",
+    ),
 }
 #: Each document and the database its unlabelled ```sql blocks query.
 DOCUMENTS = {

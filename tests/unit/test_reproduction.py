@@ -107,12 +107,13 @@ def test_each_claim_is_a_best_against_the_best_static_k_on_test_prompts(store: S
     spec = _stored(store)
     report = _report(store, spec)
     assert report.static_grid == (1, 2, 4) and report.measure == "decode"
-    assert [c.policy for c in report.claims] == ["svip", "adaedl"]
+    assert [c.pick.name_a for c in report.claims] == ["svip", "adaedl"]
     svip, adaedl = report.claims
-    assert (svip.chosen.threshold, svip.chosen.max_draft_len) == (0.3, 4)
-    assert (svip.static.policy, svip.static.max_draft_len) == ("static", 2)
+    assert (svip.pick.a.threshold, svip.pick.a.max_draft_len) == (0.3, 4)
+    assert (svip.pick.b.policy, svip.pick.b.max_draft_len) == ("static", 2)
     split = holdout_splits(spec)[("builtin:code", None, PROMPTS, 8)]
-    assert svip.picked.n_dev == len(split.dev) and svip.comparison.n_prompts == len(split.test)
+    assert svip.pick.picked_a is not None and svip.pick.picked_a.n_dev == len(split.dev)
+    assert svip.comparison.n_prompts == len(split.test)
     assert svip.comparison.ratio.estimate == pytest.approx(1.1, rel=0.02)
     assert svip.comparison.verdict == "faster"
     assert adaedl.comparison.verdict == "not distinguishable"
@@ -132,9 +133,10 @@ def test_each_draft_kind_of_a_pair_is_its_own_cell(store: Store) -> None:
         "    draft: zoo:micro/draft-s\n", "    drafts: [zoo:micro/draft-s, {kind: ngram}]\n"
     )
     report = _report(store, _stored(store, listed))
-    cells = {c.cell: [] for c in report.claims}
+    cells = {c.pick.cell: [] for c in report.claims}
     for claim in report.claims:
-        cells[claim.cell].append((claim.policy, claim.chosen.draft_kind, claim.static.draft_kind))
+        pick = claim.pick
+        cells[pick.cell].append((pick.name_a, pick.a.draft_kind, pick.b.draft_kind))
     assert cells == {
         "demo · builtin:code · T=0 · seed 0": [("svip", "lm", "lm"), ("adaedl", "lm", "lm")],
         "demo (ngram) · builtin:code · T=0 · seed 0": [

@@ -61,23 +61,13 @@ seeds: [0, 3]
 execution: {mode: mixed, live_check: {policy: static}}
 """
 
-#: Pinned sweep files kept outside sweeps/ (the demo as it ran before the protocol).
-SWEEP_PATHS = {
-    "demo-before-protocol": REPO / "docs" / "lab" / "data" / "demo-before-protocol.yaml",
-}
-
-
-def sweep_path(name: str) -> Path:
-    """Return the file of the pinned sweep ``name``: sweeps/NAME.yaml unless kept elsewhere."""
-    return SWEEP_PATHS.get(name, REPO / "sweeps" / f"{name}.yaml")
-
-
-#: (sweep file, trials, digest, first two trial ids, first trace key, first job id).
+#: (sweep file: a name in sweeps/ or a path, trials, digest, first two trial ids, first trace
+#: key, first job id).
 PINNED = [
-    ("demo-before-protocol", 124, "a79422eb70d2b54fddd69847",
+    ("docs/lab/data/demo-before-protocol.yaml", 124, "a79422eb70d2b54fddd69847",
      ["4a8b6303403250ec", "c3a7ffcea7c65e52"], "db10de8c5a796ed4", None),
-    ("kd_demo", 88, "704c0c622b71175e996ce191", ["eadd9187a0695216", "94029467f9f4017f"],
-     "7f605e5bb446799d", "c59bc8680ff01221"),
+    ("docs/lab/data/kd-demo-before-protocol.yaml", 88, "704c0c622b71175e996ce191",
+     ["eadd9187a0695216", "94029467f9f4017f"], "7f605e5bb446799d", "c59bc8680ff01221"),
     ("replay_demo", 436, "0612ad66c1b7f9500f7f8623", ["2ac39381fb1dd629", "ecfb8c0bc35edea9"],
      "536ae82a2ae7187c", None),
     ("gpu_kd_replay", 24, "d57bc2f5775ac8fab6580c2e", ["35c68c473a1ac8a0", "b13956a7b23cdbcf"],
@@ -120,11 +110,17 @@ def _values_before_draft_kinds(trial: Trial) -> dict[str, object]:
     return values
 
 
+def _sweep_file(sweep: str) -> Path:
+    """Return a pinned sweep file: ``sweeps/NAME.yaml``, or a path from the repository root
+    (a sweep file kept beside the database it ran, e.g. under docs/lab/data/)."""
+    return REPO / sweep if "/" in sweep else REPO / "sweeps" / f"{sweep}.yaml"
+
+
 @pytest.mark.parametrize(("sweep", "n", "digest", "first", "trace", "job"), PINNED)
 def test_ids_keys_and_columns_are_unchanged(
     sweep: str | None, n: int, digest: str, first: list[str], trace: str | None, job: str | None
 ) -> None:
-    spec = load_sweep(sweep_path(sweep)) if sweep else parse_sweep(textwrap.dedent(VARIED))
+    spec = load_sweep(_sweep_file(sweep)) if sweep else parse_sweep(textwrap.dedent(VARIED))
     plan = plan_sweep(spec)
     groups = replay_groups(plan)
     assert len(plan.trials) == n
@@ -139,7 +135,7 @@ def test_ids_keys_and_columns_are_unchanged(
     [
         ("docs/demo-results.db", "sweeps/demo.yaml"),
         ("docs/lab/data/demo-before-protocol.db", "docs/lab/data/demo-before-protocol.yaml"),
-        ("docs/kd-demo-results.db", "sweeps/kd_demo.yaml"),
+        ("docs/lab/data/kd-demo-before-protocol.db", "docs/lab/data/kd-demo-before-protocol.yaml"),
     ],
 )
 def test_the_committed_databases_are_replanned_id_for_id(database: str, sweep_file: str) -> None:
