@@ -251,7 +251,7 @@ def test_a_claim_of_two_replayed_sides_includes_their_fits_ratio_error(
         assert after.comparison.ratio.high == pytest.approx(high * (1 + gap))
     # SVIP's 10% over the best static K was decided on the prompts alone; within the model's
     # error of a ratio of two projections it is not
-    before = {c.policy: c.comparison.verdict for c in ignored.claims}
+    before = {c.pick.a.policy: c.comparison.verdict for c in ignored.claims}
     assert before == {"svip": "faster", "adaedl": "not distinguishable"}
     assert [c.comparison.verdict for c in report.claims] == ["not distinguishable"] * 2
     text = report_markdown(report)
