@@ -80,6 +80,11 @@ class QueueObservations:
     wall_seconds: float | None
     consistent: float
 
+    @property
+    def speculative(self) -> bool:
+        """Whether the queue drafted (a speculative trial's, not the AR baseline's)."""
+        return any(r.draft_steps for r in self.rounds)
+
 
 class _Unpriced:
     """A pricing of nothing: the queue's schedule alone."""
@@ -189,13 +194,17 @@ class BatchCostTable:
 def fit_batch_costs(batch_size: int, queues: Sequence[LiveQueue]) -> BatchCostTable:
     """Return the :class:`BatchCostTable` fit on the live ``queues`` at ``batch_size``.
 
-    Raises CostModelError without a measured round.
+    The AR baseline's rounds run another path (its batched loop inside the target worker, a
+    speculative verify through the draft worker's channel), so the cells, prefills and
+    overhead come from the speculative queues when there are any, and the AR rounds enter the
+    verify plane with an offset of their own. Raises CostModelError without a measured round.
     """
     observed = [queue_observations(queue) for queue in queues]
-    rounds = [r for obs in observed for r in obs.rounds]
-    if not rounds:
+    if not any(obs.rounds for obs in observed):
         raise CostModelError(f"no live round measured at batch size {batch_size}")
-    joins = [join for obs in observed for join in obs.joins]
+    drafting = [obs for obs in observed if obs.speculative] or observed
+    rounds = [r for obs in drafting for r in obs.rounds]
+    joins = [join for obs in drafting for join in obs.joins]
     table = BatchCostTable(
         batch_size=batch_size,
         draft_step=_draft_steps(rounds),
@@ -206,13 +215,13 @@ def fit_batch_costs(batch_size: int, queues: Sequence[LiveQueue]) -> BatchCostTa
                 [((r.rows, r.block), r.verify_seconds) for r in rounds]
             )
         ),
-        verify_plane=_verify_plane(rounds),
+        verify_plane=_verify_plane(observed),
         prefill=tuple((k, seconds) for (k,), seconds in _cell_means([((k,), s) for k, s in joins])),
         prefill_per_row=sum(s for _, s in joins) / max(sum(k for k, _ in joins), 1),
         round_overhead=0.0,
         n_rounds=len(rounds),
     )
-    table = replace(table, round_overhead=_round_overhead(observed, table))
+    table = replace(table, round_overhead=_round_overhead(drafting, table))
     return _with_r2(table, rounds)
 
 
@@ -266,22 +275,26 @@ def _cell_means(
     return [(cell, statistics.fmean(s)) for cell, s in sorted(cells.items())]
 
 
-def _verify_plane(rounds: Sequence[RoundObservation]) -> tuple[float, float, float]:
-    """Return (a, b, c) of verify ≈ a + b·rows + c·block by least squares, leaving out a
-    term its rounds do not vary (its coefficient 0)."""
-    rows = np.array([r.rows for r in rounds], dtype=float)
-    blocks = np.array([r.block for r in rounds], dtype=float)
-    seconds = np.array([r.verify_seconds for r in rounds], dtype=float)
-    columns = [np.ones_like(rows)]
-    used = [column for column in (rows, blocks) if np.ptp(column) > 0]
-    design = np.column_stack(columns + used)
-    if np.linalg.matrix_rank(design) < design.shape[1]:
-        design, used = design[:, :1], []
+def _verify_plane(observed: Sequence[QueueObservations]) -> tuple[float, float, float]:
+    """Return (a, b, c) of a speculative verify ≈ a + b·rows + c·block, by least squares over
+    every queue's rounds with an offset for the AR baseline's path; a term the rounds do not
+    vary is left out (its coefficient 0); when the terms are collinear the AR offset goes
+    first (the paths taken alike), then every term (the mean)."""
+    rounds = [(r, obs.speculative) for obs in observed for r in obs.rounds]
+    seconds = np.array([r.verify_seconds for r, _ in rounds], dtype=float)
+    terms = {
+        "rows": np.array([r.rows for r, _ in rounds], dtype=float),
+        "block": np.array([r.block for r, _ in rounds], dtype=float),
+        "ar": np.array([0.0 if drafted else 1.0 for _, drafted in rounds]),
+    }
+    varied = [name for name, column in terms.items() if np.ptp(column) > 0]
+    for used in (varied, [name for name in varied if name != "ar"], []):
+        design = np.column_stack([np.ones_like(seconds), *(terms[name] for name in used)])
+        if np.linalg.matrix_rank(design) == design.shape[1]:
+            break
     solution, *_ = np.linalg.lstsq(design, seconds, rcond=None)
-    terms = iter(solution[1:])
-    b = float(next(terms)) if np.ptp(rows) > 0 and used else 0.0
-    c = float(next(terms)) if np.ptp(blocks) > 0 and used else 0.0
-    return float(solution[0]), b, c
+    found = dict(zip(used, (float(x) for x in solution[1:]), strict=True))
+    return float(solution[0]), found.get("rows", 0.0), found.get("block", 0.0)
 
 
 def _round_overhead(observed: Sequence[QueueObservations], table: BatchCostTable) -> float:
