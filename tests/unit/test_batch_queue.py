@@ -86,9 +86,14 @@ class Truth:
         return self.draft(rows, draft_steps) + self.verify(rows, block) + 0.001
 
 
-def live_queue(trial_id: str, sequences: list[list[Shape]], slots: int) -> LiveQueue:
-    """Return what a live run of ``sequences`` would store when it costs :class:`Truth`."""
+def live_queue(
+    trial_id: str, sequences: list[list[Shape]], slots: int, ar_offset: float = 0.0
+) -> LiveQueue:
+    """Return what a live run of ``sequences`` would store when it costs :class:`Truth`, a
+    queue that never drafts (the AR baseline's) ``ar_offset`` more a verify."""
     truth = Truth()
+    drafts = any(shape.draft_forwards for rounds in sequences for shape in rounds)
+    offset = 0.0 if drafts else ar_offset
     times = simulate_queue(sequences, slots, truth)
     records: list[list[RoundRecord]] = [[] for _ in sequences]
     taken = [0] * len(sequences)
@@ -104,7 +109,7 @@ def live_queue(trial_id: str, sequences: list[list[Shape]], slots: int) -> LiveQ
                     False,
                     shape.draft_forwards,
                     truth.draft(rows, batch_round.draft_steps),
-                    truth.verify(rows, batch_round.block),
+                    truth.verify(rows, batch_round.block) + offset,
                 )
             )
     return LiveQueue(
@@ -162,3 +167,17 @@ def test_a_check_the_others_cannot_price_has_no_error() -> None:
     assert held.error is None and "no draft round" in held.note
     with pytest.raises(CostModelError, match="no live round"):
         fit_batch_costs(3, [])
+
+
+def test_the_ar_baselines_own_path_does_not_leak_into_the_speculative_table() -> None:
+    # the AR queue's verify costs 20 ms more (its own path); the K = 4 queue's last rounds draft
+    # one token, so the speculative rounds alone vary the block
+    tailed = [[Shape(4, 4)] * (n - 1) + [Shape(1, 1)] for n in (2, 2, 3, 1)]
+    queues = [
+        live_queue("ar", _static(0, [6, 4, 5, 6]), 3, ar_offset=0.020),
+        live_queue("k2", _static(2, [3, 2, 4, 3]), 3),
+        live_queue("k4", tailed, 3),
+    ]
+    table = fit_batch_costs(3, queues)
+    assert table.verify_seconds(3, 3) == pytest.approx(Truth().verify(3, 3))
+    assert held_out_batch(3, queues, "k2").error == pytest.approx(0.0, abs=1e-9)
