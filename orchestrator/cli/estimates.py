@@ -22,6 +22,7 @@ from orchestrator.sweep.planner import Plan
 from orchestrator.sweep.spec import SweepSpec
 
 if TYPE_CHECKING:
+    from orchestrator.analysis.costs.batch_estimate import BatchMeasurement
     from orchestrator.analysis.costs.model import HardwareProfile
 
 
@@ -63,7 +64,7 @@ def sweep_estimate(
     from orchestrator.run import estimate_sources
 
     try:
-        options = estimate_sources.options_from_spec(spec, _stored_fits(args.db, plan))
+        options = estimate_sources.options_from_spec(spec, *_stored_sources(args.db, plan))
         return estimate.estimate_sweep(
             plan, hardware_profile(args.profile), estimate_cluster(args, local), options
         )
@@ -99,16 +100,20 @@ def _local_gpus() -> estimate.Cluster:
     return estimate.gpus_cluster(count, source="this machine")
 
 
-def _stored_fits(url: str | None, plan: Plan) -> dict[str, HardwareProfile]:
-    """Return the fitted profiles of ``plan``'s pairs in the store at ``url`` ({} without one)."""
+def _stored_sources(
+    url: str | None, plan: Plan
+) -> tuple[dict[str, HardwareProfile], dict[tuple[str, int], BatchMeasurement]]:
+    """Return the fitted profiles of ``plan``'s pairs and what stored trials measured at its
+    batch sizes above 1, from the store at ``url`` (both empty without one)."""
     from orchestrator.run import estimate_sources
 
     try:
         store = open_store(url, read_only=True)
     except StoreError:
-        return {}
+        return {}, {}
     with store:
-        return estimate_sources.stored_profiles(store, plan)
+        fitted = estimate_sources.stored_profiles(store, plan)
+        return fitted, estimate_sources.stored_batch_measurements(store, plan)
 
 
 def _shown_path(path: Path) -> Path:

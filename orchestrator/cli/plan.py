@@ -32,7 +32,8 @@ def add_parser(commands: Any, db: list[Any]) -> None:
         handle,
         "show the trials, training jobs, skipped groups and resources a sweep expands to",
         "Runs nothing and writes no database; with --estimate it reads the cost fits of the\n"
-        "store (--db), when it exists, for pairs with the same models.\n\n"
+        "store (--db), when it exists, for pairs with the same models, and its trials at the\n"
+        "sweep's batch sizes above 1 (else those are sized from batch 1, as it prints).\n\n"
         "examples:\n"
         f"  {PROG} plan sweeps/demo.yaml\n"
         f"  {PROG} plan sweeps/demo.yaml --all",

@@ -29,6 +29,11 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.analysis.costs.batch_replay import (
+    BatchGroupFit,
+    batch_cross_check,
+    replayed_queue_results,
+)
 from orchestrator.analysis.costs.model import CostModelError
 from orchestrator.analysis.costs.replay import (
     CrossCheck,
@@ -41,6 +46,13 @@ from orchestrator.analysis.costs.replay import (
     trial_demands,
 )
 from orchestrator.analysis.metrics import trial_metrics
+from orchestrator.run.batch_fits import (
+    batch_fit_note,
+    batch_fit_values,
+    fit_batch_from_store,
+    replay_queues,
+    stored_queues,
+)
 from orchestrator.run.errors import describe_failure
 from orchestrator.run.group_fits import (
     fit_from_store,
@@ -211,17 +223,15 @@ class GroupReplica:
         error or None. Without a cost fit (the live trials failed, or their rounds cannot
         identify the costs) every trial fails with the reason.
         """
+        if group.trials[0].batch_size > 1:
+            return self._replay_batch_group(sweep, group, trials, finish)
         label = group_label(group.trials[0])
         pool = group.pool or group.live
         try:
             traces, recorded = self._traces(group)
             fit = fit_from_store(self.store, pool, {t.trial_id for t in group.pool_checks})
         except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
-            reason = f"no cost fit or traces for replay: {describe_failure(exc)}"
-            for trial in trials:
-                self.store.record_failure(trial, reason, attempts=0)
-                finish(trial, reason)
-            return ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
+            return self._fail_group(label, trials, finish, exc)
         values = fit_values(sweep, group.fit_key, group.trials[0], fit)
         values.update(run_fit_columns(self.store, pool, fit))
         checks = [self._check_note(label, check, traces, fit, values) for check in group.checks]
@@ -230,6 +240,91 @@ class GroupReplica:
         for trial in trials:
             finish(trial, self._replay_trial(trial, traces, fit))
         return ReplayNotes(fit_note(pool, fit), checks, recorded)
+
+    def _fail_group(
+        self,
+        label: str,
+        trials: Sequence[Trial],
+        finish: Callable[[Trial, str | None], None],
+        exc: Exception,
+    ) -> ReplayNotes:
+        """Fail every one of ``trials`` for want of a cost fit or traces (``exc``)."""
+        reason = f"no cost fit or traces for replay: {describe_failure(exc)}"
+        for trial in trials:
+            self.store.record_failure(trial, reason, attempts=0)
+            finish(trial, reason)
+        return ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
+
+    def _replay_batch_group(
+        self,
+        sweep: str,
+        group: ReplayGroup,
+        trials: Sequence[Trial],
+        finish: Callable[[Trial, str | None], None],
+    ) -> ReplayNotes:
+        """Replay a group at a batch size above 1 (``run.batch_fits``): the cost table over
+        its pool's live queues at that size, each live check held out; each trial's batch-1
+        replayed rounds decoded as its AR baseline's queues and timed by the table."""
+        label = group_label(group.trials[0])
+        pool = group.pool or group.live
+        try:
+            traces, recorded = self._traces(group)
+            fit = fit_batch_from_store(self.store, pool, {t.trial_id for t in group.pool_checks})
+        except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
+            return self._fail_group(label, trials, finish, exc)
+        self.store.record_cost_fit(batch_fit_values(sweep, group.fit_key, group.trials[0], fit))
+        checks = [self._batch_check_note(label, check, traces, fit) for check in group.checks]
+        for trial in trials:
+            finish(trial, self._replay_batch_trial(trial, traces, fit))
+        return ReplayNotes(batch_fit_note(pool, fit), [note for note in checks if note], recorded)
+
+    def _batch_check_note(
+        self, label: str, check: Trial, traces: list[GreedyTrace], fit: BatchGroupFit
+    ) -> str:
+        """Return one live check's line at its batch size ("" when it is not done)."""
+        rows = self.store.trial_rows([check.trial_id])
+        if not rows or rows[0].status != "done" or not rows[0].tokens_per_s:
+            return ""
+        queues = [
+            [i for i in queue if i < len(traces)]
+            for queue in stored_queues(self.store, check.trial_id)
+        ]
+        result = batch_cross_check(
+            check,
+            self.store.rounds([check.trial_id]),
+            rows[0].tokens_per_s,
+            traces,
+            fit.table,
+            [queue for queue in queues if queue],
+        )
+        held = next((h for h in fit.checks if h.trial_id == check.trial_id), None)
+        error = held.error if held is not None else None
+        out_of_sample = f"{error:+.1%}" if error is not None else "not identified without it"
+        return (
+            f"cross-check {label} {check.setting.policy} L={check.setting.max_draft_len} at "
+            f"batch size {check.batch_size}: replay reproduces {result.same_rounds:.1%} of the "
+            f"live rounds; projected {result.projected_tokens_per_s:.2f} vs measured "
+            f"{result.tokens_per_s:.2f} tokens/s per sequence ({result.error:+.1%} with it in "
+            f"the fit, {out_of_sample} out of sample)"
+        )
+
+    def _replay_batch_trial(
+        self, trial: Trial, traces: list[GreedyTrace], fit: BatchGroupFit
+    ) -> str | None:
+        """Replay one trial at its batch size and store it like a live one; return its error
+        or None."""
+        if not self.store.mark_running(trial):
+            return None
+        try:
+            rounds = replay_rounds(trial, traces)
+            queues = replay_queues(self.store, trial, len(traces))
+            results = replayed_queue_results(rounds, traces, fit.table, queues)
+        except ValueError as exc:
+            error = describe_failure(exc)
+            self.store.record_failure(trial, error, attempts=1)
+            return error
+        self._store_replayed(trial, results, fit.out_of_sample_error)
+        return None
 
     def _traces(self, group: ReplayGroup) -> tuple[list[GreedyTrace], bool]:
         """Return the group's traces and whether they were recorded now (else read back)."""
@@ -307,9 +402,17 @@ class GroupReplica:
             error = describe_failure(exc)
             self.store.record_failure(trial, error, attempts=1)
             return error
+        self._store_replayed(trial, results, fit.out_of_sample_error)
+        return None
+
+    def _store_replayed(
+        self, trial: Trial, results: list[GenerationResult], error: float | None
+    ) -> None:
+        """Store a replayed trial's results like a live trial's, its intervals widened by its
+        fit's out-of-sample ``error``."""
         prepared = self.inputs.prompts[trial.prompts.key]
         tokenizer = self.inputs.tokenizer(trial.pair)
-        metrics = trial_metrics(results, cost_model_error=fit.out_of_sample_error)
+        metrics = trial_metrics(results, cost_model_error=error)
         self.store.record_trial(
             trial,
             results,

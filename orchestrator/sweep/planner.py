@@ -354,7 +354,9 @@ class _TrialGroup:
             return False
         mode = self.spec.execution.mode
         if mode == MIXED_MODE:
-            return self.temperature == 0 and any(p.replayable() for p in self.spec.policies)
+            return self.temperature == 0 and any(
+                p.replayable(self.batch_size) for p in self.spec.policies
+            )
         return mode == REPLAY_MODE
 
     def _trial(
@@ -404,7 +406,7 @@ class _TrialGroup:
 
     def policy_trials(self, policy: PolicySpec, baseline_id: str) -> list[Trial]:
         """Return the trials of one policy entry: parameter settings × max draft lengths."""
-        mode = REPLAY_MODE if self.replays and policy.replayable() else LIVE_MODE
+        mode = REPLAY_MODE if self.replays and policy.replayable(self.batch_size) else LIVE_MODE
         return [
             self._trial(self._setting(policy.name, params, length, policy.job), baseline_id, mode)
             for params in _sorted_items(policy.settings())

@@ -1,7 +1,8 @@
 """A sweep with ``batch_sizes: [1, 2]`` runs on real Ray actors with the micro zoo: at batch 2
 each arm decodes its shard as one batch queue through the target worker's channel, greedy
 outputs equal batch 1's, the store holds the batch size, the total tokens/s and each sample's
-share of the batch's wall time, and ``schedule`` writes a schedule from what was measured."""
+share of the batch's wall time, ``schedule`` writes a schedule from what was measured, and
+``plan --estimate`` on that store prices batch 2 from what it measured."""
 
 from __future__ import annotations
 
@@ -86,3 +87,14 @@ def test_batch_two_equals_batch_one_and_stores_its_figures(zoo_env, ray_local, t
         assert [r[:2] for r in ranges] == [[1, 1], [2, 2]]
     else:
         assert "without speculative decoding" in " ".join(out.split())
+
+    sweep_file = tmp_path / "batches.yaml"
+    sweep_file.write_text(SWEEP)
+    estimate_argv = ["plan", str(sweep_file), "--estimate", "--gpus", "1"]
+    assert main([*estimate_argv, "--db", f"sqlite:///{tmp_path / 'none.db'}"]) == 0
+    alone = " ".join(capsys.readouterr().out.split())
+    assert "batch 2, micro: sized from batch 1: no measurement at B = 2" in alone
+    assert main([*estimate_argv, "--db", url]) == 0
+    measured = " ".join(capsys.readouterr().out.split())
+    assert "batch 1: each pair's profile" in measured
+    assert "batch 2, micro: measured at B = 2 (2 stored trial(s)" in measured

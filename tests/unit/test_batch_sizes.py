@@ -64,12 +64,6 @@ def test_each_batch_size_is_a_group_with_its_own_baseline() -> None:
     [
         ("batch_sizes: [0]\n", "batch_sizes[0]", "greater than or equal to 1"),
         ("batch_sizes: []\n", "batch_sizes", "at least one"),
-        (
-            "batch_sizes: [1, 2]\nexecution: {mode: replay}\n",
-            "batch_sizes",
-            "execution.mode",
-        ),
-        ("batch_sizes: [2]\nexecution: {mode: mixed}\n", "batch_sizes", "execution.mode"),
     ],
 )
 def test_bad_batch_sizes_are_refused_by_field(extra: str, field: str, says: str) -> None:
@@ -78,6 +72,25 @@ def test_bad_batch_sizes_are_refused_by_field(extra: str, field: str, says: str)
     problems = "\n".join(caught.value.problems)
     assert f"{field}:" in problems
     assert says in problems
+
+
+def test_greedy_batches_replay_except_a_policy_told_the_batch_size() -> None:
+    replayed = _plan("batch_sizes: [1, 2]\nexecution: {mode: replay}\n")
+    at_two = [t for t in replayed.trials if t.batch_size == 2]
+    assert {t.mode for t in at_two if not t.is_baseline and not t.is_check} == {"replay"}
+    assert any(t.is_check for t in at_two)
+    scheduled = "  - name: batch_schedule\n"
+    mixed = _plan("batch_sizes: [1, 2]\nexecution: {mode: mixed}\n").trials
+    assert {t.mode for t in mixed if t.setting.policy == "static" and not t.is_check} == {"replay"}
+    text = textwrap.dedent(BASE).replace("  - name: static\n", "  - name: static\n" + scheduled)
+    plan = plan_sweep(parse_sweep(text + "batch_sizes: [1, 2]\nexecution: {mode: mixed}\n"))
+    modes = {(t.batch_size, t.mode) for t in plan.trials if t.setting.policy == "batch_schedule"}
+    assert modes == {(1, "replay"), (2, "live")}
+    only_scheduled = textwrap.dedent(BASE).replace("  - name: static\n", scheduled)
+    with pytest.raises(SweepError) as caught:
+        parse_sweep(only_scheduled + "batch_sizes: [1, 2]\nexecution: {mode: replay}\n")
+    problems = "\n".join(caught.value.problems)
+    assert "policies[0]:" in problems and "told the batch size" in problems
 
 
 def test_batches_need_a_draft_model_and_fresh_policies() -> None:

@@ -20,6 +20,10 @@ Assumptions, stated once:
   replay unit (``work_units.replay_unit``), after its live shards. The wall time is the
   makespan of those units over the replicas, from the discrete-event simulation
   (``orchestrator.analysis.costs.schedule_sim``) of the live dispatch rule.
+- A trial at a batch size B above 1 decodes each shard's queue B sequences at a time: its
+  arm costs ceil(n / B) waves of one sequence's rounds at the cost of a round of the batch,
+  measured at B where the store has it, else the batch-1 round's
+  (``orchestrator.analysis.costs.batch_estimate``, which states the assumption).
 - Warm-up samples and training jobs are not counted.
 """
 
@@ -31,6 +35,14 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.analysis.costs.batch_estimate import (
+    BatchMeasurement,
+    BatchRoundCost,
+    batch_arm_seconds,
+    batch_round_costs,
+    batch_trial_seconds,
+    source_lines,
+)
 from orchestrator.analysis.costs.model import HardwareProfile
 from orchestrator.analysis.costs.schedule_sim import Replica, SimResult, one_after_another, simulate
 from orchestrator.sweep.bundles import whole_groups
@@ -42,6 +54,8 @@ from orchestrator.sweep.work_units import ArmShard, WorkUnit, live_group_units, 
 SECONDS_PER_HOUR = 3600.0
 #: Prompts per work unit when the sweep does not set ``execution.shard_prompts``.
 DEFAULT_SHARD_PROMPTS: int = ExecutionSpec.model_fields["shard_prompts"].default
+#: Each (pair, batch size > 1)'s round cost (``batch_estimate.batch_round_costs``).
+BatchCosts = Mapping[tuple[str, int], BatchRoundCost]
 
 
 class EstimateError(ValueError):
@@ -71,13 +85,15 @@ class LoadTimes:
 
 @dataclass(frozen=True)
 class EstimateOptions:
-    """How the sweep runs: replicas cap, shard size, load times, per-pair fitted profiles."""
+    """How the sweep runs: replicas cap, shard size, load times, per-pair fitted profiles,
+    and per (pair, batch size > 1) what stored trials measured at that batch size."""
 
     replicas: int | None = None
     max_concurrent_pairs: int = 1
     shard_prompts: int = DEFAULT_SHARD_PROMPTS
     loads: LoadTimes = LoadTimes()
     fitted: Mapping[str, HardwareProfile] = field(default_factory=dict)
+    measured: Mapping[tuple[str, int], BatchMeasurement] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -134,6 +150,8 @@ class SweepEstimate:
     load_seconds: float
     upper: SimResult
     lower: SimResult
+    batch_costs: tuple[BatchRoundCost, ...] = ()
+    batch_sizes: tuple[int, ...] = (1,)
 
     @property
     def wall_seconds_upper(self) -> float:
@@ -233,23 +251,30 @@ def replica_counts(
 
 
 def plan_workload(
-    plan: Plan, profiles: Mapping[str, HardwareProfile], options: EstimateOptions
+    plan: Plan,
+    profiles: Mapping[str, HardwareProfile],
+    options: EstimateOptions,
+    batch: BatchCosts | None = None,
 ) -> Workload:
     """Return the plan's work units as the runner plans them, with their seconds at both bounds.
 
     Per pair: its live trials' group shards (``work_units.live_group_units``), each costing
-    its arms' shares of their trials' seconds, then, when it replays, its replay unit costing
-    its trace recordings; replayed trials cost nothing.
+    its arms' shares of their trials' seconds (an arm at a batch size above 1: its queue's
+    waves at ``batch``'s round cost, by default ``batch_round_costs`` of ``options.measured``),
+    then, when it replays, its replay unit costing its trace recordings; replayed trials cost
+    nothing.
     """
     trials = {trial.trial_id: trial for trial in plan.trials}
-    recordings = _trace_seconds(plan, profiles)
+    if batch is None:
+        batch = batch_round_costs(plan.trials, profiles, options.measured)
+    recordings = _trace_seconds(plan, profiles, batch, options.shard_prompts)
     work: list[tuple[WorkUnit, float, float]] = []
     for pair in plan.pairs:
         mine = [trial for trial in plan.trials if trial.pair == pair.name]
         live = [trial for trial in mine if trial.mode != "replay"]
         units = live_group_units(live, pair.name, options.shard_prompts)
         for unit in units:
-            shares = [_arm_seconds(trials[arm.trial_id], arm, profiles) for arm in unit.arms]
+            shares = [_arm_seconds(trials[arm.trial_id], arm, profiles, batch) for arm in unit.arms]
             work.append((unit, sum(u for u, _ in shares), sum(lo for _, lo in shares)))
         if len(live) < len(mine):
             record, _ = recordings[pair.name]
@@ -262,25 +287,38 @@ def plan_workload(
 
 
 def _arm_seconds(
-    trial: Trial, arm: ArmShard, profiles: Mapping[str, HardwareProfile]
+    trial: Trial, arm: ArmShard, profiles: Mapping[str, HardwareProfile], batch: BatchCosts
 ) -> tuple[float, float]:
     """Return one arm's share of its trial's (upper, lower) seconds: its samples in the shard
-    over the trial's samples × repeats."""
+    over the trial's samples × repeats; at a batch size above 1, its queue's waves
+    (``batch_estimate.batch_arm_seconds``)."""
+    if trial.batch_size > 1:
+        return batch_arm_seconds(trial, len(arm.samples), batch[(trial.pair, trial.batch_size)])
     upper, lower = trial_seconds(trial, profiles[trial.pair])
     share = len(arm.samples) / max(trial.prompts.samples * trial.repeats, 1)
     return upper * share, lower * share
 
 
 def _trace_seconds(
-    plan: Plan, profiles: Mapping[str, HardwareProfile]
+    plan: Plan,
+    profiles: Mapping[str, HardwareProfile],
+    batch: BatchCosts,
+    shard_prompts: int = DEFAULT_SHARD_PROMPTS,
 ) -> dict[str, tuple[float, float]]:
-    """Return per pair the trace recordings' (seconds, live cost of the trials they replace)."""
+    """Return per pair the trace recordings' (seconds, live cost of the trials they replace,
+    upper bound). Groups that share traces (the same prompts at another batch size) record
+    them once."""
     result: dict[str, tuple[float, float]] = {}
+    recorded: set[str] = set()
     for group in replay_groups(plan):
         first = group.trials[0]
         speed = profiles[first.pair].ar_tokens_per_s
-        record = prompt_tokens(first) / speed
-        replaced = sum(trial_tokens(t) for t in group.replayed) / speed
+        record = 0.0 if group.trace_key in recorded else prompt_tokens(first) / speed
+        recorded.add(group.trace_key)
+        replaced = sum(
+            trial_bounds(replace(t, mode="live"), profiles, batch, shard_prompts)[0]
+            for t in group.replayed
+        )
         done, saved = result.get(first.pair, (0.0, 0.0))
         result[first.pair] = (done + record, saved + replaced)
     return result
@@ -294,14 +332,35 @@ def pair_profiles(
     return {pair.name: fitted.get(pair.name, profile) for pair in plan.pairs}
 
 
-def pair_estimates(plan: Plan, profiles: Mapping[str, HardwareProfile]) -> list[PairEstimate]:
-    """Return each pair's projected seconds (upper and lower) and what replay saves, plan order."""
-    traces = _trace_seconds(plan, profiles)
+def trial_bounds(
+    trial: Trial,
+    profiles: Mapping[str, HardwareProfile],
+    batch: BatchCosts,
+    shard_prompts: int = DEFAULT_SHARD_PROMPTS,
+) -> tuple[float, float]:
+    """Return a trial's (upper, lower) seconds: :func:`trial_seconds` at batch size 1, else its
+    shards' queues at ``batch``'s round cost (``batch_estimate.batch_trial_seconds``)."""
+    if trial.batch_size == 1:
+        return trial_seconds(trial, profiles[trial.pair])
+    return batch_trial_seconds(trial, batch[(trial.pair, trial.batch_size)], shard_prompts)
+
+
+def pair_estimates(
+    plan: Plan,
+    profiles: Mapping[str, HardwareProfile],
+    batch: BatchCosts | None = None,
+    shard_prompts: int = DEFAULT_SHARD_PROMPTS,
+) -> list[PairEstimate]:
+    """Return each pair's projected seconds (upper and lower) and what replay saves, plan order
+    (trials at a batch size above 1 at ``batch``'s round cost, by default sized from batch 1)."""
+    if batch is None:
+        batch = batch_round_costs(plan.trials, profiles, {})
+    traces = _trace_seconds(plan, profiles, batch, shard_prompts)
     set_gpus = {name: s.gpus for s in target_sets(plan.pairs) for name in s.pairs}
     estimates = []
     for pair in plan.pairs:
         trials = [trial for trial in plan.trials if trial.pair == pair.name]
-        bounds = [trial_seconds(trial, profiles[pair.name]) for trial in trials]
+        bounds = [trial_bounds(trial, profiles, batch, shard_prompts) for trial in trials]
         record, replaced = traces.get(pair.name, (0.0, 0.0))
         estimates.append(
             PairEstimate(
@@ -341,7 +400,8 @@ def estimate_sweep(
     """
     sets = target_sets(plan.pairs)
     profiles = pair_profiles(plan, profile, options.fitted)
-    work = plan_workload(plan, profiles, options)
+    round_costs = batch_round_costs(plan.trials, profiles, options.measured)
+    work = plan_workload(plan, profiles, options, round_costs)
     step = options.max_concurrent_pairs
     counts: list[int] = []
     upper, lower, loads = [], [], []
@@ -359,10 +419,12 @@ def estimate_sweep(
         cluster=cluster,
         sets=tuple(sets),
         replicas=tuple(counts),
-        pairs=tuple(pair_estimates(plan, profiles)),
+        pairs=tuple(pair_estimates(plan, profiles, round_costs, options.shard_prompts)),
         load_seconds=sum(loads),
         upper=one_after_another(upper),
         lower=one_after_another(lower),
+        batch_costs=tuple(round_costs.values()),
+        batch_sizes=tuple(sorted({trial.batch_size for trial in plan.trials})),
     )
 
 
@@ -441,6 +503,7 @@ def estimate_lines(estimate: SweepEstimate) -> list[str]:
         *_set_lines(estimate),
         "  live speculation between full acceptance (lower) and AR speed (upper); wall time "
         "simulated over prompt shards; warm-up and training not counted",
+        *source_lines(estimate.batch_costs, 1 in estimate.batch_sizes),
     ]
     for pair in estimate.pairs:
         lines.append(

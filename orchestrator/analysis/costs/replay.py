@@ -225,8 +225,19 @@ def cross_check(
     """
     replayed = replay_rounds(trial, traces)
     results = replayed_results(replayed, traces, group, trial_demands(trial))
+    tokens = sum(r.n_generated for r in results)
+    projected = tokens / sum(r.seconds for r in results)
+    same = same_round_share(replayed, live_rounds)
+    return CrossCheck(trial.trial_id, same, live_tokens_per_s, projected)
+
+
+def same_round_share(
+    replayed: Sequence[Sequence[ReplayedRound]], live_rounds: Sequence[StoredRound]
+) -> float:
+    """Return the share of rounds where replay equals the live round at the same sample and
+    index in drafted, accepted and draft forwards (over the larger count; 1.0 for none)."""
     live_by_sample: dict[int, list[tuple[int, ...]]] = {}
-    for row in live_rounds:
+    for row in sorted(live_rounds, key=lambda r: (r.sample_index, r.round_index)):
         live_by_sample.setdefault(row.sample_index, []).append(
             tuple(getattr(row, k) for k in ROUND_KEY)
         )
@@ -236,7 +247,4 @@ def cross_check(
         theirs = live_by_sample.get(index, [])
         matched += sum(a == b for a, b in zip(ours, theirs, strict=False))
         total += max(len(ours), len(theirs))
-    tokens = sum(r.n_generated for r in results)
-    projected = tokens / sum(r.seconds for r in results)
-    same = matched / total if total else 1.0
-    return CrossCheck(trial.trial_id, same, live_tokens_per_s, projected)
+    return matched / total if total else 1.0
