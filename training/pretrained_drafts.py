@@ -111,13 +111,17 @@ class EvalRecipe:
 
 @dataclass(frozen=True)
 class PretrainedDrafts:
-    """The draft stage of a pretrained profile: teacher data, the two drafts, their training."""
+    """The draft stage of a pretrained profile: teacher data, its drafts, their training.
+
+    The small draft is always built; the EESD early exit only where ``exit_layers`` and
+    ``exit_training`` are set (both or neither).
+    """
 
     data: TeacherDataRecipe
     small: SmallDraftShape
     small_training: TrainConfig
-    exit_layers: int
-    exit_training: TrainConfig
+    exit_layers: int | None = None
+    exit_training: TrainConfig | None = None
     evaluation: EvalRecipe = field(default_factory=EvalRecipe)
     small_name: str = "draft-s"
     exit_name: str = "draft-exit"
@@ -125,10 +129,14 @@ class PretrainedDrafts:
     draft_vocab: int | None = None
     eagle: EagleStage | None = None
 
+    def __post_init__(self) -> None:
+        if (self.exit_layers is None) != (self.exit_training is None):
+            raise ValueError("set both exit_layers and exit_training for an early exit, or neither")
+
     @property
     def names(self) -> tuple[str, ...]:
         """Return the zoo names of the drafts, the small draft (the main one) first."""
-        return (self.small_name, self.exit_name)
+        return (self.small_name,) if self.exit_layers is None else (self.small_name, self.exit_name)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -531,13 +539,16 @@ DraftFactory = Callable[[LlamaForCausalLM], LlamaForCausalLM]
 
 def draft_factories(stage: PretrainedDrafts) -> dict[str, tuple[DraftFactory, TrainConfig]]:
     """Return, per draft name, how to make it from the target and how to train it."""
-    return {
+    factories: dict[str, tuple[DraftFactory, TrainConfig]] = {
         stage.small_name: (
             lambda target: small_draft(target, stage.small, stage.small_training.seed + 100),
             stage.small_training,
-        ),
-        stage.exit_name: (
-            lambda target: exit_draft(target, stage.exit_layers),
-            stage.exit_training,
-        ),
+        )
     }
+    if stage.exit_layers is not None and stage.exit_training is not None:
+        layers = stage.exit_layers
+        factories[stage.exit_name] = (
+            lambda target: exit_draft(target, layers),
+            stage.exit_training,
+        )
+    return factories

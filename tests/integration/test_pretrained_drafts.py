@@ -35,7 +35,7 @@ from training.pretrained_drafts import (
 from training.zoo.build import build_zoo
 from training.zoo.cache import ZooManifest
 from training.zoo.pretrained import TEACHER_DATA_FILE
-from training.zoo.recipes import SMOL_BASE_RECIPE, SMOL_RECIPE, PretrainedRecipe
+from training.zoo.recipes import SMOL_BASE_RECIPE, SMOL_EXIT_RECIPE, SMOL_RECIPE, PretrainedRecipe
 from training.zoo.refs import parse_model_ref
 from workers.corpus import code_functions, math_problems
 from workers.datasets import DatasetSpec, load_prompts
@@ -300,9 +300,17 @@ def test_distillation_prompts_avoid_the_heldout_sets() -> None:
 
 
 def test_smol_profile_has_the_draft_stage_and_smol_base_does_not() -> None:
-    assert SMOL_RECIPE.model_names == ("target", "draft-s", "draft-exit")
-    assert parse_model_ref("zoo:smol/draft-exit") == ("smol", "draft-exit")
-    assert SMOL_RECIPE.main_draft == "draft-s"
+    assert SMOL_RECIPE.model_names == ("target", "draft-s")
+    assert SMOL_EXIT_RECIPE.model_names == ("target", "draft-s", "draft-exit")
+    assert parse_model_ref("zoo:smol-exit/draft-exit") == ("smol-exit", "draft-exit")
+    with pytest.raises(ValueError, match=r"zoo:smol-exit/draft-exit.*eesd_exit"):
+        parse_model_ref("zoo:smol/draft-exit")
+    assert SMOL_RECIPE.main_draft == SMOL_EXIT_RECIPE.main_draft == "draft-s"
     assert SMOL_BASE_RECIPE.model_names == ("target",) and SMOL_BASE_RECIPE.main_draft is None
-    smaller = replace(SMOL_RECIPE.drafts, exit_layers=3)
-    assert replace(SMOL_RECIPE, drafts=smaller).recipe_hash() != SMOL_RECIPE.recipe_hash()
+    smaller = replace(SMOL_EXIT_RECIPE.drafts, exit_layers=3)
+    assert replace(SMOL_EXIT_RECIPE, drafts=smaller).recipe_hash() != SMOL_EXIT_RECIPE.recipe_hash()
+    assert SMOL_RECIPE.drafts == replace(
+        SMOL_EXIT_RECIPE.drafts, exit_layers=None, exit_training=None
+    )
+    with pytest.raises(ValueError, match="exit_layers and exit_training"):
+        replace(SMOL_RECIPE.drafts, exit_layers=2)

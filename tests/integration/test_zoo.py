@@ -179,7 +179,7 @@ def test_model_refs_resolve_to_the_cached_zoo(
     monkeypatch.setenv("SPECSWEEP_CACHE", str(micro_zoo.root.parent.parent))
     for name in ZOO_MODEL_NAMES:
         assert resolve_model_ref(f"zoo:micro/{name}", progress=False) == micro_zoo.models[name]
-    assert parse_model_ref("zoo:smol/draft-exit") == ("smol", "draft-exit")
+    assert parse_model_ref("zoo:smol-exit/draft-exit") == ("smol-exit", "draft-exit")
     with pytest.raises(ValueError, match=r"toy 'demo' profile was removed.*zoo:smol/target"):
         parse_model_ref("zoo:demo/target")
     for bad in ("zoo:nano/target", "zoo:micro/draft-xl", "hf:gpt2", "zoo:micro", "zoo:a/b/c"):

@@ -279,12 +279,12 @@ def test_demo_sweep_plan() -> None:
     counts = plan.counts()
     # Greedy, per draft kind: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once,
     # max_confidence and adaedl with 3 thresholds, svip with 4 = 16 settings x 4 caps, and
-    # ngram_match x 4 caps on the lookup; two live checks per kind. At 0.7: static K 1 / 2 and
+    # ngram_match x 4 caps on the lookup; two live checks per kind. At 0.7: static K 1 and
     # AdaEDL at 4 on the draft model only. Per dataset.
-    assert counts["policy_trials"] == 2 * ((16 * 4 + 2) + (17 * 4 + 2) + 3)
+    assert counts["policy_trials"] == 2 * ((16 * 4 + 2) + (17 * 4 + 2) + 2)
     assert counts["baselines"] == 2 * 2
     live = [t for t in plan.trials if t.mode == "live"]
-    assert len(live) == 2 * (2 + 2 * 2 + 3)  # AR x 2 temperatures, the checks, sampled trials
+    assert len(live) == 2 * (2 + 2 * 2 + 2)  # AR x 2 temperatures, the checks, sampled trials
     sampled = {(t.served.draft_kind, t.setting.policy) for t in live if t.sampling.temperature}
     assert sampled == {("lm", "ar"), ("lm", "static"), ("lm", "adaedl")}
     assert all(dataset.holdout is not None for dataset in spec.datasets)

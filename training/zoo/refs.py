@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from training.zoo.build import build_zoo
-from training.zoo.recipes import MODEL_REF_PREFIX, PROFILES, REMOVED_PROFILES
+from training.zoo.recipes import MODEL_REF_PREFIX, PROFILES, REMOVED_MODELS, REMOVED_PROFILES
 
 
 def parse_model_ref(ref: str) -> tuple[str, str]:
@@ -20,7 +20,10 @@ def parse_model_ref(ref: str) -> tuple[str, str]:
         raise ValueError(message)
     names = PROFILES[profile].model_names
     if name not in names:
-        raise ValueError(f"unknown zoo model {name!r} in {ref!r}; have {names}")
+        message = f"unknown zoo model {name!r} in {ref!r}; have {names}"
+        if (profile, name) in REMOVED_MODELS:
+            message += f": {REMOVED_MODELS[profile, name]}"
+        raise ValueError(message)
     return profile, name
 
 
