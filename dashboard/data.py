@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard.pareto import pareto_mask
 from orchestrator.analysis.holdout import SweepSamples, stored_splits
-from orchestrator.analysis.report import summary_rows
+from orchestrator.analysis.report import record_fit_group_key, summary_rows
 from orchestrator.store import (
     BASELINE_POLICY,
     Store,
@@ -230,11 +230,13 @@ def load_sweep_names(url: str) -> list[str]:
 def load_trials(url: str, sweep: str | None = None) -> pd.DataFrame:
     """Return the trials (all statuses) of ``sweep``, or of the whole store, as a DataFrame.
 
-    Keeps :data:`TRIAL_COLUMNS`, with ``params`` rendered as text for hover labels and missing
-    metrics as NaN.
+    Keeps :data:`TRIAL_COLUMNS`, with ``params`` rendered as text for hover labels, missing
+    metrics as NaN, and ``fit_group``: the key of the trial's cost-fit group.
     """
     with reader(url) as store:
-        frame = store.trials_dataframe(sweep)[list(TRIAL_COLUMNS)].copy()
+        stored = store.trials_dataframe(sweep)
+    frame = stored[list(TRIAL_COLUMNS)].copy()
+    frame["fit_group"] = [record_fit_group_key(config) for config in stored["config"]]
     frame["params"] = [_params_text(params) for params in frame["params"]]
     for column in _NUMERIC_COLUMNS:
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)

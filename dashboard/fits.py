@@ -7,12 +7,10 @@ chart (pure once loaded).
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from dashboard.data import reader
-from orchestrator.analysis.report import FIT_GROUP, fit_seconds
+from orchestrator.analysis.report import fit_batch_size, fit_seconds, trial_fit
 
 FIT_COLUMNS = (
     "sweep",
@@ -42,37 +40,33 @@ def load_cost_fits(url: str, sweep: str | None) -> pd.DataFrame:
         return store.cost_fits_dataframe(sweep)
 
 
-def _group_key(row: Any) -> tuple[Any, ...]:
-    """Return a DataFrame row's fit-group values, NaN read as None (pandas turns NULL into NaN)."""
-    values = (getattr(row, name) for name in FIT_GROUP)
-    return tuple(None if pd.isna(value) else value for value in values)
-
-
 def fit_totals(fits: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Return per live trial and fit ("round", "run"): measured and predicted seconds.
 
-    A trial is matched to its group's fit on pair, dataset, split, samples, output length and
-    temperature; columns trial_id, policy, fit, measured_s, predicted_s, relative_error.
+    A trial is matched to its group's stored fit (its draft kind and batch size included);
+    batch cost tables (batch size above 1) price queues, not a trial's counts, and are left
+    out. Columns trial_id, policy, fit, measured_s, predicted_s, relative_error.
     """
     columns = ["trial_id", "policy", "fit", "measured_s", "predicted_s", "relative_error"]
     rows = []
     live = trials[trials["mode"] != "replay"]
-    for fit in fits.itertuples(index=False):
-        for trial in live.itertuples(index=False):
-            if _group_key(trial) != _group_key(fit) or not trial.seconds:
+    stored = list(fits.itertuples(index=False))
+    for trial in live.itertuples(index=False):
+        fit = trial_fit(stored, trial.fit_group)
+        if fit is None or fit_batch_size(fit) > 1 or not trial.seconds:
+            continue
+        for which in ("round", "run"):
+            if which == "run" and pd.isna(fit.run_t_draft):
                 continue
-            for which in ("round", "run"):
-                if which == "run" and pd.isna(fit.run_t_draft):
-                    continue
-                predicted = fit_seconds(fit, trial, which)
-                rows.append(
-                    {
-                        "trial_id": trial.trial_id,
-                        "policy": trial.policy,
-                        "fit": which,
-                        "measured_s": trial.seconds,
-                        "predicted_s": predicted,
-                        "relative_error": (predicted - trial.seconds) / trial.seconds,
-                    }
-                )
+            predicted = fit_seconds(fit, trial, which)
+            rows.append(
+                {
+                    "trial_id": trial.trial_id,
+                    "policy": trial.policy,
+                    "fit": which,
+                    "measured_s": trial.seconds,
+                    "predicted_s": predicted,
+                    "relative_error": (predicted - trial.seconds) / trial.seconds,
+                }
+            )
     return pd.DataFrame(rows, columns=columns)

@@ -27,7 +27,7 @@ from orchestrator.analysis.costs.run_fit import TrialCounts, round_fit_seconds
 from orchestrator.analysis.holdout import Candidate, SweepSamples, best_setting, dataset_key
 from orchestrator.analysis.stats import MIN_PROMPTS, too_few_prompts
 from orchestrator.sweep.planner import Plan
-from orchestrator.sweep.trial import ServedPair, Trial
+from orchestrator.sweep.trial import ServedPair, Trial, record_fit_group_key
 
 if TYPE_CHECKING:
     from orchestrator.analysis.metrics import ModelError
@@ -111,6 +111,7 @@ FIT_COLUMNS = (
     "dataset",
     "temperature",
     "max_new_tokens",
+    "batch_size",
     "t_draft_ms",
     "t_target_ms",
     "t_per_verified_ms",
@@ -763,18 +764,46 @@ def cost_fit_rows(fits: Iterable[StoredCostFit]) -> list[dict[str, Any]]:
             "t_per_verified_ms": fit.t_per_verified * 1e3,
             "run_t_draft_ms": _ms(fit.run_t_draft),
             "run_t_target_ms": _ms(fit.run_t_target),
+            "batch_size": fit_batch_size(fit),
         }
         for fit in fits
     ]
 
 
+BATCH_TABLE_COLUMNS = (
+    "pair",
+    "dataset",
+    "temperature",
+    "batch_size",
+    "step",
+    "rows",
+    "block",
+    "ms",
+)
+
+
+def batch_table_rows(fits: Iterable[StoredCostFit]) -> list[dict[str, Any]]:
+    """Return the measured cells of each batch cost table (a fit at batch size above 1): a draft
+    step's and a verification's milliseconds by rows in the batch (and longest block)."""
+    rows = []
+    for fit in fits:
+        if fit_batch_size(fit) == 1:
+            continue
+        model = fit.step_model or {}
+        group = {"pair": fit.pair, "dataset": fit.dataset, "temperature": fit.temperature}
+        group["batch_size"] = fit_batch_size(fit)
+        for cell_rows, seconds in model.get("draft_step", ()):
+            rows.append({**group, "step": "draft", "rows": cell_rows, "block": None})
+            rows[-1]["ms"] = seconds * 1e3
+        for cell_rows, block, seconds in model.get("verify", ()):
+            rows.append({**group, "step": "verify", "rows": cell_rows, "block": block})
+            rows[-1]["ms"] = seconds * 1e3
+    return rows
+
+
 def _ms(seconds: float | None) -> float | None:
     """Return seconds in milliseconds (None stays None)."""
     return None if seconds is None else seconds * 1e3
-
-
-#: The trial and cost-fit columns that identify a fit's group.
-FIT_GROUP = ("pair", "dataset", "split", "samples", "max_new_tokens", "temperature")
 
 
 def fit_seconds(fit: StoredCostFit, row: StoredTrial, which: str | None = None) -> float | None:
@@ -793,14 +822,29 @@ def fit_seconds(fit: StoredCostFit, row: StoredTrial, which: str | None = None) 
     return round_fit_seconds(round_fit, fit.overhead_seconds, counts)
 
 
+def fit_batch_size(fit: Any) -> int:
+    """Return the batch size a stored fit was made at: a batch cost table's, else 1."""
+    model = getattr(fit, "step_model", None)
+    if isinstance(model, dict) and model.get("kind") == "batch":
+        return int(model["batch_size"])
+    return 1
+
+
+def trial_fit(fits: Iterable[Any], fit_group: str) -> Any | None:
+    """Return the stored fit of a trial's cost-fit group (``record_fit_group_key`` of its
+    record: its draft kind and batch size included, a lookup's fit is not its worker pair's
+    draft model's), None when none was stored."""
+    return next((fit for fit in fits if fit.group_key == fit_group), None)
+
+
 def fit_tokens_per_s(fits: Iterable[StoredCostFit], row: StoredTrial) -> float | None:
-    """Return a done trial's tokens/s as its group's better fit projects it (None without)."""
-    key = tuple(getattr(row, name) for name in FIT_GROUP)
-    for fit in fits:
-        if tuple(getattr(fit, name) for name in FIT_GROUP) == key:
-            seconds = fit_seconds(fit, row)
-            return (row.generated_tokens or 0) / seconds if seconds else None
-    return None
+    """Return a done trial's tokens/s as its group's better fit projects it (None without, and
+    at a batch size above 1, where only replay's queue simulation prices a trial's rounds)."""
+    fit = trial_fit(fits, record_fit_group_key(row.config))
+    if fit is None or fit_batch_size(fit) > 1:
+        return None
+    seconds = fit_seconds(fit, row)
+    return (row.generated_tokens or 0) / seconds if seconds else None
 
 
 def profile_column(profile: HardwareProfile, what: str) -> str:
@@ -820,7 +864,8 @@ def profile_projection_rows(
 
     The projection uses the trial's hardware-independent counts (draft forwards, target calls
     = rounds, generated tokens), so live and replayed trials project alike; a trial without
-    rounds (none recorded) has no projection.
+    rounds (none recorded) has no projection, nor has one at a batch size above 1 (the
+    profiles price one sequence's forwards).
     """
     result = []
     for row in rows:
@@ -830,6 +875,8 @@ def profile_projection_rows(
         projected["fit_tokens_per_s"] = fit_tokens_per_s(fits, row)
         for profile in profiles:
             try:
+                if (row.batch_size or 1) > 1:
+                    raise CostModelError("a profile's costs are one sequence's")
                 projection = project_onto_profile(
                     profile,
                     row.n_draft_forwards or 0,

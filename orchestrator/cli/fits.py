@@ -65,6 +65,15 @@ def handle(args: argparse.Namespace, console: Console) -> int:
             "rounds could not identify the costs, or it ran before fits were stored",
             markup=False,
         )
+    cells = report.batch_table_rows(fits)
+    if cells:
+        title = (
+            f"cost tables of {args.sweep} at batch sizes above 1: measured milliseconds of a "
+            "draft step and of a verification by rows in the batch and longest block (cells "
+            "not measured come from the table's line and plane; replay prices a trial's queue "
+            "with them, so its trials have no per-trial projection below)"
+        )
+        print_table(console, cells, report.BATCH_TABLE_COLUMNS, title)
     profiles = [HARDWARE_PROFILES[name] for name in args.profile or sorted(HARDWARE_PROFILES)]
     projected = report.profile_projection_rows(rows, profiles, fits)
     columns = [

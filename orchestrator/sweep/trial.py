@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Any
 
@@ -326,6 +327,24 @@ def fit_group_key(trial: Trial) -> str:
     """Return the id of the trial's cost-fit group (:func:`fit_group_identity`): the key its
     ``cost_fits`` row is stored under (the fit in it is its pool's, :func:`fit_pool_key`)."""
     return config_id(fit_group_identity(trial))
+
+
+def record_fit_group_key(record: Mapping[str, Any]) -> str:
+    """Return the cost-fit group key of a stored trial from its record (``Trial.columns``, the
+    store's ``config``): the key :func:`fit_group_key` gives the planned trial."""
+    kind = record.get("draft_kind", "lm")
+    prompts = PromptSet(**{f.name: record.get(f.name) for f in fields(PromptSet)})
+    sampling = SamplingConfig(**{f.name: record[f.name] for f in fields(SamplingConfig)})
+    batch_size = record.get("batch_size", 1)
+    return config_id(
+        {
+            "pair": record["pair"],
+            **({} if kind == "lm" else {"draft_kind": kind, kind: record[kind]}),
+            **prompts.identity(),
+            **asdict(sampling),
+            **({} if batch_size == 1 else {"batch_size": batch_size}),
+        }
+    )
 
 
 def fit_pool_identity(trial: Trial) -> dict[str, Any]:

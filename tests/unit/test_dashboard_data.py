@@ -294,9 +294,21 @@ def test_fit_totals_predict_trials_with_both_stored_fits() -> None:
     )
     trials["n_draft_forwards"] = trials["n_drafted"]
     trials["mode"] = ["replay" if t == "a1" else "live" for t in trials["trial_id"]]
+    trials["fit_group"] = [
+        f"{row.pair}/{row.dataset}/{row.temperature}" for row in trials.itertuples(index=False)
+    ]
+    group = {"pair": "p", "dataset": "code", "split": None, "samples": 2, "max_new_tokens": 16}
+    lookup = {**group, "temperature": 0.0, "t_draft": 0.0, "t_target": 9.0, "t_per_verified": 0}
+    batch_fit = {**lookup, "group_key": "p/code/1.0", "step_model": {"kind": "batch"}}
+    batch_fit["step_model"]["batch_size"] = 4
     stored = pd.DataFrame(
         [
+            # Same pair, dataset and temperature, another group (a lookup draft's): not used.
+            {**lookup, "group_key": "p/code/0.0/ngram", "step_model": None},
+            batch_fit,
             {
+                "group_key": "p/code/0.0",
+                "step_model": None,
                 "pair": "p",
                 "dataset": "code",
                 "split": None,
@@ -313,11 +325,12 @@ def test_fit_totals_predict_trials_with_both_stored_fits() -> None:
                 "overhead_seconds": 0.0,
                 "run_t_draft": 0.02,
                 "run_t_target": 0.1,
-            }
+            },
         ]
     )
     totals = fits.fit_totals(stored, trials)
-    # live trials of pair p, dataset code, temperature 0 (a1 is replayed): b1, s1, s2, a3, o1
+    # live trials of pair p, dataset code, temperature 0 (a1 is replayed): b1, s1, s2, a3, o1;
+    # the batch table of a2's group p/code/1.0 prices no trial's counts
     assert set(totals["trial_id"]) == {"b1", "s1", "s2", "a3", "o1"}
     assert set(totals["fit"]) == {"round", "run"}
     s1 = trials[trials["trial_id"] == "s1"].iloc[0]
