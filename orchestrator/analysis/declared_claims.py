@@ -30,13 +30,15 @@ from orchestrator.analysis.claim_cells import (
     cell_label,
     of_policy,
 )
-from orchestrator.analysis.holdout import DatasetKey, PromptSplit, best_setting
+from orchestrator.analysis.holdout import BestSetting, DatasetKey, PromptSplit, best_setting
 from orchestrator.analysis.pairing import SampleSpeed
 from orchestrator.store.records import StoredTrial
 from orchestrator.sweep.spec import DraftComparisonSpec, PolicyComparisonSpec
 
 Cells = Mapping[CellKey, Sequence[StoredTrial]]
 Samples = Mapping[str, Sequence[SampleSpeed]]
+#: A claim's two sides as chosen: A's trial, B's trial, how A's and how B's was chosen.
+Chosen = tuple[StoredTrial, StoredTrial, BestSetting, BestSetting]
 
 
 def draft_picks(
@@ -72,20 +74,31 @@ def _draft_cell(
 ) -> list[Pick]:
     """Return one cell's speed claim and, when A ran B's chosen setting, its acceptance claim."""
     policy = comparison.policy
-    best = [best_setting(candidates(of_policy(side, policy), samples), split) for side in rows]
-    best_a, best_b = best
-    if best_a is None or best_b is None:
+    chosen = _best_sides((of_policy(rows[0], policy), of_policy(rows[1], policy)), samples, split)
+    if chosen is None:
         skipped.append(f"{label}: {policy}: a pair has no done trial with a done AR baseline")
         return []
-    by_id = {row.trial_id: row for side in rows for row in side}
-    a, b = by_id[best_a.trial_id], by_id[best_b.trial_id]
     names = (comparison.a, comparison.b)
-    speed = Pick(DRAFT_SPEED, label, *names, a, b, best_a, best_b, split)
+    speed = Pick(DRAFT_SPEED, label, *names, *chosen, split)
+    _, b, _, best_b = chosen
     same = at_setting(rows[0], b, samples)
     if same is None:
         skipped.append(f"{label}: acceptance: {comparison.a} has no done trial at B's setting")
         return [speed]
     return [speed, Pick(DRAFT_ACCEPTANCE, label, *names, same, b, None, best_b, split)]
+
+
+def _best_sides(
+    sides: tuple[Sequence[StoredTrial], Sequence[StoredTrial]], samples: Samples, split: PromptSplit
+) -> Chosen | None:
+    """Return each side's best setting chosen on the dev prompts (``holdout.best_setting``) as
+    a claim holds them: A's trial, B's trial, how A's and how B's was chosen; None when a side
+    has no done trial with a done AR baseline."""
+    best_a, best_b = (best_setting(candidates(side, samples), split) for side in sides)
+    if best_a is None or best_b is None:
+        return None
+    by_id = {row.trial_id: row for side in sides for row in side}
+    return by_id[best_a.trial_id], by_id[best_b.trial_id], best_a, best_b
 
 
 def at_setting(
@@ -118,16 +131,12 @@ def policy_picks(
             continue
         label = cell_label(rows[0])
         split = splits[key[1]]
-        best_a = best_setting(candidates(rows_a, samples), split)
-        best_b = best_setting(candidates(rows_b, samples), split)
-        if best_a is None or best_b is None:
+        chosen = _best_sides((rows_a, rows_b), samples, split)
+        if chosen is None:
             skipped.append(
                 f"{label}: {comparison.a} vs {comparison.b}: a policy has no done trial with "
                 "a done AR baseline"
             )
             continue
-        by_id = {row.trial_id: row for row in rows}
-        a, b = by_id[best_a.trial_id], by_id[best_b.trial_id]
-        names = (comparison.a, comparison.b)
-        picks.append(Pick(POLICY_VS_POLICY, label, *names, a, b, best_a, best_b, split))
+        picks.append(Pick(POLICY_VS_POLICY, label, comparison.a, comparison.b, *chosen, split))
     return picks

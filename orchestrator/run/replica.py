@@ -20,10 +20,11 @@ rendezvous port is picked on the node of rank 0 (:func:`rendezvous_port`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -31,12 +32,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.analysis.costs.batch_replay import (
     BatchGroupFit,
+    BatchHeldOut,
     batch_cross_check,
     replayed_queue_results,
 )
 from orchestrator.analysis.costs.model import CostModelError
 from orchestrator.analysis.costs.replay import (
-    CrossCheck,
     GroupFit,
     cross_check,
     replay_rounds,
@@ -45,6 +46,7 @@ from orchestrator.analysis.costs.replay import (
     trace_to_json,
     trial_demands,
 )
+from orchestrator.analysis.costs.validation import HeldOut
 from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.run.batch_fits import (
     batch_fit_note,
@@ -98,6 +100,11 @@ WARMUP_DRAFT_LEN = 2
 #: Calls a draft actor runs at once: the driver's call, and the progress query beside it.
 DRAFT_CONCURRENCY = 2
 
+#: A replay group's cost fit: the per-step model (batch size 1) or the cost table (above 1).
+F = TypeVar("F", GroupFit, BatchGroupFit)
+#: Reports a replayed trial's error (None: stored) to the caller.
+Finish = Callable[[Trial, str | None], None]
+
 
 @dataclass(frozen=True)
 class GroupShard:
@@ -117,6 +124,17 @@ class ReplayNotes:
     fit: str
     checks: list[str]
     recorded: bool
+
+
+@dataclass(frozen=True)
+class FittedGroup(Generic[F]):
+    """A replay group ready to replay: its label, the pool its cost ``fit`` is over, and its
+    traces."""
+
+    label: str
+    pool: Sequence[Trial]
+    traces: list[GreedyTrace]
+    fit: F
 
 
 class GroupReplica:
@@ -213,7 +231,7 @@ class GroupReplica:
         sweep: str,
         group: ReplayGroup,
         trials: Sequence[Trial],
-        finish: Callable[[Trial, str | None], None],
+        finish: Finish,
     ) -> ReplayNotes:
         """Replay ``trials`` of ``group`` and store them; return what was fit and checked.
 
@@ -222,30 +240,61 @@ class GroupReplica:
         out in turn for the out-of-sample error. Each trial is reported to ``finish`` with its
         error or None. Without a cost fit (the live trials failed, or their rounds cannot
         identify the costs) every trial fails with the reason.
+
+        At a batch size above 1 (``run.batch_fits``) the fit is the cost table over the pool's
+        live queues at that size, and each trial's batch-1 replayed rounds are decoded as its
+        AR baseline's queues and timed by the table.
         """
         if group.trials[0].batch_size > 1:
-            return self._replay_batch_group(sweep, group, trials, finish)
+            return self._replay_fitted(
+                group,
+                trials,
+                finish,
+                fit_batch_from_store,
+                lambda fitted: self._record_batch_fit(sweep, group, fitted),
+                self._batch_results,
+            )
+        return self._replay_fitted(
+            group,
+            trials,
+            finish,
+            fit_from_store,
+            lambda fitted: self._record_fit(sweep, group, fitted),
+            _replayed_results,
+        )
+
+    def _replay_fitted(
+        self,
+        group: ReplayGroup,
+        trials: Sequence[Trial],
+        finish: Finish,
+        fit_from: Callable[[Store, Sequence[Trial], Collection[str]], F],
+        record: Callable[[FittedGroup[F]], tuple[str, list[str]]],
+        results: Callable[[Trial, FittedGroup[F]], list[GenerationResult]],
+    ) -> ReplayNotes:
+        """Read or record ``group``'s traces and fit its costs by ``fit_from`` over its pool
+        (the pool's live checks held out), or fail every one of ``trials`` for want of them;
+        then ``record`` the fit (it returns the fit's line and the checks' lines) and replay
+        each trial by ``results``, storing it and reporting it to ``finish``."""
         label = group_label(group.trials[0])
         pool = group.pool or group.live
         try:
             traces, recorded = self._traces(group)
-            fit = fit_from_store(self.store, pool, {t.trial_id for t in group.pool_checks})
+            fit = fit_from(self.store, pool, {t.trial_id for t in group.pool_checks})
         except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
             return self._fail_group(label, trials, finish, exc)
-        values = fit_values(sweep, group.fit_key, group.trials[0], fit)
-        values.update(run_fit_columns(self.store, pool, fit))
-        checks = [self._check_note(label, check, traces, fit, values) for check in group.checks]
-        checks = [note for note in checks if note]
-        self.store.record_cost_fit(values)
+        fitted = FittedGroup(label, pool, traces, fit)
+        note, checks = record(fitted)
         for trial in trials:
-            finish(trial, self._replay_trial(trial, traces, fit))
-        return ReplayNotes(fit_note(pool, fit), checks, recorded)
+            replayed = partial(results, trial, fitted)
+            finish(trial, self._replay_trial(trial, fit.out_of_sample_error, replayed))
+        return ReplayNotes(note, [check for check in checks if check], recorded)
 
     def _fail_group(
         self,
         label: str,
         trials: Sequence[Trial],
-        finish: Callable[[Trial, str | None], None],
+        finish: Finish,
         exc: Exception,
     ) -> ReplayNotes:
         """Fail every one of ``trials`` for want of a cost fit or traces (``exc``)."""
@@ -255,76 +304,62 @@ class GroupReplica:
             finish(trial, reason)
         return ReplayNotes(f"no cost fit for {label}: {reason}", [], False)
 
-    def _replay_batch_group(
-        self,
-        sweep: str,
-        group: ReplayGroup,
-        trials: Sequence[Trial],
-        finish: Callable[[Trial, str | None], None],
-    ) -> ReplayNotes:
-        """Replay a group at a batch size above 1 (``run.batch_fits``): the cost table over
-        its pool's live queues at that size, each live check held out; each trial's batch-1
-        replayed rounds decoded as its AR baseline's queues and timed by the table."""
-        label = group_label(group.trials[0])
-        pool = group.pool or group.live
-        try:
-            traces, recorded = self._traces(group)
-            fit = fit_batch_from_store(self.store, pool, {t.trial_id for t in group.pool_checks})
-        except (CostModelError, ValueError, ray.exceptions.RayError) as exc:
-            return self._fail_group(label, trials, finish, exc)
-        self.store.record_cost_fit(batch_fit_values(sweep, group.fit_key, group.trials[0], fit))
-        checks = [self._batch_check_note(label, check, traces, fit) for check in group.checks]
-        for trial in trials:
-            finish(trial, self._replay_batch_trial(trial, traces, fit))
-        return ReplayNotes(batch_fit_note(pool, fit), [note for note in checks if note], recorded)
+    def _record_fit(
+        self, sweep: str, group: ReplayGroup, fitted: FittedGroup[GroupFit]
+    ) -> tuple[str, list[str]]:
+        """Store a batch-1 group's fit with its first done live check's figures; return the
+        fit's line and each live check's line."""
+        values = fit_values(sweep, group.fit_key, group.trials[0], fitted.fit)
+        values.update(run_fit_columns(self.store, fitted.pool, fitted.fit))
+        checks = [self._check_note(fitted, check, values) for check in group.checks]
+        self.store.record_cost_fit(values)
+        return fit_note(fitted.pool, fitted.fit), checks
 
-    def _batch_check_note(
-        self, label: str, check: Trial, traces: list[GreedyTrace], fit: BatchGroupFit
-    ) -> str:
+    def _record_batch_fit(
+        self, sweep: str, group: ReplayGroup, fitted: FittedGroup[BatchGroupFit]
+    ) -> tuple[str, list[str]]:
+        """Store a group's cost table at its batch size; return the table's line and each
+        live check's line."""
+        self.store.record_cost_fit(
+            batch_fit_values(sweep, group.fit_key, group.trials[0], fitted.fit)
+        )
+        checks = [self._batch_check_note(fitted, check) for check in group.checks]
+        return batch_fit_note(fitted.pool, fitted.fit), checks
+
+    def _batch_check_note(self, fitted: FittedGroup[BatchGroupFit], check: Trial) -> str:
         """Return one live check's line at its batch size ("" when it is not done)."""
-        rows = self.store.trial_rows([check.trial_id])
-        if not rows or rows[0].status != "done" or not rows[0].tokens_per_s:
+        measured = self._done_tokens_per_s(check)
+        if measured is None:
             return ""
         queues = [
-            [i for i in queue if i < len(traces)]
+            [i for i in queue if i < len(fitted.traces)]
             for queue in stored_queues(self.store, check.trial_id)
         ]
         result = batch_cross_check(
             check,
             self.store.rounds([check.trial_id]),
-            rows[0].tokens_per_s,
-            traces,
-            fit.table,
+            measured,
+            fitted.traces,
+            fitted.fit.table,
             [queue for queue in queues if queue],
         )
-        held = next((h for h in fit.checks if h.trial_id == check.trial_id), None)
-        error = held.error if held is not None else None
-        out_of_sample = f"{error:+.1%}" if error is not None else "not identified without it"
+        out_of_sample = _out_of_sample_text(fitted.fit.checks, check.trial_id)
         return (
-            f"cross-check {label} {check.setting.policy} L={check.setting.max_draft_len} at "
-            f"batch size {check.batch_size}: replay reproduces {result.same_rounds:.1%} of the "
-            f"live rounds; projected {result.projected_tokens_per_s:.2f} vs measured "
+            f"cross-check {fitted.label} {check.setting.policy} L={check.setting.max_draft_len} "
+            f"at batch size {check.batch_size}: replay reproduces {result.same_rounds:.1%} of "
+            f"the live rounds; projected {result.projected_tokens_per_s:.2f} vs measured "
             f"{result.tokens_per_s:.2f} tokens/s per sequence ({result.error:+.1%} with it in "
             f"the fit, {out_of_sample} out of sample)"
         )
 
-    def _replay_batch_trial(
-        self, trial: Trial, traces: list[GreedyTrace], fit: BatchGroupFit
-    ) -> str | None:
-        """Replay one trial at its batch size and store it like a live one; return its error
-        or None."""
-        if not self.store.mark_running(trial):
-            return None
-        try:
-            rounds = replay_rounds(trial, traces)
-            queues = replay_queues(self.store, trial, len(traces))
-            results = replayed_queue_results(rounds, traces, fit.table, queues)
-        except ValueError as exc:
-            error = describe_failure(exc)
-            self.store.record_failure(trial, error, attempts=1)
-            return error
-        self._store_replayed(trial, results, fit.out_of_sample_error)
-        return None
+    def _batch_results(
+        self, trial: Trial, fitted: FittedGroup[BatchGroupFit]
+    ) -> list[GenerationResult]:
+        """Return one trial's results replayed at its batch size: its batch-1 replayed rounds
+        decoded as its AR baseline's queues, timed by the group's cost table."""
+        rounds = replay_rounds(trial, fitted.traces)
+        queues = replay_queues(self.store, trial, len(fitted.traces))
+        return replayed_queue_results(rounds, fitted.traces, fitted.fit.table, queues)
 
     def _traces(self, group: ReplayGroup) -> tuple[list[GreedyTrace], bool]:
         """Return the group's traces and whether they were recorded now (else read back)."""
@@ -350,21 +385,16 @@ class GroupReplica:
         return traces, True
 
     def _check_note(
-        self,
-        label: str,
-        check: Trial,
-        traces: list[GreedyTrace],
-        fit: GroupFit,
-        values: dict[str, Any],
+        self, fitted: FittedGroup[GroupFit], check: Trial, values: dict[str, Any]
     ) -> str:
         """Return one live check's line (its rounds reproduced, its out-of-sample error) and
         put the first check's figures into the ``cost_fits`` row ``values`` ("" if not done)."""
-        result = self._cross_check(check, traces, fit)
-        if result is None:
+        measured = self._done_tokens_per_s(check)
+        if measured is None:
             return ""
-        held = next((h for h in fit.checks if h.trial_id == check.trial_id), None)
-        error = held.error if held is not None else None
-        out_of_sample = f"{error:+.1%}" if error is not None else "not identified without it"
+        live_rounds = self.store.rounds([check.trial_id])
+        result = cross_check(check, live_rounds, measured, fitted.traces, fitted.fit)
+        out_of_sample = _out_of_sample_text(fitted.fit.checks, check.trial_id)
         if values.get("check_trial_id") is None:
             values.update(
                 check_trial_id=result.trial_id,
@@ -374,35 +404,37 @@ class GroupReplica:
                 check_error=result.error,
             )
         return (
-            f"cross-check {label} {check.setting.policy} L={check.setting.max_draft_len}: "
-            "replay reproduces "
+            f"cross-check {fitted.label} {check.setting.policy} "
+            f"L={check.setting.max_draft_len}: replay reproduces "
             f"{result.same_rounds:.1%} of the live rounds; projected "
             f"{result.projected_tokens_per_s:.2f} vs measured {result.tokens_per_s:.2f} tokens/s "
             f"({result.error:+.1%} with it in the fit, {out_of_sample} out of sample)"
         )
 
-    def _cross_check(
-        self, check: Trial, traces: list[GreedyTrace], fit: GroupFit
-    ) -> CrossCheck | None:
-        """Return the cross-check of a done live check trial, or None when it is not done."""
+    def _done_tokens_per_s(self, check: Trial) -> float | None:
+        """Return the measured tokens/s of live check ``check``, or None when it is not done."""
         rows = self.store.trial_rows([check.trial_id])
         if not rows or rows[0].status != "done" or not rows[0].tokens_per_s:
             return None
-        live_rounds = self.store.rounds([check.trial_id])
-        return cross_check(check, live_rounds, rows[0].tokens_per_s, traces, fit)
+        return rows[0].tokens_per_s
 
-    def _replay_trial(self, trial: Trial, traces: list[GreedyTrace], fit: GroupFit) -> str | None:
-        """Replay one trial and store it like a live one; return its error or None."""
+    def _replay_trial(
+        self,
+        trial: Trial,
+        fit_error: float | None,
+        results: Callable[[], list[GenerationResult]],
+    ) -> str | None:
+        """Replay one trial by ``results`` and store it like a live one (its intervals widened
+        by its fit's out-of-sample ``fit_error``); return its error or None."""
         if not self.store.mark_running(trial):
             return None
         try:
-            rounds = replay_rounds(trial, traces)
-            results = replayed_results(rounds, traces, fit, trial_demands(trial))
+            replayed = results()
         except ValueError as exc:
             error = describe_failure(exc)
             self.store.record_failure(trial, error, attempts=1)
             return error
-        self._store_replayed(trial, results, fit.out_of_sample_error)
+        self._store_replayed(trial, replayed, fit_error)
         return None
 
     def _store_replayed(
@@ -569,6 +601,20 @@ class GroupReplica:
         if self.group is not None:
             remove_worker_group(self.group)
         self.drafts, self.ranks, self.group = {}, [], None
+
+
+def _replayed_results(trial: Trial, fitted: FittedGroup[GroupFit]) -> list[GenerationResult]:
+    """Return one trial's results replayed at batch size 1, timed by the group's per-step
+    model."""
+    rounds = replay_rounds(trial, fitted.traces)
+    return replayed_results(rounds, fitted.traces, fitted.fit, trial_demands(trial))
+
+
+def _out_of_sample_text(checks: Sequence[HeldOut | BatchHeldOut], trial_id: str) -> str:
+    """Return live check ``trial_id``'s out-of-sample error as a cross-check line prints it."""
+    held = next((h for h in checks if h.trial_id == trial_id), None)
+    error = held.error if held is not None else None
+    return f"{error:+.1%}" if error is not None else "not identified without it"
 
 
 def _step_plan(actor: Any, single_step: SingleStep) -> StepPlan | None:

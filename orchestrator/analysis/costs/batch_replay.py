@@ -26,11 +26,17 @@ from orchestrator.analysis.costs.batch_costs import (
 )
 from orchestrator.analysis.costs.batch_queue import QueueTimes, simulate_queue
 from orchestrator.analysis.costs.model import CostModelError
-from orchestrator.analysis.costs.replay import CrossCheck, replay_rounds, same_round_share
+from orchestrator.analysis.costs.replay import (
+    CrossCheck,
+    replay_rounds,
+    replayed_result,
+    same_round_share,
+    timed_rounds,
+)
 from orchestrator.analysis.costs.validation import summarise
 from orchestrator.sweep.planner import Trial
 from policies.replay import GreedyTrace, ReplayedRound
-from workers.records import GenerationResult, RoundRecord
+from workers.records import GenerationResult
 
 if TYPE_CHECKING:
     from orchestrator.store.records import StoredRound
@@ -112,26 +118,21 @@ def _queue_result(
     rounds with the seconds of the batch rounds they ran in, its output and its times (its
     share of the wall time left to the caller, which computes the queue's at once)."""
     batch_rounds = [r for r in times.rounds if position in r.members]
-    records = [
-        RoundRecord(
-            drafted=r.drafted,
-            accepted=r.accepted,
-            bonus=r.bonus,
-            draft_forwards=r.draft_forwards,
-            draft_seconds=table.draft_seconds(len(b.members), b.draft_steps),
-            verify_seconds=table.verify_seconds(len(b.members), b.block),
-            mean_entropy=r.mean_entropy,
-            min_max_prob=r.min_max_prob,
-        )
-        for r, b in zip(rounds, batch_rounds, strict=True)
-    ]
-    output = list(trace.reference[: sum(r.emitted for r in rounds)])
-    return GenerationResult(
-        prompt_ids=list(trace.prompt_ids),
-        output_ids=output,
-        rounds=records,
+    records = timed_rounds(
+        rounds,
+        [
+            (
+                table.draft_seconds(len(b.members), b.draft_steps),
+                table.verify_seconds(len(b.members), b.block),
+            )
+            for b in batch_rounds
+        ],
+    )
+    return replayed_result(
+        trace,
+        rounds,
+        records,
         seconds=times.seconds[position],
-        stopped_on_eos=trace.eos_token_id is not None and trace.eos_token_id in output,
         prefill_seconds=times.prefill_seconds[position],
         decode_seconds=times.decode_seconds[position],
     )

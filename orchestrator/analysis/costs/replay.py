@@ -161,36 +161,72 @@ def replayed_results(
     results = []
     for replayed, trace in zip(rounds, traces, strict=True):
         contexts = round_contexts(len(trace.prompt_ids), replayed)
-        records = [
-            RoundRecord(
-                drafted=r.drafted,
-                accepted=r.accepted,
-                bonus=r.bonus,
-                draft_forwards=r.draft_forwards,
-                draft_seconds=steps.draft_seconds(r.draft_forwards, context, demands),
-                verify_seconds=steps.verify_seconds(r.drafted, context),
-                mean_entropy=r.mean_entropy,
-                min_max_prob=r.min_max_prob,
-            )
-            for r, context in zip(replayed, contexts, strict=True)
-        ]
-        emitted = sum(r.emitted for r in replayed)
-        output = list(trace.reference[:emitted])
-        stopped = trace.eos_token_id is not None and trace.eos_token_id in output
+        records = timed_rounds(
+            replayed,
+            [
+                (
+                    steps.draft_seconds(r.draft_forwards, context, demands),
+                    steps.verify_seconds(r.drafted, context),
+                )
+                for r, context in zip(replayed, contexts, strict=True)
+            ],
+        )
         seconds = sum(r.draft_seconds + r.verify_seconds for r in records)
         overhead = steps.sample_overhead(len(trace.prompt_ids))
         results.append(
-            GenerationResult(
-                prompt_ids=list(trace.prompt_ids),
-                output_ids=output,
-                rounds=records,
+            replayed_result(
+                trace,
+                replayed,
+                records,
                 seconds=overhead + seconds,
-                stopped_on_eos=stopped,
                 prefill_seconds=overhead,
                 decode_seconds=seconds,
             )
         )
     return results
+
+
+def timed_rounds(
+    replayed: Sequence[ReplayedRound], seconds: Sequence[tuple[float, float]]
+) -> list[RoundRecord]:
+    """Return ``replayed`` rounds as stored rounds, each with its (draft, verify) ``seconds``."""
+    return [
+        RoundRecord(
+            drafted=r.drafted,
+            accepted=r.accepted,
+            bonus=r.bonus,
+            draft_forwards=r.draft_forwards,
+            draft_seconds=draft,
+            verify_seconds=verify,
+            mean_entropy=r.mean_entropy,
+            min_max_prob=r.min_max_prob,
+        )
+        for r, (draft, verify) in zip(replayed, seconds, strict=True)
+    ]
+
+
+def replayed_result(
+    trace: GreedyTrace,
+    replayed: Sequence[ReplayedRound],
+    records: list[RoundRecord],
+    *,
+    seconds: float,
+    prefill_seconds: float,
+    decode_seconds: float,
+) -> GenerationResult:
+    """Return one prompt's result of its ``replayed`` rounds (stored as ``records``) with these
+    times: the target's greedy output up to the tokens the rounds emitted (cut after EOS, as
+    the engine cuts it)."""
+    output = list(trace.reference[: sum(r.emitted for r in replayed)])
+    return GenerationResult(
+        prompt_ids=list(trace.prompt_ids),
+        output_ids=output,
+        rounds=records,
+        seconds=seconds,
+        stopped_on_eos=trace.eos_token_id is not None and trace.eos_token_id in output,
+        prefill_seconds=prefill_seconds,
+        decode_seconds=decode_seconds,
+    )
 
 
 @dataclass(frozen=True)
