@@ -74,7 +74,7 @@ from orchestrator.run.preflight import PreparedInputs
 from orchestrator.run.stall_watch import WorkerStalled, wait_with_progress
 from orchestrator.run.step_choices import SingleStepChoices, StepKey
 from orchestrator.store import ShardOutput, Store
-from orchestrator.sweep.planner import ReplayGroup, Trial
+from orchestrator.sweep.planner import ReplayGroup, Trial, fit_group_key
 from orchestrator.sweep.spec import ExecutionSpec
 from orchestrator.sweep.target_sets import SharedTarget
 from orchestrator.sweep.work_units import ArmShard, WorkUnit
@@ -605,9 +605,10 @@ class GroupReplica:
 
 def _replayed_results(trial: Trial, fitted: FittedGroup[GroupFit]) -> list[GenerationResult]:
     """Return one trial's results replayed at batch size 1, timed by the group's per-step
-    model."""
+    model at the level of the trial's group."""
     rounds = replay_rounds(trial, fitted.traces)
-    return replayed_results(rounds, fitted.traces, fitted.fit, trial_demands(trial))
+    level = fitted.fit.level(fit_group_key(trial))
+    return replayed_results(rounds, fitted.traces, fitted.fit, trial_demands(trial), level)
 
 
 def _out_of_sample_text(checks: Sequence[HeldOut | BatchHeldOut], trial_id: str) -> str:

@@ -27,13 +27,15 @@ from orchestrator.analysis.costs.step_costs import StepCostFit, StepDemands
 from orchestrator.analysis.costs.validation import (
     HeldOut,
     LiveTrial,
+    fit_group_of,
     fit_trials,
+    group_level,
     held_out,
     policy_demands,
     round_contexts,
     summarise,
 )
-from orchestrator.sweep.planner import Trial
+from orchestrator.sweep.planner import Trial, fit_group_key
 from policies import make_policy
 from policies.replay import DraftPrediction, GreedyTrace, ReplayedRound, replay
 from workers.records import GenerationResult, RoundRecord
@@ -103,6 +105,12 @@ class GroupFit:
     steps: StepCostFit
     checks: tuple[HeldOut, ...] = ()
     out_of_sample_error: float | None = None
+    levels: tuple[tuple[str, float], ...] = ()
+
+    def level(self, fit_group: str) -> float:
+        """Return the level of a cost-fit group of the pool (``validation.group_level``: its
+        live trials' measured over projected seconds; 1.0 for a group without any)."""
+        return dict(self.levels).get(fit_group, 1.0)
 
 
 def fit_group(trials: Sequence[LiveTrial], check_ids: Collection[str] = ()) -> GroupFit:
@@ -114,13 +122,18 @@ def fit_group(trials: Sequence[LiveTrial], check_ids: Collection[str] = ()) -> G
         [r for t in trials for r in t.stored_rounds], [t.stored for t in trials]
     )
     checks = tuple(held_out(trials, t) for t in trials if t.trial_id in check_ids)
+    steps = fit_trials(trials)
+    by_group: dict[str, list[LiveTrial]] = {}
+    for trial in trials:
+        by_group.setdefault(fit_group_of(trial), []).append(trial)
     return GroupFit(
         fit=fit,
         overhead_seconds=overhead,
         n_trials=len(trials),
-        steps=fit_trials(trials),
+        steps=steps,
         checks=checks,
         out_of_sample_error=summarise([c.error for c in checks]).mean_abs_error,
+        levels=tuple((key, group_level(steps, own)) for key, own in sorted(by_group.items())),
     )
 
 
@@ -148,14 +161,16 @@ def replayed_results(
     traces: Sequence[GreedyTrace],
     group: GroupFit,
     demands: StepDemands,
+    level: float = 1.0,
 ) -> list[GenerationResult]:
     """Return per-prompt results of replayed ``rounds``, timed by the group's per-step model.
 
     Each round's seconds are the model's prediction at the round's context for a policy with
     these step ``demands``: the sample's decode seconds. Its prefill seconds are the model's
     per-sample overhead for its prompt length (prefill and bookkeeping, outside the rounds); its
-    seconds their sum. The output is the target's greedy output up to the tokens the rounds
-    emitted (cut after EOS, as the engine cuts it).
+    seconds their sum. Every time is multiplied by ``level``, the trial's group's
+    (:meth:`GroupFit.level`). The output is the target's greedy output up to the tokens the
+    rounds emitted (cut after EOS, as the engine cuts it).
     """
     steps = group.steps
     results = []
@@ -165,14 +180,14 @@ def replayed_results(
             replayed,
             [
                 (
-                    steps.draft_seconds(r.draft_forwards, context, demands),
-                    steps.verify_seconds(r.drafted, context),
+                    level * steps.draft_seconds(r.draft_forwards, context, demands),
+                    level * steps.verify_seconds(r.drafted, context),
                 )
                 for r, context in zip(replayed, contexts, strict=True)
             ],
         )
         seconds = sum(r.draft_seconds + r.verify_seconds for r in records)
-        overhead = steps.sample_overhead(len(trace.prompt_ids))
+        overhead = level * steps.sample_overhead(len(trace.prompt_ids))
         results.append(
             replayed_result(
                 trace,
@@ -260,7 +275,8 @@ def cross_check(
     index in drafted, accepted and draft forwards; the share divides by the larger count.
     """
     replayed = replay_rounds(trial, traces)
-    results = replayed_results(replayed, traces, group, trial_demands(trial))
+    level = group.level(fit_group_key(trial))
+    results = replayed_results(replayed, traces, group, trial_demands(trial), level)
     tokens = sum(r.n_generated for r in results)
     projected = tokens / sum(r.seconds for r in results)
     same = same_round_share(replayed, live_rounds)

@@ -29,6 +29,7 @@ from orchestrator.analysis.costs.step_costs import (
     StepDemands,
     fit_step_costs,
 )
+from orchestrator.sweep.trial import record_fit_group_key
 from policies import POLICIES, make_policy
 
 if TYPE_CHECKING:
@@ -196,11 +197,39 @@ def _try(project: Callable[[], float]) -> float | None:
         return None
 
 
+def fit_group_of(trial: LiveTrial) -> str:
+    """Return the cost-fit group (its ``cost_fits`` key) a live trial ran in."""
+    return record_fit_group_key(trial.stored.config)
+
+
+def group_level(fit: StepCostFit, trials: Sequence[LiveTrial]) -> float:
+    """Return measured over projected seconds of ``trials`` (one group's live trials; 1.0 for
+    none): the level of a group whose trials ran minutes apart from the pool's others.
+
+    A pool fits one cost shape over a pair's datasets, whose groups run one after another; a
+    machine that drifts between them moves a whole group's costs together (the reproduction:
+    every policy off with one sign per dataset). The group's own live trials, interleaved with
+    each other, set its level; the fit keeps the shape.
+    """
+    projected = sum(projected_seconds(fit, t) for t in trials)
+    return sum(t.counts.seconds for t in trials) / projected if projected > 0 else 1.0
+
+
+def _level_projection(others: Sequence[LiveTrial], trial: LiveTrial) -> float:
+    """Return ``trial``'s seconds projected by the fit over ``others``, at the level that
+    ``others`` of its own group measure."""
+    fit = fit_trials(others)
+    group = fit_group_of(trial)
+    own = [t for t in others if fit_group_of(t) == group]
+    return projected_seconds(fit, trial) * group_level(fit, own)
+
+
 def held_out(trials: Sequence[LiveTrial], trial: LiveTrial) -> HeldOut:
-    """Return ``trial`` projected by the fits over ``trials`` other than itself."""
+    """Return ``trial`` projected by the fits over ``trials`` other than itself (the new
+    model at its group's level measured by the group's other live trials)."""
     others = [t for t in trials if t.trial_id != trial.trial_id]
     measured = trial.counts.seconds
-    projected = _try(lambda: projected_seconds(fit_trials(others), trial))
+    projected = _try(lambda: _level_projection(others, trial))
     old = _try(lambda: old_projected_seconds(others, trial))
     return HeldOut(
         trial_id=trial.trial_id,
