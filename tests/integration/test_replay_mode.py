@@ -376,8 +376,8 @@ def test_fits_shows_stored_fits_and_profile_projections(
         )
     assert cli.main(["--db", url, "fits", "cli"]) == 0
     fit_cells = _table_row(capsys.readouterr().out, "demo")
-    assert fit_cells[4:7] == ["3.1", "20.5", "0.7"]
-    assert fit_cells[9] == "0.95"
+    assert fit_cells[4:8] == ["1", "3.1", "20.5", "0.7"]  # batch size 1, then the costs
+    assert fit_cells[10] == "0.95"
 
 
 # ---------------------------------------------------------------------------------------------
