@@ -129,13 +129,15 @@ def fit_note(trials: Sequence[Trial], group: GroupFit) -> str:
     error = group.out_of_sample_error
     held = f"{error:.1%}" if error is not None else "not measured (no check can be held out)"
     ar_step = "" if steps.t_target_step is None else f", AR step {steps.t_target_step * 1e3:.1f}"
+    levels = ", ".join(f"{level:.3f}" for _, level in group.levels)
     return (
         f"cost fit {pool_label(trials)}: draft step {steps.t_draft * 1e3:.3f} ms "
         f"(+{steps.t_feature * 1e3:.3f} with features, +{steps.t_ask * 1e3:.3f} per decision), "
         f"verify ms by block size {{{sizes}}}{ar_step} + "
         f"{steps.verify_per_context * 1e6:.2f} µs per token of context, R² draft "
         f"{steps.r2_draft:.3f} verify {steps.r2_verify:.3f} over "
-        f"{steps.n_rounds} rounds of {group.n_trials} trials; out-of-sample error {held}"
+        f"{steps.n_rounds} rounds of {group.n_trials} trials, groups at levels {levels}; "
+        f"out-of-sample error {held}"
     )
 
 
@@ -155,7 +157,7 @@ def fit_values(sweep: str, key: str, trial: Trial, group: GroupFit) -> dict[str,
         "n_rounds": fit.n_rounds,
         "n_trials": group.n_trials,
         "overhead_seconds": group.overhead_seconds,
-        "step_model": asdict(group.steps),
+        "step_model": {**asdict(group.steps), "level": group.level(key)},
         "checks": [asdict(check) for check in group.checks],
         "out_of_sample_error": group.out_of_sample_error,
     }
