@@ -393,15 +393,23 @@ class _TrialGroup:
         return self._trial(self._setting(BASELINE_POLICY, (), 0), None)
 
     def live_checks(self, baseline_id: str) -> list[Trial]:
-        """Return the group's live check trials of a replaying sweep (``spec.live_checks``)."""
+        """Return the group's live check trials of a replaying sweep (``spec.live_checks``):
+        those restricted to other draft kinds, or reading a feature this group's draft kind
+        does not show, left out."""
+        kind = self.served.draft_kind
         return [
             replace(
                 self._trial(
-                    self._setting(policy, _sorted_items([settings])[0], length), baseline_id
+                    self._setting(
+                        check.policy, _sorted_items([check.settings])[0], check.max_draft_len
+                    ),
+                    baseline_id,
                 ),
                 is_check=True,
             )
-            for policy, settings, length in self.spec.live_checks()
+            for check in self.spec.live_checks()
+            if (check.draft_kinds is None or kind in check.draft_kinds)
+            and self._skip_reason(check.policy) is None
         ]
 
     def policy_trials(self, policy: PolicySpec, baseline_id: str) -> list[Trial]:
@@ -421,7 +429,7 @@ class _TrialGroup:
         for policy in self.spec.policies:
             if not _policy_applies(policy, pair, self.served.draft_kind, self.temperature):
                 continue
-            reason = self._skip_reason(policy)
+            reason = self._skip_reason(policy.name)
             if reason is not None:
                 n_trials = policy.grid_size() * len(self.spec.policy_max_draft_lens(policy))
                 skipped.append(self.skip(policy.name, n_trials, reason))
@@ -429,10 +437,10 @@ class _TrialGroup:
             trials += self.policy_trials(policy, baseline_id)
         return trials
 
-    def _skip_reason(self, policy: PolicySpec) -> str | None:
+    def _skip_reason(self, policy: str) -> str | None:
         """Return why ``policy`` has no trials in this group (None: it has): a greedy-only
         policy above temperature 0, or a feature only another draft kind shows."""
-        policy_class = POLICIES[policy.name]
+        policy_class = POLICIES[policy]
         if policy_class.greedy_only and self.temperature > 0:
             return "greedy-only policy"
         declared = policy_class.features  # a property where the setting decides (not these)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -559,15 +560,31 @@ class TrainingJobSpec(_Frozen):
         return self
 
 
+@dataclass(frozen=True)
+class LiveCheck:
+    """One live check as a group plans it: policy, full settings, max draft length, and the
+    draft kinds it runs on (None: every kind)."""
+
+    policy: str
+    settings: dict[str, Any]
+    max_draft_len: int
+    draft_kinds: tuple[str, ...] | None = None
+
+
 class LiveCheckSpec(_Frozen):
-    """The one live speculative trial per group of a replay sweep (cost fit and cross-check).
+    """A live speculative trial per group of a replay sweep (cost fit and cross-check).
 
     ``max_draft_len`` None means half the sweep's largest max draft length (at least 1).
+    ``draft_kinds`` restricts the check to groups whose draft is of those kinds (by default
+    every kind; a policy that reads a feature only one kind shows runs on that kind only): a
+    lookup's AdaEDL drafts exactly its static K's rounds (its proposals have entropy 0), so
+    a lookup's second check is better a policy that does other work (``ngram_match``).
     """
 
     policy: str = "static"
     params: dict[str, ParamValue] = Field(default_factory=dict)
     max_draft_len: int | None = Field(None, ge=1, le=MAX_DRAFT_LEN_LIMIT)
+    draft_kinds: tuple[DraftKind, ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _check_policy(self) -> LiveCheckSpec:
@@ -769,6 +786,7 @@ class SweepSpec(_Frozen):
             problems += self._record_rounds_problems()
         problems += self._batch_problems()
         problems += self._report_problems()
+        problems += self._live_check_kind_problems()
         size = self.grid_size()
         if size > MAX_GRID_TRIALS:
             problems.append(((), f"the grid expands to {size} trials (limit {MAX_GRID_TRIALS})"))
@@ -938,8 +956,9 @@ class SweepSpec(_Frozen):
         chosen = (check or LiveCheckSpec()).max_draft_len
         return chosen if chosen is not None else max(1, max(self.max_draft_lens) // 2)
 
-    def live_checks(self) -> tuple[tuple[str, dict[str, Any], int], ...]:
-        """Return each live check of a replaying group: policy, full settings, max draft length.
+    def live_checks(self) -> tuple[LiveCheck, ...]:
+        """Return each live check of a replaying group: policy, full settings, max draft length
+        and the draft kinds it is restricted to (None: every kind).
 
         ``execution.live_check`` as one mapping gives one check, as a list one per entry; left
         out, the checks are the old single one followed by ``DEFAULT_LIVE_CHECKS``.
@@ -949,15 +968,40 @@ class SweepSpec(_Frozen):
             first = LiveCheckSpec()
             largest = max(self.max_draft_lens)
             rest = [
-                (name, LiveCheckSpec(policy=name).settings(), largest)
+                LiveCheck(name, LiveCheckSpec(policy=name).settings(), largest)
                 for name, _ in DEFAULT_LIVE_CHECKS
             ]
-            return ((first.policy, first.settings(), self.live_check_max_draft_len()), *rest)
+            return (
+                LiveCheck(first.policy, first.settings(), self.live_check_max_draft_len()),
+                *rest,
+            )
         listed = chosen if isinstance(chosen, tuple) else (chosen,)
         return tuple(
-            (check.policy, check.settings(), self.live_check_max_draft_len(check))
+            LiveCheck(
+                check.policy,
+                check.settings(),
+                self.live_check_max_draft_len(check),
+                check.draft_kinds,
+            )
             for check in listed
         )
+
+    def _live_check_kind_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return the problems of the live checks' ``draft_kinds``: each must be a kind the
+        sweep's pairs draft with."""
+        chosen = self.execution.live_check
+        listed = () if chosen is None else chosen if isinstance(chosen, tuple) else (chosen,)
+        kinds = sorted({draft.kind for pair in self.pairs for draft in pair.draft_entries})
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for index, check in enumerate(listed):
+            for position, kind in enumerate(check.draft_kinds or ()):
+                if kind not in kinds:
+                    where = (index,) if isinstance(chosen, tuple) else ()
+                    loc = ("execution", "live_check", *where, "draft_kinds", position)
+                    problems.append(
+                        (loc, f"no draft of kind {kind!r} in the sweep's pairs ({kinds})")
+                    )
+        return problems
 
     def policy_max_draft_lens(self, policy: PolicySpec) -> tuple[int, ...]:
         """Return the distinct max draft lengths of one policy entry, ascending (its own list,
