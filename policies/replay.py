@@ -190,38 +190,65 @@ def replay(policy: DraftPolicy, trace: GreedyTrace, seed: int) -> list[ReplayedR
     ``update``, and the stop after the round that emits EOS. Raises ValueError for policies
     ``check_replayable`` rejects.
     """
-    check_replayable(policy, trace)
-    reference = trace.reference
-    policy.reset(
-        RequestContext(
-            prompt_len=len(trace.prompt_ids),
-            seed=seed,
-            reference=reference if policy.needs_reference else None,
-        )
-    )
-    wants_features = bool({"entropy", "max_prob"} & set(policy.features))
-    rounds: list[ReplayedRound] = []
-    generated = 0
-    while generated < trace.max_new_tokens and generated < len(reference):
-        cap = min(policy.round_cap(), trace.max_new_tokens - generated - 1)
-        if cap > trace.cap:
-            raise ValueError(f"policy {policy.name!r} asked for a round of {cap} > trace cap")
-        proposed, forwards = _draft_round(policy, trace, generated, cap)
-        accepted = _accepted(proposed, trace.target_tokens, generated)
-        policy.update(RoundOutcome(len(proposed), accepted))
-        entropies = [p.entropy for p in proposed] if wants_features else []
-        rounds.append(
-            ReplayedRound(
-                drafted=len(proposed),
-                accepted=accepted,
-                bonus=bool(proposed) and accepted == len(proposed),
-                draft_forwards=forwards,
-                mean_entropy=sum(entropies) / len(entropies) if entropies else None,
-                min_max_prob=min(p.max_prob for p in proposed) if entropies else None,
+    run = SequenceReplay(policy, trace, seed)
+    while not run.done:
+        run.next_round()
+    return run.rounds
+
+
+class SequenceReplay:
+    """One sequence's greedy replay, a round at a time (:func:`replay` runs it to its end).
+
+    A batched queue runs its sequences round by round (``workers.batch_engine``), telling a
+    policy that wants it (``BatchAware``) the batch size before each round: ``next_round``
+    takes that size, so a queue simulator can replay such a policy exactly.
+    """
+
+    def __init__(self, policy: DraftPolicy, trace: GreedyTrace, seed: int) -> None:
+        check_replayable(policy, trace)
+        policy.reset(
+            RequestContext(
+                prompt_len=len(trace.prompt_ids),
+                seed=seed,
+                reference=trace.reference if policy.needs_reference else None,
             )
         )
-        generated += accepted + 1
-    return rounds
+        self.policy, self.trace = policy, trace
+        self.wants_features = bool({"entropy", "max_prob"} & set(policy.features))
+        self.rounds: list[ReplayedRound] = []
+        self.generated = 0
+
+    @property
+    def done(self) -> bool:
+        """Whether the sequence has emitted its last token (its length, or its reference's)."""
+        trace = self.trace
+        return self.generated >= trace.max_new_tokens or self.generated >= len(trace.reference)
+
+    def next_round(self, batch_size: int = 1) -> ReplayedRound:
+        """Run and return the sequence's next round in a batch of ``batch_size`` sequences (the
+        policy is told it first when it asks, ``observe_batch``, as the batched engine does)."""
+        policy, trace = self.policy, self.trace
+        observe = getattr(policy, "observe_batch", None)
+        if observe is not None and batch_size > 1:
+            observe(batch_size)
+        cap = min(policy.round_cap(), trace.max_new_tokens - self.generated - 1)
+        if cap > trace.cap:
+            raise ValueError(f"policy {policy.name!r} asked for a round of {cap} > trace cap")
+        proposed, forwards = _draft_round(policy, trace, self.generated, cap)
+        accepted = _accepted(proposed, trace.target_tokens, self.generated)
+        policy.update(RoundOutcome(len(proposed), accepted))
+        entropies = [p.entropy for p in proposed] if self.wants_features else []
+        replayed = ReplayedRound(
+            drafted=len(proposed),
+            accepted=accepted,
+            bonus=bool(proposed) and accepted == len(proposed),
+            draft_forwards=forwards,
+            mean_entropy=sum(entropies) / len(entropies) if entropies else None,
+            min_max_prob=min(p.max_prob for p in proposed) if entropies else None,
+        )
+        self.rounds.append(replayed)
+        self.generated += accepted + 1
+        return replayed
 
 
 def _draft_round(

@@ -34,6 +34,7 @@ from orchestrator.analysis.costs.batch_replay import (
     BatchGroupFit,
     BatchHeldOut,
     batch_cross_check,
+    batch_replayed_rounds,
     replayed_queue_results,
 )
 from orchestrator.analysis.costs.model import CostModelError
@@ -355,11 +356,12 @@ class GroupReplica:
     def _batch_results(
         self, trial: Trial, fitted: FittedGroup[BatchGroupFit]
     ) -> list[GenerationResult]:
-        """Return one trial's results replayed at its batch size: its batch-1 replayed rounds
-        decoded as its AR baseline's queues, timed by the group's cost table."""
-        rounds = replay_rounds(trial, fitted.traces)
+        """Return one trial's results replayed at its batch size: its rounds decoded as its AR
+        baseline's queues (``batch_replayed_rounds``), timed by the group's cost table."""
         queues = replay_queues(self.store, trial, len(fitted.traces))
-        return replayed_queue_results(rounds, fitted.traces, fitted.fit.table, queues)
+        table = fitted.fit.table
+        rounds = batch_replayed_rounds(trial, fitted.traces, queues, table.batch_size)
+        return replayed_queue_results(rounds, fitted.traces, table, queues)
 
     def _traces(self, group: ReplayGroup) -> tuple[list[GreedyTrace], bool]:
         """Return the group's traces and whether they were recorded now (else read back)."""

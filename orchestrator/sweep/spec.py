@@ -37,7 +37,7 @@ from pydantic import (
 )
 
 from orchestrator.sweep.yaml_lines import LocatedYaml, YamlSyntaxError, load_yaml_with_lines
-from policies import POLICIES, BatchAware, make_policy, policy_parameters
+from policies import POLICIES, make_policy, policy_parameters
 from policies.replay import UNREPLAYABLE_FEATURES
 from workers.datasets import validate_dataset_name
 
@@ -438,10 +438,9 @@ class PolicySpec(_Frozen):
 
     def replayable(self, batch_size: int = 1) -> bool:
         """True when greedy trials of this entry replay exactly at ``batch_size`` (no trained
-        artifact, no setting reads hidden states, which a greedy trace does not store, and
-        above batch size 1 the policy is not told the batch size: :func:`told_batch_size`)."""
-        if batch_size > 1 and told_batch_size(self.name):
-            return False
+        artifact, no setting reads hidden states, which a greedy trace does not store). A
+        policy told the batch size (``batch_schedule``) replays too: the queue simulator tells
+        it the rows of every round (``costs.batch_replay.batch_replayed_rounds``)."""
         return self.job is None and not _replay_problems(self.name, self.settings())
 
     def settings(self) -> list[dict[str, Any]]:
@@ -649,13 +648,6 @@ def _replay_problems(name: str, settings: Sequence[dict[str, Any]]) -> list[str]
         if hidden:
             messages[_hidden_state_message(name, hidden)] = None
     return list(messages)
-
-
-def told_batch_size(name: str) -> bool:
-    """True when policy ``name`` is told the batch size before each round
-    (``policies.BatchAware``): its rounds in a batch are then not its batch-1 replay."""
-    policy = POLICIES.get(name)
-    return policy is not None and issubclass(policy, BatchAware)
 
 
 def _hidden_state_message(name: str, features: Sequence[str]) -> str:
@@ -906,22 +898,13 @@ class SweepSpec(_Frozen):
         return problems
 
     def _batch_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
-        """Return what cannot run at a batch size above 1: in a replay sweep a policy told the
-        batch size (its batched rounds are not its batch-1 replay), a deepspeed target, a draft
-        other than a model, a policy whose state persists across requests (each request of a
-        batch gets its own policy)."""
+        """Return what cannot run at a batch size above 1: a deepspeed target, a draft other
+        than a model, a policy whose state persists across requests (each request of a batch
+        gets its own policy)."""
         batched = [size for size in self.batch_sizes if size > 1]
         if not batched:
             return []
         problems: list[tuple[tuple[str | int, ...], str]] = []
-        for index, policy in enumerate(self.policies):
-            if self.execution.mode == "replay" and told_batch_size(policy.name):
-                message = (
-                    f"policy {policy.name!r} is told the batch size before each round, so its "
-                    f"rounds at batch sizes {batched} are not its batch-1 replay and mode: "
-                    "replay cannot reproduce them; use mode: mixed (it runs live there) or live"
-                )
-                problems.append((("policies", index), message))
         for index, pair in enumerate(self.pairs):
             if pair.target.backend != "hf":
                 loc = ("pairs", index, "target", "backend")

@@ -5,6 +5,8 @@ and a replayed queue stores what a live one does."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from support.tiny_models import build_tiny_pair, prompts
@@ -15,7 +17,11 @@ from orchestrator.analysis.costs.batch_costs import (
     fit_batch_costs,
     queue_observations,
 )
-from orchestrator.analysis.costs.batch_replay import project_queues, replayed_queue_results
+from orchestrator.analysis.costs.batch_replay import (
+    batch_replayed_rounds,
+    project_queues,
+    replayed_queue_results,
+)
 from policies import make_policy
 from policies.replay import replay
 from workers.batch_cache import BatchedLM
@@ -107,3 +113,32 @@ def test_the_ar_queue_is_rebuilt_too(pair, requests):
     assert observed.consistent == 1.0
     assert {r.draft_steps for r in observed.rounds} == {0}
     assert max(r.rows for r in observed.rounds) == SLOTS
+
+
+def test_a_policy_told_the_batch_size_replays_its_live_rounds_at_batch_three(
+    pair, requests, traces
+):
+    """batch_schedule drafts K by the rows in each round (here 4 alone, 2 with one other, 1 with
+    two): its batch-1 replay is not its batched run, the queue's joint replay is."""
+    draft, target = pair
+    schedule = {"schedule": "1:4 2:2 3:1"}
+    live = batch_speculative_generate(
+        BatchedLM(draft, SLOTS),
+        BatchedLM(target, SLOTS),
+        lambda: make_policy("batch_schedule", 4, **schedule),
+        requests,
+    )
+    trial = SimpleNamespace(
+        setting=SimpleNamespace(policy="batch_schedule", max_draft_len=4, params_dict=schedule),
+        seed=0,  # sample_seed(0, i) = i, the requests' seeds
+    )
+    queue = [list(range(len(requests)))]
+    jointly = batch_replayed_rounds(trial, traces, queue, SLOTS)
+    alone = [
+        replay(make_policy("batch_schedule", 4, **schedule), trace, r.settings.seed)
+        for trace, r in zip(traces, requests, strict=True)
+    ]
+    assert [_key(r.rounds) for r in live] == [_key(rounds) for rounds in jointly]
+    assert [_key(r.rounds) for r in live] != [_key(rounds) for rounds in alone]
+    assert {r.drafted for result in live for r in result.rounds} >= {1, 2}
+    assert queue_observations(_queue("batch_schedule", live)).consistent == 1.0

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from orchestrator.analysis.costs.batch_queue import simulate_queue
+from orchestrator.analysis.costs.batch_queue import Unpriced, simulate_queue
 from orchestrator.analysis.costs.model import CostModelError, r_squared
 
 
@@ -86,18 +86,6 @@ class QueueObservations:
         return any(r.draft_steps for r in self.rounds)
 
 
-class _Unpriced:
-    """A pricing of nothing: the queue's schedule alone."""
-
-    def prefill_seconds(self, rows: int) -> float:
-        """Return 0."""
-        return 0.0
-
-    def round_seconds(self, rows: int, draft_steps: int, block: int) -> float:
-        """Return 0."""
-        return 0.0
-
-
 def queue_observations(queue: LiveQueue) -> QueueObservations:
     """Return ``queue``'s batch rounds and joins, rebuilt with its own schedule.
 
@@ -105,7 +93,7 @@ def queue_observations(queue: LiveQueue) -> QueueObservations:
     seconds (1.0 when the rebuilt schedule is the one that ran).
     """
     sequences = [seq.rounds for seq in queue.sequences]
-    schedule = simulate_queue(sequences, queue.slots, _Unpriced())
+    schedule = simulate_queue(sequences, queue.slots, Unpriced())
     taken = [0] * len(sequences)
     rounds, agreeing = [], 0
     for batch_round in schedule.rounds:

@@ -104,17 +104,65 @@ class QueueTimes:
         return max(self.left, default=0.0)
 
 
+class RoundSource(Protocol):
+    """A sequence whose rounds are produced as the queue runs them (``SequenceReplay``)."""
+
+    @property
+    def done(self) -> bool:
+        """Whether the sequence has run its last round."""
+        ...
+
+    def next_round(self, batch_size: int) -> RoundShape:
+        """Run and return the next round, in a batch of ``batch_size`` sequences."""
+        ...
+
+
+class _Listed:
+    """A sequence's rounds known in advance, as a :class:`RoundSource`."""
+
+    def __init__(self, rounds: Sequence[RoundShape]) -> None:
+        self.rounds, self.taken = rounds, 0
+
+    @property
+    def done(self) -> bool:
+        """Whether every round has been taken."""
+        return self.taken >= len(self.rounds)
+
+    def next_round(self, batch_size: int) -> RoundShape:
+        """Return the next round (the batch size changes nothing known in advance)."""
+        self.taken += 1
+        return self.rounds[self.taken - 1]
+
+
+class Unpriced:
+    """A pricing of nothing: the queue's schedule alone."""
+
+    def prefill_seconds(self, rows: int) -> float:
+        """Return 0."""
+        return 0.0
+
+    def round_seconds(self, rows: int, draft_steps: int, block: int) -> float:
+        """Return 0."""
+        return 0.0
+
+
 def simulate_queue(
     sequences: Sequence[Sequence[RoundShape]], slots: int, pricing: RoundPricing
 ) -> QueueTimes:
     """Return the times of ``sequences`` (queue order, each its rounds) decoded ``slots`` at a
     time, scheduled as ``workers.batch_engine._continuous_batching`` schedules them and timed
     by ``pricing``. A sequence without rounds leaves right after its prefill."""
+    return run_queue([_Listed(rounds) for rounds in sequences], slots, pricing)
+
+
+def run_queue(sources: Sequence[RoundSource], slots: int, pricing: RoundPricing) -> QueueTimes:
+    """Return the times of the ``sources`` (queue order) decoded ``slots`` at a time, as
+    :func:`simulate_queue`, each source asked for its next round when the batch runs it (with
+    the number of sequences in that round)."""
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
-    n = len(sequences)
+    n = len(sources)
     waiting, free = deque(range(n)), slots
-    done_rounds = [0] * n
     joined, prefilled, left = [0.0] * n, [0.0] * n, [0.0] * n
     active: list[int] = []
     rounds: list[BatchRound] = []
@@ -132,32 +180,26 @@ def simulate_queue(
             for index in members:
                 joined[index], prefilled[index] = event.start, event.end
             active += members
-        running = [i for i in active if done_rounds[i] < len(sequences[i])]
+        running = [i for i in active if not sources[i].done]
         if running:
-            batch_round = _round(sequences, done_rounds, running, clock, pricing)
+            batch_round = _round(sources, running, clock, pricing)
             rounds.append(batch_round)
             clock = batch_round.end
         for index in active:
-            if done_rounds[index] >= len(sequences[index]):
+            if sources[index].done:
                 left[index] = clock
                 free += 1
-        active = [i for i in active if done_rounds[i] < len(sequences[i])]
+        active = [i for i in active if not sources[i].done]
     return QueueTimes(tuple(joined), tuple(prefilled), tuple(left), tuple(rounds), tuple(joins))
 
 
 def _round(
-    sequences: Sequence[Sequence[RoundShape]],
-    done_rounds: list[int],
-    running: list[int],
-    clock: float,
-    pricing: RoundPricing,
+    sources: Sequence[RoundSource], running: list[int], clock: float, pricing: RoundPricing
 ) -> BatchRound:
-    """Run one batch round of the ``running`` sequences (advancing ``done_rounds``) from
-    ``clock``: its longest draft's steps and longest block priced by ``pricing``."""
-    shapes = [sequences[i][done_rounds[i]] for i in running]
+    """Run one batch round of the ``running`` sequences from ``clock``: each source's next
+    round, the longest draft's steps and longest block priced by ``pricing``."""
+    shapes = [sources[i].next_round(len(running)) for i in running]
     steps = max(shape.draft_forwards for shape in shapes)
     block = max(shape.drafted for shape in shapes)
-    for index in running:
-        done_rounds[index] += 1
     seconds = pricing.round_seconds(len(running), steps, block)
     return BatchRound(tuple(running), steps, block, clock, clock + seconds)

@@ -24,19 +24,20 @@ from orchestrator.analysis.costs.batch_costs import (
     TimedRound,
     fit_batch_costs,
 )
-from orchestrator.analysis.costs.batch_queue import QueueTimes, simulate_queue
+from orchestrator.analysis.costs.batch_queue import QueueTimes, Unpriced, run_queue, simulate_queue
 from orchestrator.analysis.costs.model import CostModelError
 from orchestrator.analysis.costs.replay import (
     CrossCheck,
-    replay_rounds,
     replayed_result,
     same_round_share,
     timed_rounds,
 )
 from orchestrator.analysis.costs.validation import summarise
 from orchestrator.sweep.planner import Trial
-from policies.replay import GreedyTrace, ReplayedRound
+from policies import make_policy
+from policies.replay import GreedyTrace, ReplayedRound, SequenceReplay
 from workers.records import GenerationResult
+from workers.trial import sample_seed
 
 if TYPE_CHECKING:
     from orchestrator.store.records import StoredRound
@@ -86,6 +87,30 @@ def live_queues(
         if sequences:
             result.append(LiveQueue(trial_id, slots, sequences))
     return result
+
+
+def batch_replayed_rounds(
+    trial: Trial, traces: Sequence[GreedyTrace], queues: Sequence[Sequence[int]], slots: int
+) -> list[list[ReplayedRound]]:
+    """Return per prompt (trace order) the rounds ``trial``'s sequences run when decoded as
+    ``queues`` of ``slots`` rows: each sequence with its own policy, as ``workers.batch_engine``
+    starts each with a fresh one, and a policy told the batch size (``BatchAware``:
+    ``batch_schedule``) told the rows of every round it runs in, as the engine tells it. A
+    policy not told the batch size runs its batch-1 rounds here."""
+    setting = trial.setting
+    rounds: dict[int, list[ReplayedRound]] = {}
+    for queue in queues:
+        runs = [
+            SequenceReplay(
+                make_policy(setting.policy, setting.max_draft_len, **setting.params_dict),
+                traces[index],
+                sample_seed(trial.seed, index),
+            )
+            for index in queue
+        ]
+        run_queue(runs, slots, Unpriced())
+        rounds.update((index, run.rounds) for index, run in zip(queue, runs, strict=True))
+    return [rounds[index] for index in sorted(rounds)]
 
 
 def replayed_queue_results(
@@ -238,7 +263,7 @@ def batch_cross_check(
     """Return live check ``trial`` at its batch size replayed as its own ``queues``: the
     share of its live rounds replay reproduces, and its projected per-sequence tokens/s
     against the measured ``live_tokens_per_s``."""
-    replayed = replay_rounds(trial, traces)
+    replayed = batch_replayed_rounds(trial, traces, queues, table.batch_size)
     results = replayed_queue_results(replayed, traces, table, queues)
     projected = sum(r.n_generated for r in results) / sum(r.seconds for r in results)
     same = same_round_share(replayed, live_rounds)
