@@ -149,10 +149,10 @@ def test_plan_demo_prints_the_planned_count(tmp_path: Path, capsys: pytest.Captu
     # By hand, per dataset and draft kind (draft-s, n-gram lookup): greedy 16 policy settings
     # (static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle 1 each; max_confidence and
     # adaedl 3; svip 4) x 4 caps and two live checks, ngram_match x 4 on the lookup only; at 0.7
-    # static K 1 / 2 and AdaEDL at 4 on draft-s only. Skipped: ngram_match on draft-s, the
+    # static K 1 and AdaEDL at 4 on draft-s only. Skipped: ngram_match on draft-s, the
     # greedy-only oracle at 0.7 on both (12 per dataset). 2 datasets x 2 temperatures -> 4
-    # baselines (the lookup shares draft-s's); total 282.
-    expected_policy_trials = 2 * ((16 * 4 + 2) + (17 * 4 + 2) + 3)
+    # baselines (the lookup shares draft-s's); total 280.
+    expected_policy_trials = 2 * ((16 * 4 + 2) + (17 * 4 + 2) + 2)
     expected_trials = expected_policy_trials + 4
     counts = plan_sweep(load_sweep(DEMO)).counts()
     assert counts["trials"] == expected_trials
@@ -175,7 +175,7 @@ def test_plan_all_lists_every_trial(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["plan", str(DEMO), "--all"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if any(t.trial_id in line for t in plan.trials)]
-    assert len(listed) == len(plan.trials) == 282
+    assert len(listed) == len(plan.trials) == 280
     svip = _table_row(out, trial_of(plan, "svip", 0.3).trial_id)
     assert svip[2] == "lm" and svip[6] == "svip" and "threshold=0.3" in svip[7].split(", ")
 
@@ -446,7 +446,7 @@ def test_submit_dry_run_runs_nothing(
     db = tmp_path / "results.db"
     assert cli.main(["--db", f"sqlite:///{db}", "submit", str(DEMO), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "sweep demo: 282 trials" in out and "dry run: nothing was run" in out
+    assert "sweep demo: 280 trials" in out and "dry run: nothing was run" in out
     assert fake_runner.calls == []
     assert not db.exists()
 
