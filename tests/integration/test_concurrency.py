@@ -34,12 +34,17 @@ from support.processes import (
 )
 from support.sweeps import SAMPLES, sweep_yaml
 
+from orchestrator.run.driver_lease import HEARTBEAT_ENV
 from orchestrator.store import Store, open_store
 from orchestrator.store.models import RoundRow, SampleResultRow, SweepTrialRow, TrialRow
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import parse_sweep
 
 pytestmark = pytest.mark.ray
+
+#: The submits' heartbeat (``HEARTBEAT_ENV``): a driver finding a shard of a shared trial held
+#: by the other looks at it again one heartbeat later, so after this 1 s rather than 5 s.
+HEARTBEAT_S = 1.0
 
 
 @pytest.fixture(params=BACKENDS)
@@ -228,7 +233,7 @@ def test_two_submits_at_once_on_one_database_store_every_trial_once(
         name: subprocess.Popen(
             submit_command(tmp_path / f"{name}.yaml", db_url),
             cwd=REPO,
-            env=submit_env(zoo),
+            env={**submit_env(zoo), HEARTBEAT_ENV: str(HEARTBEAT_S)},
             stdout=logs[name],
             stderr=subprocess.STDOUT,
         )

@@ -74,6 +74,9 @@ pytestmark = pytest.mark.ray
 
 #: Prompts per trial; with ``shard_prompts: 1`` each is one shard.
 E2E_SAMPLES = 4
+#: The two submits' heartbeat (``HEARTBEAT_ENV``): a driver finding a shard held by the other
+#: looks at it again one heartbeat later, so after this 1 s rather than the default 5 s.
+E2E_HEARTBEAT_S = 1.0
 
 
 @pytest.fixture(params=BACKENDS)
@@ -380,7 +383,8 @@ def test_two_submits_of_one_sweep_run_every_shard_once_and_say_who_ran_what(
     total = E2E_SAMPLES * len(plan.trials)
     logs = [tmp_path / f"submit-{n}.log" for n in (1, 2)]
     command = submit_command(sweep_file, db_url)
-    processes = _run_together([command, command], submit_env(micro_zoo), logs)
+    env = {**submit_env(micro_zoo), HEARTBEAT_ENV: str(E2E_HEARTBEAT_S)}
+    processes = _run_together([command, command], env, logs)
     outputs = [log.read_text() for log in logs]
     assert [process.returncode for process in processes] == [0, 0], outputs
 

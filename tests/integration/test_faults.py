@@ -41,6 +41,7 @@ from support.processes import (
 )
 from support.sweeps import CODE_DATASET, SAMPLES, sweep_yaml
 
+from orchestrator.run.driver_lease import HEARTBEAT_ENV, LEASE_ENV
 from orchestrator.run.runner import RunOptions, execute_plan
 from orchestrator.store import Store, StoredTrial, open_store
 from orchestrator.store.models import RoundRow
@@ -227,6 +228,9 @@ def test_a_model_error_fails_only_its_trials_with_the_reason_and_the_sweep_goes_
 RAY_AGENTS = (b"DashboardAgent", b"RuntimeEnvAgent", b"dashboard/agent.py", b"runtime_env/agent")
 #: Seconds after the kill by which every process of the killed driver must have exited.
 AGENT_EXIT_S = 120.0
+#: Shard leases of the two submits: the killed driver's lapse 6 s after its last heartbeat, so
+#: the resubmitted one takes its running shards over then (after up to 30 s by default).
+DRIVER_LEASE = {LEASE_ENV: "6", HEARTBEAT_ENV: "2"}
 
 
 def _status_counts(db: Path) -> dict[str, int]:
@@ -302,7 +306,7 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
     first = subprocess.Popen(
         submit_command(sweep_file, url),
         cwd=REPO,
-        env=submit_env(zoo_env),
+        env={**submit_env(zoo_env), **DRIVER_LEASE},
         stdout=logs[0],
         stderr=subprocess.STDOUT,
     )
@@ -325,7 +329,7 @@ def test_killed_driver_resubmitted_keeps_done_trials_redoes_the_rest_and_leaves_
         second = subprocess.Popen(
             submit_command(sweep_file, url),
             cwd=REPO,
-            env=submit_env(zoo_env),
+            env={**submit_env(zoo_env), **DRIVER_LEASE},
             stdout=logs[1],
             stderr=subprocess.STDOUT,
         )

@@ -3,7 +3,8 @@
 ``ray.cluster_utils.Cluster``: a head node without worker resources (it holds the driver and
 the test's fault point) and three nodes of {CPU: 2, GPU: 1}, fake GPUs, so a pair whose
 target asks for one GPU fits one worker group per node, and the runner's default is three
-replicas. The micro zoo's models run on the CPU.
+replicas. The micro zoo's models run on the CPU, so the sweeps set ``warmup_seconds: 0`` (one
+warm-up pass per new draft actor): the 20 s default of a GPU group would warm nothing here.
 
 - Replicas on different nodes share a trial's prompts, and the stored greedy output ids equal
   those of a single-replica run.
@@ -52,7 +53,7 @@ POINT_NAME = "specsweep-fault-point"
 
 def sweep_text(name: str, replicas: int | None = None) -> str:
     """Return a greedy micro sweep (AR baseline + static K=4) of 6 prompts in shards of 2."""
-    execution: dict[str, Any] = {"retries": 2, "warmup_samples": 1}
+    execution: dict[str, Any] = {"retries": 2, "warmup_samples": 1, "warmup_seconds": 0}
     execution["shard_prompts"] = SHARD_PROMPTS
     if replicas is not None:
         execution["replicas"] = replicas

@@ -108,9 +108,14 @@ def _kill_after_first_checkpoint(job_dir: Path, killed: list[int], timeout_s: fl
         time.sleep(0.01)
 
 
+#: Documents of the killed job: packed into 423 blocks, 106 steps of 4, the first checkpoint at
+#: step 10 (``checkpoint_every``), so the kill lands with 96 steps still to run.
+KILLED_JOB_SAMPLES = 48
+
+
 @pytest.mark.slow
 def test_job_killed_mid_epoch_resumes_from_its_checkpoint(job_env, ray_local, tmp_path):
-    spec, plan = _sweep(samples=400)
+    spec, plan = _sweep(samples=KILLED_JOB_SAMPLES)
     store = open_store(f"sqlite:///{tmp_path / 'results.db'}")
     store.register_sweep(spec, plan)
     kd = next(job for job in plan.jobs if job.name == "kd")
