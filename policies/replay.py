@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from policies.base import DraftPolicy, DraftStep, RequestContext, RoundOutcome
+from policies.batch_schedule import BatchAware
 
 #: Step features a trace does not hold; a policy asking for one cannot be replayed.
 UNREPLAYABLE_FEATURES = frozenset({"hidden", "target_hidden"})
@@ -228,9 +229,8 @@ class SequenceReplay:
         """Run and return the sequence's next round in a batch of ``batch_size`` sequences (the
         policy is told it first when it asks, ``observe_batch``, as the batched engine does)."""
         policy, trace = self.policy, self.trace
-        observe = getattr(policy, "observe_batch", None)
-        if observe is not None and batch_size > 1:
-            observe(batch_size)
+        if isinstance(policy, BatchAware):
+            policy.observe_batch(batch_size)
         cap = min(policy.round_cap(), trace.max_new_tokens - self.generated - 1)
         if cap > trace.cap:
             raise ValueError(f"policy {policy.name!r} asked for a round of {cap} > trace cap")

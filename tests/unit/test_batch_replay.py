@@ -23,7 +23,7 @@ from orchestrator.analysis.costs.batch_replay import (
     replayed_queue_results,
 )
 from policies import make_policy
-from policies.replay import replay
+from policies.replay import SequenceReplay, replay
 from workers.batch_cache import BatchedLM
 from workers.batch_engine import (
     BatchRequest,
@@ -142,3 +142,11 @@ def test_a_policy_told_the_batch_size_replays_its_live_rounds_at_batch_three(
     assert [_key(r.rounds) for r in live] != [_key(rounds) for rounds in alone]
     assert {r.drafted for result in live for r in result.rounds} >= {1, 2}
     assert queue_observations(_queue("batch_schedule", live)).consistent == 1.0
+
+
+def test_a_sequence_left_alone_is_told_its_batch_of_one(traces):
+    """The engine tells a BatchAware policy every round's rows, one included: a sequence whose
+    neighbours have left drafts the schedule's K for a batch of one again."""
+    run = SequenceReplay(make_policy("batch_schedule", 4, schedule="1:4 2:2 3:1"), traces[1], 1)
+    assert run.next_round(3).drafted == 1
+    assert run.next_round(1).drafted == 4
