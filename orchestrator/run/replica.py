@@ -42,10 +42,9 @@ from orchestrator.analysis.costs.replay import (
     GroupFit,
     cross_check,
     replay_rounds,
-    replayed_results,
     trace_from_json,
     trace_to_json,
-    trial_demands,
+    trial_results,
 )
 from orchestrator.analysis.costs.validation import HeldOut
 from orchestrator.analysis.metrics import trial_metrics
@@ -75,7 +74,7 @@ from orchestrator.run.preflight import PreparedInputs
 from orchestrator.run.stall_watch import WorkerStalled, wait_with_progress
 from orchestrator.run.step_choices import SingleStepChoices, StepKey
 from orchestrator.store import ShardOutput, Store
-from orchestrator.sweep.planner import ReplayGroup, Trial, fit_group_key
+from orchestrator.sweep.planner import ReplayGroup, Trial
 from orchestrator.sweep.spec import ExecutionSpec
 from orchestrator.sweep.target_sets import SharedTarget
 from orchestrator.sweep.work_units import ArmShard, WorkUnit
@@ -609,8 +608,7 @@ def _replayed_results(trial: Trial, fitted: FittedGroup[GroupFit]) -> list[Gener
     """Return one trial's results replayed at batch size 1, timed by the group's per-step
     model at the level of the trial's group."""
     rounds = replay_rounds(trial, fitted.traces)
-    level = fitted.fit.level(fit_group_key(trial))
-    return replayed_results(rounds, fitted.traces, fitted.fit, trial_demands(trial), level)
+    return trial_results(trial, rounds, fitted.traces, fitted.fit)
 
 
 def _out_of_sample_text(checks: Sequence[HeldOut | BatchHeldOut], trial_id: str) -> str:

@@ -797,11 +797,7 @@ class SweepSpec(_Frozen):
             if name not in pair_names:
                 loc = ("policies", index, "pairs", position)
                 problems.append((loc, f"no pair named {name!r} (defined: {sorted(pair_names)})"))
-        kinds = sorted({draft.kind for pair in self.pairs for draft in pair.draft_entries})
-        for position, kind in enumerate(policy.draft_kinds or ()):
-            if kind not in kinds:
-                loc = ("policies", index, "draft_kinds", position)
-                problems.append((loc, f"no draft of kind {kind!r} in the sweep's pairs ({kinds})"))
+        problems += self._draft_kind_problems(policy.draft_kinds, ("policies", index))
         temperatures = sorted({t.temperature for t in self.temperatures})
         for position, value in enumerate(policy.temperatures or ()):
             if value not in temperatures:
@@ -974,17 +970,26 @@ class SweepSpec(_Frozen):
         sweep's pairs draft with."""
         chosen = self.execution.live_check
         listed = () if chosen is None else chosen if isinstance(chosen, tuple) else (chosen,)
-        kinds = sorted({draft.kind for pair in self.pairs for draft in pair.draft_entries})
         problems: list[tuple[tuple[str | int, ...], str]] = []
         for index, check in enumerate(listed):
-            for position, kind in enumerate(check.draft_kinds or ()):
-                if kind not in kinds:
-                    where = (index,) if isinstance(chosen, tuple) else ()
-                    loc = ("execution", "live_check", *where, "draft_kinds", position)
-                    problems.append(
-                        (loc, f"no draft of kind {kind!r} in the sweep's pairs ({kinds})")
-                    )
+            where = (index,) if isinstance(chosen, tuple) else ()
+            problems += self._draft_kind_problems(
+                check.draft_kinds, ("execution", "live_check", *where)
+            )
         return problems
+
+    def _draft_kind_problems(
+        self, named: Sequence[str] | None, loc: tuple[str | int, ...]
+    ) -> list[tuple[tuple[str | int, ...], str]]:
+        """Return a problem at ``loc`` + ``("draft_kinds", position)`` for each of the
+        ``named`` draft kinds that no pair of the sweep drafts with."""
+        kinds = sorted({draft.kind for pair in self.pairs for draft in pair.draft_entries})
+        message = "no draft of kind {!r} in the sweep's pairs ({})"
+        return [
+            ((*loc, "draft_kinds", position), message.format(kind, kinds))
+            for position, kind in enumerate(named or ())
+            if kind not in kinds
+        ]
 
     def policy_max_draft_lens(self, policy: PolicySpec) -> tuple[int, ...]:
         """Return the distinct max draft lengths of one policy entry, ascending (its own list,

@@ -201,6 +201,18 @@ def replayed_results(
     return results
 
 
+def trial_results(
+    trial: Trial,
+    rounds: Sequence[list[ReplayedRound]],
+    traces: Sequence[GreedyTrace],
+    group: GroupFit,
+) -> list[GenerationResult]:
+    """Return ``trial``'s replayed ``rounds`` timed as :func:`replayed_results` times them: at
+    its policy's step demands and its group's level."""
+    level = group.level(fit_group_key(trial))
+    return replayed_results(rounds, traces, group, trial_demands(trial), level)
+
+
 def timed_rounds(
     replayed: Sequence[ReplayedRound], seconds: Sequence[tuple[float, float]]
 ) -> list[RoundRecord]:
@@ -275,8 +287,7 @@ def cross_check(
     index in drafted, accepted and draft forwards; the share divides by the larger count.
     """
     replayed = replay_rounds(trial, traces)
-    level = group.level(fit_group_key(trial))
-    results = replayed_results(replayed, traces, group, trial_demands(trial), level)
+    results = trial_results(trial, replayed, traces, group)
     tokens = sum(r.n_generated for r in results)
     projected = tokens / sum(r.seconds for r in results)
     same = same_round_share(replayed, live_rounds)
