@@ -30,6 +30,7 @@ from workers.eagle.layers import (
     resolve_feature_layers,
 )
 from workers.eagle.step import EagleStep
+from workers.eagle.trace import record_eagle_trace
 from workers.engine import autoregressive_generate, speculative_generate
 from workers.lm import CachedLM
 from workers.proposers import make_proposer
@@ -229,3 +230,16 @@ def test_preflight_names_a_fused_layer_the_target_does_not_have(target):
         "2 layers; a head fits only the target it was trained for"
     ]
     assert head_fit_problems("pairs[0].draft.model", config, target.config) == []
+
+
+def test_a_fused_heads_trace_holds_the_chain_of_a_head_begun_at_each_round_start(target):
+    head = untrained_head(target, feature_layers=LAYERS)
+    local = LocalTarget(CachedLM(target, single_step="plain"))
+    prompt = prompts(1, seed=4)[0]
+    trace = record_eagle_trace(EagleDrafter(head), local, prompt, max_new_tokens=8, cap=3)
+    assert sorted(trace.chains) == list(range(7))
+    for start, chain in trace.chains.items():
+        prefix = torch.cat([prompt, torch.tensor(trace.target_tokens[:start], dtype=torch.long)])
+        drafter = EagleDrafter(head)
+        drafter.begin(prefix, local.prefill(prefix, GREEDY, 0, True, LAYERS))
+        assert [p.token for p in chain] == [drafter.propose(GREEDY).token for _ in chain], start
