@@ -69,6 +69,12 @@ class _Wants:
     features: bool
     layers: tuple[int, ...] = ()
 
+    @classmethod
+    def of(cls, policy: DraftPolicy, proposer: Proposer) -> _Wants:
+        """Return what ``policy`` and ``proposer`` need of the target each round."""
+        hidden = "target_hidden" in policy.features
+        return cls(hidden, proposer.wants_target_features, proposer.feature_layers)
+
 
 @dataclass
 class _Block:
@@ -112,11 +118,7 @@ def speculative_generate(
     output: list[int] = []
     rounds: list[RoundRecord] = []
     target_hidden = None
-    wants = _Wants(
-        "target_hidden" in policy.features,
-        proposer.wants_target_features,
-        proposer.feature_layers,
-    )
+    wants = _Wants.of(policy, proposer)
     stopped_on_eos = False
     while len(output) < sampling.max_new_tokens and not stopped_on_eos:
         round_start = time.perf_counter()

@@ -43,17 +43,12 @@ LAYERS = (0, 2)
 D = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread: these tiny products run many times slower on threads that spin while
-    another process holds their core."""
-    with torch_threads(1):
-        yield
-
-
 @pytest.fixture(scope="module")
 def target():
-    return build_tiny_pair()[1]
+    """The tiny 3-layer target, under one thread for the module's tests (these tiny products
+    run many times slower on threads that spin while another process holds their core)."""
+    with torch_threads(1):
+        yield build_tiny_pair()[1]
 
 
 def _states(target, ids: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
