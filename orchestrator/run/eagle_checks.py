@@ -4,10 +4,10 @@ A head reads its target's last-layer features and drafts through the target's ow
 embeddings, norm and LM head (``workers.eagle``), so it fits only a target of its width and
 vocabulary: a head given by ``model`` is checked against the target's config (a head fusing
 several layers also against its depth), and a head made by an ``eagle_head`` job (``job``) must
-be trained on the pair's target (the job's ``base``). The
-draft worker is fed the target's features over the target group's channel, which rank 0 of a
-tensor-parallel (deepspeed) target would answer from its shard's forward; that path is not
-verified, so such a pair is refused.
+be trained on the pair's target (the job's ``base``). The draft worker is fed the target's
+features over the target group's channel, which rank 0 of a tensor-parallel (deepspeed) target
+would answer from its shard's forward; that path is not verified end to end, so such a pair is
+refused.
 """
 
 from __future__ import annotations

@@ -9,11 +9,10 @@ to the ``head_vocab`` most frequent tokens of the target's training text (0: the
 ``feature_layers`` (a list of decoder-layer indices, or ``"eagle3"``; default: none) makes it a
 fused head reading those layers' states (EAGLE-3 style, ``workers.eagle.layers``), trained on
 the cross-entropy alone. Loss: ``w_feature`` · SmoothL1 + ``w_token`` · soft cross-entropy,
-input noise ±``noise``. Adam,
-cosine decay from ``lr``, ``batch_size`` sequences, ``config.epochs`` epochs, resumable (the
-data is cached in the job's folder, the fit checkpoints). A held-out tenth of the sequences
-gives greedy agreement at draft steps 1..``eval_steps`` (at most ``eval_starts`` starts per
-sequence) and the loss.
+input noise ±``noise``. Adam, cosine decay from ``lr``, ``batch_size`` sequences,
+``config.epochs`` epochs, resumable (the data is cached in the job's folder, the fit
+checkpoints). A held-out tenth of the sequences gives greedy agreement at draft steps
+1..``eval_steps`` (at most ``eval_starts`` starts per sequence) and the loss.
 """
 
 from __future__ import annotations
