@@ -14,7 +14,7 @@ from orchestrator.run.preflight import PreflightError
 from orchestrator.run.runner import RunOptions, execute_plan, preflight
 from orchestrator.store import open_store
 from orchestrator.sweep.planner import plan_sweep
-from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.spec import SweepError, parse_sweep
 from workers.eagle.artifact import save_eagle_head
 from workers.eagle.layers import eagle3_layers
 from workers.lm import load_causal_lm
@@ -217,3 +217,11 @@ def test_a_fused_head_reaching_past_the_targets_layers_is_refused(job_env, micro
         f"pairs[0].draft.model: the EAGLE head's feature_layers [0, {depth}] reach past the "
         f"target's {depth} layers; a head fits only the target it was trained for"
     ]
+
+
+def test_a_sweeps_head_job_with_a_bad_layer_choice_is_refused_naming_the_setting():
+    text = JOB_SWEEP.replace("eval_fraction: 0.25}", "eval_fraction: 0.25, feature_layers: [1, 1]}")
+    with pytest.raises(SweepError) as refused:
+        parse_sweep(text, "refused.yaml")
+    expected = "training_jobs[0].config: setting 'feature_layers' must list distinct layers"
+    assert expected in str(refused.value)
