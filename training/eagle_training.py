@@ -4,12 +4,15 @@ Data: token sequences x [N, L] (the job's text continued by the target, or the z
 responses), the target's features f [N, L, d] over them (last hidden states after the final
 norm, teacher-forced: one forward per sequence), a validity mask [N, L] and the target's greedy
 choice at each position (argmax of its logits at f_t: the token after t). ``sequence_features``
-computes the last three.
+computes the last three. A head fusing several target layers (EAGLE-3 style) also reads the
+states after those layers (``layers`` [N, L, k·d]) as its input; f stays its token target.
 
 Loss (EAGLE): the head reads pairs (f_t + u, x_{t+1}), u ~ U(−``noise``, ``noise``) per
 coordinate, and predicts f̂_{t+1}; loss = ``w_feature`` · SmoothL1(f̂_{t+1}, f_{t+1}) +
 ``w_token`` · CE(p_{t+1}, q̂_{t+1}), where p is the target's softmax over the head's vocabulary
-at f_{t+1} and q̂ the head's at f̂_{t+1}, averaged over valid positions t + 1.
+at f_{t+1} and q̂ the head's at f̂_{t+1}, averaged over valid positions t + 1. A fused head
+reads (g_t + u, x_{t+1}), g_t the chosen layers' states, and is trained on the cross-entropy
+alone: its f̂ has no regression target, as in EAGLE-3 (``w_feature`` does not apply).
 
 Agreement (``agreement_at_steps``): on held-out greedy text, from each start the head drafts
 ``steps`` tokens autoregressively in feature space from the true features up to the start
@@ -35,7 +38,7 @@ from training.realism import machine_load
 from workers.eagle.drafter import EagleDrafter
 from workers.eagle.head import EagleHead
 from workers.eagle.step import EagleStep
-from workers.lm import CachedLM, head_logits, restricted_head
+from workers.lm import CachedLM, head_logits, layer_states, restricted_head
 from workers.records import RequestSettings, SamplingConfig, truncate_at_eos
 from workers.target import LocalTarget, VerifyRequest
 
@@ -65,18 +68,33 @@ class EagleStage:
 @dataclass(frozen=True)
 class SequenceFeatures:
     """Teacher-forced data of N sequences: ``tokens`` [N, L], ``features`` [N, L, d],
-    ``valid`` [N, L] (bool), ``choices`` [N, L] (the target's argmax after each position)."""
+    ``valid`` [N, L] (bool), ``choices`` [N, L] (the target's argmax after each position);
+    ``layers`` [N, L, k·d]: the states after the layers a fused head reads (None: unfused)."""
 
     tokens: torch.Tensor
     features: torch.Tensor
     valid: torch.Tensor
     choices: torch.Tensor
+    layers: torch.Tensor | None = None
 
     def rows(self, index: torch.Tensor) -> SequenceFeatures:
         """Return the sequences at ``index``."""
         return SequenceFeatures(
-            self.tokens[index], self.features[index], self.valid[index], self.choices[index]
+            self.tokens[index],
+            self.features[index],
+            self.valid[index],
+            self.choices[index],
+            None if self.layers is None else self.layers[index],
         )
+
+    def inputs(self, head: EagleHead) -> torch.Tensor:
+        """Return what ``head`` reads at each position: the fused layers' states for a fused
+        head (ValueError when the data has none), else ``features``."""
+        if not head.config.fused:
+            return self.features
+        if self.layers is None:
+            raise ValueError("a fused head needs its layers' states: sequence_features(layers=)")
+        return self.layers
 
     @property
     def n_tokens(self) -> int:
@@ -86,19 +104,33 @@ class SequenceFeatures:
 
 @torch.no_grad()
 def sequence_features(
-    target: PreTrainedModel, tokens: torch.Tensor, valid: torch.Tensor, batch_size: int = 8
+    target: PreTrainedModel,
+    tokens: torch.Tensor,
+    valid: torch.Tensor,
+    batch_size: int = 8,
+    layers: tuple[int, ...] = (),
 ) -> SequenceFeatures:
-    """Return the target's teacher-forced features and greedy choices over ``tokens`` [N, L]."""
+    """Return the target's teacher-forced features and greedy choices over ``tokens`` [N, L],
+    and the states after decoder ``layers`` when it names any (a fused head's input)."""
     decoder, head = target.get_decoder(), target.get_output_embeddings()
     restricted = restricted_head(target)
     device = next(target.parameters()).device
-    features, choices = [], []
+    features, choices, chosen = [], [], []
     for start in range(0, tokens.shape[0], batch_size):
         ids = tokens[start : start + batch_size].to(device)
-        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        out = decoder(input_ids=ids, use_cache=False, output_hidden_states=bool(layers))
+        hidden = out.last_hidden_state
         features.append(hidden.float().cpu())
         choices.append(head_logits(head, restricted, hidden).argmax(-1).cpu())
-    return SequenceFeatures(tokens.cpu(), torch.cat(features), valid.cpu(), torch.cat(choices))
+        if layers:
+            chosen.append(layer_states(out.hidden_states, layers).float().cpu())
+    return SequenceFeatures(
+        tokens.cpu(),
+        torch.cat(features),
+        valid.cpu(),
+        torch.cat(choices),
+        torch.cat(chosen) if layers else None,
+    )
 
 
 def frequent_ids(tokens: torch.Tensor, count: int, vocab_size: int, always: list[int]) -> list[int]:
@@ -123,21 +155,21 @@ def eagle_loss(
     several ranks share the batch).
     """
     device = head.embed.device
-    features = batch.features.to(device)
-    inputs = features[:, :-1]
+    inputs = batch.inputs(head)[:, :-1].to(device)
     if weights.noise > 0:
         draw = torch.rand(inputs.shape, generator=generator, device=inputs.device)
         inputs = inputs + (2 * draw - 1) * weights.noise
     predicted = (forward or head)(inputs, batch.tokens[:, 1:].to(device))
-    truth = features[:, 1:]
+    truth = batch.features[:, 1:].to(device)
     mask = batch.valid[:, 1:].to(device).float()
     denominator = mask.sum().clamp(min=1.0)
-    regression = F.smooth_l1_loss(predicted, truth, reduction="none").mean(-1)
     with torch.no_grad():
         target_probs = head.kept_logits(truth).float().softmax(-1)
     log_q = head.kept_logits(predicted).float().log_softmax(-1)
-    cross_entropy = -(target_probs * log_q).sum(-1)
-    per_position = weights.w_feature * regression + weights.w_token * cross_entropy
+    per_position = weights.w_token * -(target_probs * log_q).sum(-1)
+    if not head.config.fused:
+        regression = F.smooth_l1_loss(predicted, truth, reduction="none").mean(-1)
+        per_position = per_position + weights.w_feature * regression
     return (per_position * mask).sum() / denominator
 
 
@@ -168,7 +200,7 @@ def agreement_at_steps(
     n_rows = data.tokens.shape[0]
     firsts = [first_start] * n_rows if isinstance(first_start, int) else list(first_start)
     for row in range(n_rows):
-        tokens, features = data.tokens[row], data.features[row]
+        tokens, features = data.tokens[row], data.inputs(head)[row]
         choices, valid = data.choices[row], data.valid[row]
         last = int(valid.sum()) - 1
         starts = list(range(max(0, firsts[row] - 2), last - steps + 1))
@@ -179,7 +211,8 @@ def agreement_at_steps(
         for t in starts:
             if t + 1 > committed:
                 pairs = slice(committed, t + 1)
-                predicted = step.forward(features[pairs], tokens[committed + 1 : t + 2])
+                pairs_in = step.project(features[pairs])
+                predicted = step.forward(pairs_in, tokens[committed + 1 : t + 2])
                 committed = t + 1
             _chain(step, predicted[-1], choices[t + 1 :], agreed, tried)
             step.crop(committed)
@@ -364,12 +397,13 @@ def _speculate_greedy(
     """Decode ``prompt`` by greedy static-K speculation; add drafted, accepted and rounds to
     ``counts``; return the output (cut at the first EOS, as target-only decoding is)."""
     greedy = settings.sampling
-    drafter.begin(prompt, local.prefill(prompt, greedy, settings.seed, want_features=True))
+    layers = drafter.feature_layers
+    drafter.begin(prompt, local.prefill(prompt, greedy, settings.seed, True, layers))
     pending, output, stopped = prompt[-1:], [], False
     while len(output) < greedy.max_new_tokens and not stopped:
         drafts = [drafter.propose(greedy).token for _ in range(k)]
         block = torch.cat([pending, torch.tensor(drafts, dtype=torch.long)])
-        response = local.verify(VerifyRequest(block, want_features=True))
+        response = local.verify(VerifyRequest(block, want_features=True, feature_layers=layers))
         drafter.accept(response.n_accepted, response.next_token, response.features)
         output += [*drafts[: response.n_accepted], response.next_token]
         for index, added in enumerate((k, response.n_accepted, 1)):

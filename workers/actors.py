@@ -194,11 +194,14 @@ class ChannelTargetGroup:
         sampling: SamplingConfig,
         seed: int,
         want_features: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ) -> torch.Tensor | None:
-        """Start a request on every rank; rank 0's prompt features when ``want_features``."""
+        """Start a request on every rank; rank 0's prompt features when ``want_features``
+        (those of ``feature_layers`` when it names any)."""
         if not want_features:
             return self._on_channels("prefill", prompt_ids, sampling, seed)
-        return self._on_channels("prefill", prompt_ids, sampling, seed, want_features)
+        args = (prompt_ids, sampling, seed, want_features, feature_layers)
+        return self._on_channels("prefill", *args)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Verify on every rank (they compute in lockstep); return rank 0's response."""

@@ -45,9 +45,11 @@ class TargetScorer(Protocol):
         sampling: SamplingConfig,
         seed: int,
         want_features: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ) -> torch.Tensor | None:
         """Start a request (reset, process the prompt, reseed); the prompt's features
-        [P − 1, d] when ``want_features`` (asked only by proposers that want them)."""
+        [P − 1, d] when ``want_features`` (asked only by proposers that want them), those of
+        the decoder layers ``feature_layers`` [P − 1, k·d] when it names k of them."""
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block."""
@@ -60,10 +62,18 @@ class TargetScorer(Protocol):
 class _Wants:
     """What the engine asks the target for besides the verdict: the hidden state at the next
     token's position (a policy reading ``target_hidden``), the features at every kept position
-    (a proposer that ``wants_target_features``)."""
+    (a proposer that ``wants_target_features``) and the layers they come from (its
+    ``feature_layers``; empty: the last layer's)."""
 
     hidden: bool
     features: bool
+    layers: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, policy: DraftPolicy, proposer: Proposer) -> _Wants:
+        """Return what ``policy`` and ``proposer`` need of the target each round."""
+        hidden = "target_hidden" in policy.features
+        return cls(hidden, proposer.wants_target_features, proposer.feature_layers)
 
 
 @dataclass
@@ -108,7 +118,7 @@ def speculative_generate(
     output: list[int] = []
     rounds: list[RoundRecord] = []
     target_hidden = None
-    wants = _Wants("target_hidden" in policy.features, proposer.wants_target_features)
+    wants = _Wants.of(policy, proposer)
     stopped_on_eos = False
     while len(output) < sampling.max_new_tokens and not stopped_on_eos:
         round_start = time.perf_counter()
@@ -166,7 +176,8 @@ def _start_request(
     """Prefill the target and the proposer (with the target's prompt features when the
     proposer wants them) and reset the policy for a request; return the draft's generator."""
     if proposer.wants_target_features:
-        features = target.prefill(prompt, settings.sampling, settings.seed, want_features=True)
+        sampling, layers = settings.sampling, proposer.feature_layers
+        features = target.prefill(prompt, sampling, settings.seed, True, layers)
         proposer.begin(prompt, features)
     else:
         target.prefill(prompt, settings.sampling, settings.seed)
@@ -204,6 +215,7 @@ def _verify_block(
             draft_token_probs=None if sampling.greedy else _stack(block.token_probs),
             want_hidden=wants.hidden,
             want_features=wants.features,
+            feature_layers=wants.layers,
         )
     )
     n_accepted, next_token = response.n_accepted, response.next_token

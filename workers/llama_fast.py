@@ -192,6 +192,22 @@ class LlamaFastDecoder:
         The new positions' keys and values are appended to the cache. ``packed=False`` runs
         every projection on the unpacked weights even where packed copies exist.
         """
+        return self._run(ids, packed, ())[0]
+
+    def forward_layers(
+        self, ids: torch.Tensor, packed: bool, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``forward``'s final hidden states [n, d] and the states after each decoder
+        layer in ``layers`` [n, k·d], concatenated in their order (the last layer's after the
+        final norm: transformers' ``hidden_states[i + 1]``)."""
+        final, taken = self._run(ids, packed, layers)
+        return final, torch.cat([taken[i] for i in layers], dim=-1)
+
+    def _run(
+        self, ids: torch.Tensor, packed: bool, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run ``ids`` after the cached prefix; return the final hidden states and the states
+        after the decoder layers in ``layers`` (by index)."""
         n = ids.numel()
         start, end = self.length, self.length + n
         if end > self.capacity:
@@ -204,7 +220,10 @@ class LlamaFastDecoder:
         n_kv = self.n_kv_heads * self.head_dim
         gqa = self.n_heads != self.n_kv_heads
         hidden = F.embedding(ids, self.embed)
+        taken: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
+            if index - 1 in layers:
+                taken[index - 1] = hidden
             normed = self._rms_norm(hidden, layer.input_norm)
             q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
             q = rotate(q.view(n, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
@@ -221,7 +240,10 @@ class LlamaFastDecoder:
             gate, up = layer.gate_up(normed, packed).chunk(2, -1)
             hidden = hidden + layer.down(F.silu(gate) * up, packed)
         self.length = end
-        return self._rms_norm(hidden, self.final_norm)
+        final = self._rms_norm(hidden, self.final_norm)
+        if layers:
+            taken[len(self.layers) - 1] = final
+        return final, taken
 
     def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Return Llama's RMSNorm of ``hidden`` (computed in float32, as transformers does)."""

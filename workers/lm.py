@@ -75,10 +75,13 @@ class SingleStepCalibration:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Logits [n, V] (and last-layer hidden states [n, d]) for the rows that were asked for."""
+    """Logits [n, V] (and last-layer hidden states [n, d]) for the rows that were asked for;
+    ``layers`` [n, k·d]: the states after the decoder layers a forward named, at every position
+    (an EAGLE head fusing several layers reads them), else None."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
+    layers: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,13 @@ def head_logits(
         return scatter_logits(restricted, product(hidden, packed))
     linear = torch.nn.functional.linear(hidden, restricted.weight, restricted.bias)
     return scatter_logits(restricted, linear)
+
+
+def layer_states(hidden_states: Sequence[torch.Tensor], layers: tuple[int, ...]) -> torch.Tensor:
+    """Return the states after decoder layers ``layers`` [..., k·d], concatenated in their
+    order, from a transformers forward's ``hidden_states`` (the embeddings first, the last
+    layer's after the final norm)."""
+    return torch.cat([hidden_states[i + 1] for i in layers], dim=-1)
 
 
 def head_product(
@@ -324,39 +334,58 @@ class CachedLM:
 
     @torch.inference_mode()
     def forward(
-        self, ids: torch.Tensor, last_only: bool = False, all_hidden: bool = False
+        self,
+        ids: torch.Tensor,
+        last_only: bool = False,
+        all_hidden: bool = False,
+        layers: tuple[int, ...] = (),
     ) -> StepOutput:
         """Run ``ids`` [n] after the cached prefix, append them to the cache, return outputs.
 
         With ``last_only`` only the last position goes through the LM head; ``all_hidden``
         then still returns the hidden states of every position (an EAGLE head reads a prompt's
-        features). Raises ValueError for an empty ``ids`` (e.g. a prompt that tokenised to
-        nothing).
+        features). ``layers`` (decoder-layer indices) asks for the states after those layers at
+        every position too (``StepOutput.layers``). Raises ValueError for an empty ``ids``
+        (e.g. a prompt that tokenised to nothing).
         """
         ids = ids.view(-1).to(self.device)
         if ids.numel() == 0:
             raise ValueError("the model was given no tokens to run (an empty prompt?)")
         if ids.numel() == 1 and self.plan.padded:
             length = self.cached_len
-            out = self._forward(ids.repeat(2), last_only=False)
+            out = self._forward(ids.repeat(2), last_only=False, layers=layers)
             self.crop(length + 1)
-            return StepOutput(logits=out.logits[:1], hidden=out.hidden[:1])
-        return self._forward(ids, last_only, all_hidden)
+            chosen = None if out.layers is None else out.layers[:1]
+            return StepOutput(logits=out.logits[:1], hidden=out.hidden[:1], layers=chosen)
+        return self._forward(ids, last_only, all_hidden, layers)
 
-    def _forward(self, ids: torch.Tensor, last_only: bool, all_hidden: bool = False) -> StepOutput:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        last_only: bool,
+        all_hidden: bool = False,
+        layers: tuple[int, ...] = (),
+    ) -> StepOutput:
         """Run ``ids`` [n] (on the model's device) through decoder and head, as ``forward``, on
         the layout ``plan`` gives n."""
         packed = self.plan.layout(ids.numel()) == "packed"
-        if self.fast_decoder is not None:
+        chosen = None
+        if self.fast_decoder is not None and layers:
+            hidden, chosen = self.fast_decoder.forward_layers(ids, packed, layers)
+        elif self.fast_decoder is not None:
             hidden = self.fast_decoder.forward(ids, packed)
         else:
             out = self.decoder(
-                input_ids=ids[None], use_cache=True, **cache_kwargs(self.decoder, self.cache)
+                input_ids=ids[None],
+                use_cache=True,
+                output_hidden_states=bool(layers),
+                **cache_kwargs(self.decoder, self.cache),
             )
             hidden = out.last_hidden_state[0]
+            chosen = layer_states(out.hidden_states, layers)[0] if layers else None
         rows = hidden[-1:] if last_only else hidden
         logits = head_logits(self.head, self.restricted, rows, self.head_product, packed)
-        return StepOutput(logits=logits, hidden=hidden if all_hidden else rows)
+        return StepOutput(logits=logits, hidden=hidden if all_hidden else rows, layers=chosen)
 
     def crop(self, length: int) -> None:
         """Roll the cache back so that it holds only the first ``length`` tokens."""

@@ -33,13 +33,15 @@ class VerifyRequest:
     processed yet) followed by the drafted block; ``draft_token_probs`` [K] holds q_i(y_i) of
     the drafted tokens (sampling only). ``want_hidden`` asks for the last-layer hidden state
     at the position that produced the next token (Cali-TS); ``want_features`` for those at every
-    kept position, O((K + 1)·d) (an EAGLE head).
+    kept position, O((K + 1)·d) (an EAGLE head), or, with ``feature_layers``, the states after
+    those decoder layers, O((K + 1)·k·d) (an EAGLE head fusing k layers).
     """
 
     tokens: torch.Tensor
     draft_token_probs: torch.Tensor | None = None
     want_hidden: bool = False
     want_features: bool = False
+    feature_layers: tuple[int, ...] = ()
 
     @property
     def draft_tokens(self) -> torch.Tensor:
@@ -52,7 +54,7 @@ class VerifyRequest:
         probs = self.draft_token_probs
         if probs is not None:
             probs = (probs.tolist(), str(probs.dtype).removeprefix("torch."))
-        flags = (self.want_hidden, self.want_features)
+        flags = (self.want_hidden, self.want_features, self.feature_layers)
         return (_verify_request, (self.tokens.tolist(), probs, *flags))
 
 
@@ -61,6 +63,7 @@ def _verify_request(
     probs: tuple[list[float], str] | None,
     want_hidden: bool,
     want_features: bool = False,
+    feature_layers: tuple[int, ...] = (),
 ) -> VerifyRequest:
     """Rebuild a pickled :class:`VerifyRequest` (the inverse of its ``__reduce__``)."""
     return VerifyRequest(
@@ -70,6 +73,7 @@ def _verify_request(
         else torch.tensor(probs[0], dtype=getattr(torch, probs[1])),
         want_hidden=want_hidden,
         want_features=want_features,
+        feature_layers=feature_layers,
     )
 
 
@@ -81,7 +85,8 @@ class VerifyResponse:
     token (for Cali-TS), when asked for. ``features`` [n_accepted + 1, d] are the last-layer
     hidden states at the kept positions (the pending token and the accepted drafts; the last
     produced the next token), when ``want_features`` asked for them (an EAGLE drafter's
-    ``accept`` takes them).
+    ``accept`` takes them); [n_accepted + 1, k·d], the states after the request's
+    ``feature_layers``, when it named k of them.
     """
 
     n_accepted: int
@@ -126,19 +131,24 @@ class LocalTarget:
         sampling: SamplingConfig,
         seed: int,
         want_features: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ) -> torch.Tensor | None:
         """Start a request: reset the cache, process all but the last prompt token, reseed.
 
         With ``want_features`` return the last-layer hidden states [P − 1, d] of the tokens it
-        processed (an EAGLE drafter's ``begin`` takes them), else None.
+        processed (an EAGLE drafter's ``begin`` takes them), or the states after the decoder
+        layers ``feature_layers`` [P − 1, k·d] when it names k of them; else None.
         """
         self.sampling = sampling
         self.generator.manual_seed(side_seed(seed, "target"))
         self.lm.reset()
         if prompt_ids.numel() <= 1:
             return prompt_ids.new_zeros(0) if want_features else None
-        out = self.lm.forward(prompt_ids[:-1], last_only=True, all_hidden=want_features)
-        return out.hidden if want_features else None
+        layers = feature_layers if want_features else ()
+        out = self.lm.forward(prompt_ids[:-1], True, all_hidden=want_features, layers=layers)
+        if not want_features:
+            return None
+        return out.layers if layers else out.hidden
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score pending + drafted tokens in one forward, judge the block, roll the cache back.
@@ -160,7 +170,8 @@ class LocalTarget:
         """Run ``verify``'s forward, judgement and rollback; return the verdict and what the
         response and the AR loop need from them."""
         base_len = self.lm.cached_len + 1
-        out = self.lm.forward(request.tokens)
+        layers = request.feature_layers if request.want_features else ()
+        out = self.lm.forward(request.tokens, layers=layers)
         choices = None
         if self.sampling.greedy:
             choices = out.logits.argmax(dim=-1)
@@ -178,7 +189,9 @@ class LocalTarget:
             )
         self.lm.crop(base_len + verdict.n_accepted)
         hidden = out.hidden[verdict.n_accepted] if request.want_hidden else None
-        features = out.hidden[: verdict.n_accepted + 1] if request.want_features else None
+        features = None
+        if request.want_features:
+            features = (out.layers if layers else out.hidden)[: verdict.n_accepted + 1]
         return _Scored(verdict, hidden, choices, features)
 
     @torch.inference_mode()

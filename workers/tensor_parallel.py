@@ -209,9 +209,11 @@ class TensorParallelTarget:
         sampling: SamplingConfig,
         seed: int,
         want_features: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ) -> torch.Tensor | None:
-        """Start a request on this rank (its prompt features when ``want_features``)."""
-        return self.target.prefill(prompt_ids, sampling, seed, want_features)
+        """Start a request on this rank (its prompt features when ``want_features``: those of
+        ``feature_layers`` when it names any)."""
+        return self.target.prefill(prompt_ids, sampling, seed, want_features, feature_layers)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         """Score one drafted block on this rank (all ranks must get the same call)."""

@@ -2,11 +2,12 @@
 
 A head reads its target's last-layer features and drafts through the target's own frozen
 embeddings, norm and LM head (``workers.eagle``), so it fits only a target of its width and
-vocabulary: a head given by ``model`` is checked against the target's config, and a head made
-by an ``eagle_head`` job (``job``) must be trained on the pair's target (the job's ``base``). The
-draft worker is fed the target's features over the target group's channel, which rank 0 of a
-tensor-parallel (deepspeed) target would answer from its shard's forward; that path is not
-verified, so such a pair is refused.
+vocabulary: a head given by ``model`` is checked against the target's config (a head fusing
+several layers also against its depth), and a head made by an ``eagle_head`` job (``job``) must
+be trained on the pair's target (the job's ``base``). The draft worker is fed the target's
+features over the target group's channel, which rank 0 of a tensor-parallel (deepspeed) target
+would answer from its shard's forward; that path is not verified end to end, so such a pair is
+refused.
 """
 
 from __future__ import annotations
@@ -63,8 +64,15 @@ def eagle_pair_problems(
 
 def head_fit_problems(where: str, head: EagleConfig, target_config: Any) -> list[str]:
     """Return a problem for each of ``SHARED_FIELDS`` where ``head`` differs from the target
-    config ``target_config`` (a transformers config)."""
+    config ``target_config`` (a transformers config), and one when it fuses a layer the target
+    does not have."""
     problems = []
+    depth = getattr(target_config, "num_hidden_layers", None)
+    if head.feature_layers and depth is not None and max(head.feature_layers) >= depth:
+        problems.append(
+            f"{where}: the EAGLE head's feature_layers {list(head.feature_layers)} reach past "
+            f"the target's {depth} layers; a head fits only the target it was trained for"
+        )
     for name in SHARED_FIELDS:
         mine, theirs = getattr(head, name), getattr(target_config, name, None)
         if mine != theirs:

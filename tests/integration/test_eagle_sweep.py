@@ -14,8 +14,9 @@ from orchestrator.run.preflight import PreflightError
 from orchestrator.run.runner import RunOptions, execute_plan, preflight
 from orchestrator.store import open_store
 from orchestrator.sweep.planner import plan_sweep
-from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.spec import SweepError, parse_sweep
 from workers.eagle.artifact import save_eagle_head
+from workers.eagle.layers import eagle3_layers
 from workers.lm import load_causal_lm
 
 JOB_SWEEP = """\
@@ -98,6 +99,25 @@ def test_a_head_given_by_path_runs_on_ray(job_env, head_dir, ray_local, tmp_path
     assert _check_greedy_equals_baseline(plan, store) > 0
     rows = store.trials("eagle-path")
     assert {(row.config["draft_kind"], row.draft) for row in rows} == {("eagle", str(head_dir))}
+    store.close()
+
+
+@pytest.fixture
+def fused_head_dir(micro_zoo, tmp_path):
+    """An (untrained, seeded) EAGLE head fusing the micro target's EAGLE-3 layers, saved."""
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    layers = eagle3_layers(target.config.num_hidden_layers)
+    return save_eagle_head(tmp_path / "fused", untrained_head(target, feature_layers=layers), {})
+
+
+def test_a_fused_head_given_by_path_runs_on_ray_as_any_head(
+    job_env, fused_head_dir, ray_local, tmp_path
+):
+    """The sweep names a fused head exactly as any other: the draft worker's proposer asks the
+    target actor for its layers' states, and greedy trials reproduce the baseline."""
+    spec_text = PATH_SWEEP.replace("HEAD", str(fused_head_dir))
+    plan, store = _run(spec_text, "eagle-fused.yaml", tmp_path)
+    assert _check_greedy_equals_baseline(plan, store) > 0
     store.close()
 
 
@@ -185,3 +205,23 @@ def test_a_tensor_parallel_target_is_refused_naming_tp_size(job_env, head_dir):
     problems = _refused(text)
     assert len(problems) == 1
     assert problems[0].startswith("pairs[0].target.tp_size: a draft of kind 'eagle'")
+
+
+def test_a_fused_head_reaching_past_the_targets_layers_is_refused(job_env, micro_zoo, tmp_path):
+    target = load_causal_lm(micro_zoo.model_path("target"))
+    depth = target.config.num_hidden_layers
+    head = untrained_head(target, feature_layers=(0, depth))
+    head_dir = save_eagle_head(tmp_path / "deep", head, {})
+    problems = _refused(PATH_SWEEP.replace("HEAD", str(head_dir)))
+    assert problems == [
+        f"pairs[0].draft.model: the EAGLE head's feature_layers [0, {depth}] reach past the "
+        f"target's {depth} layers; a head fits only the target it was trained for"
+    ]
+
+
+def test_a_sweeps_head_job_with_a_bad_layer_choice_is_refused_naming_the_setting():
+    text = JOB_SWEEP.replace("eval_fraction: 0.25}", "eval_fraction: 0.25, feature_layers: [1, 1]}")
+    with pytest.raises(SweepError) as refused:
+        parse_sweep(text, "refused.yaml")
+    expected = "training_jobs[0].config: setting 'feature_layers' must list distinct layers"
+    assert expected in str(refused.value)

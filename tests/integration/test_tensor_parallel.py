@@ -38,6 +38,8 @@ MAX_DRAFT_LEN = 4
 TEMPERATURE = 0.8
 TP_GRAIN_SIZE = 16
 DEADLINE_S = 300
+#: The layers whose states the ranks return at prefill, as to an EAGLE head fusing them.
+FEATURE_LAYERS = [0, 2]
 torch.set_num_threads(1)
 
 
@@ -99,6 +101,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "max_draft_len": MAX_DRAFT_LEN,
             "temperature": TEMPERATURE,
             "tp_grain_size": TP_GRAIN_SIZE,
+            "feature_layers": FEATURE_LAYERS,
         },
         path / "inputs.pt",
     )
@@ -209,6 +212,20 @@ class _SequenceOnlyHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Return hidden @ weight.T, indexing three dimensions as the DeepSpeed head does."""
         return hidden[:, :, : self.weight.shape[1]] @ self.weight.T
+
+
+def test_every_rank_returns_the_chosen_layers_states_of_the_unsharded_model(
+    ranks, unsharded, workdir
+):
+    """What an EAGLE head fusing layers would be sent: the states after those layers, whole
+    (the sharded forward all-reduces them), at every processed prompt token."""
+    inputs = torch.load(workdir / "inputs.pt", weights_only=True)
+    for index, prompt in enumerate(inputs["prompts"]):
+        with torch.no_grad():
+            out = unsharded["model"].model(input_ids=prompt[None], output_hidden_states=True)
+        states = torch.cat([out.hidden_states[i + 1][0, :-1] for i in FEATURE_LAYERS], dim=-1)
+        for result in ranks:
+            torch.testing.assert_close(result["layer_states"][index], states, atol=1e-5, rtol=1e-4)
 
 
 def test_rows_to_sequence_head_feeds_rows_to_a_sequence_only_head():

@@ -81,6 +81,8 @@ def run_rank(rank: int, world_size: int, port: int, workdir: Path) -> dict:
         results["greedy_spec"].append(spec.output_ids)
         results["greedy_spec_rounds"].append([(r.drafted, r.accepted) for r in spec.rounds])
         results["sampled_spec"].append(sampled_spec.output_ids)
+    layers = tuple(inputs["feature_layers"])
+    results["layer_states"] = [target.prefill(p, greedy, 0, True, layers) for p in prompts]
     return results
 
 

@@ -6,11 +6,13 @@ target for ``response_tokens`` tokens (greedy at ``temperature`` 0, the default)
 features teacher-forced over prompt and response (``training.eagle_training``). The head
 (``workers.eagle.EagleHead``): the target's layer shape, its frozen final norm and LM head, cut
 to the ``head_vocab`` most frequent tokens of the target's training text (0: the full vocabulary).
-Loss: ``w_feature`` · SmoothL1 + ``w_token`` · soft cross-entropy, input noise ±``noise``. Adam,
-cosine decay from ``lr``, ``batch_size`` sequences, ``config.epochs`` epochs, resumable (the
-data is cached in the job's folder, the fit checkpoints). A held-out tenth of the sequences
-gives greedy agreement at draft steps 1..``eval_steps`` (at most ``eval_starts`` starts per
-sequence) and the loss.
+``feature_layers`` (a list of decoder-layer indices, or ``"eagle3"``; default: none) makes it a
+fused head reading those layers' states (EAGLE-3 style, ``workers.eagle.layers``), trained on
+the cross-entropy alone. Loss: ``w_feature`` · SmoothL1 + ``w_token`` · soft cross-entropy,
+input noise ±``noise``. Adam, cosine decay from ``lr``, ``batch_size`` sequences,
+``config.epochs`` epochs, resumable (the data is cached in the job's folder, the fit
+checkpoints). A held-out tenth of the sequences gives greedy agreement at draft steps
+1..``eval_steps`` (at most ``eval_starts`` starts per sequence) and the loss.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from training.jobs.head_data import (
 )
 from workers.eagle.artifact import EAGLE_KIND, save_eagle_head
 from workers.eagle.head import EagleConfig, EagleHead, TargetParts
+from workers.eagle.layers import feature_choice, resolve_feature_layers
 
 DEFAULTS: dict[str, Any] = {
     **DATA_DEFAULTS,
@@ -70,12 +73,16 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 8,
     "eval_steps": 3,
     "eval_starts": 64,
+    "feature_layers": [],
 }
+#: How errors name the fused layers' setting.
+LAYERS_FIELD = "setting 'feature_layers'"
 
 
 @dataclass(frozen=True)
 class EagleSettings:
-    """The job's settings: data, head vocabulary size, loss, optimisation, evaluation."""
+    """The job's settings: data, head vocabulary size, loss, optimisation, evaluation, and
+    the target layers a fused head reads (sorted indices or ``"eagle3"``; empty: EAGLE-1)."""
 
     data: DataSettings
     head_vocab: int
@@ -83,6 +90,7 @@ class EagleSettings:
     fit: FitSettings
     eval_steps: int
     eval_starts: int
+    feature_layers: tuple[int, ...] | str = ()
 
     @classmethod
     def from_config(cls, config: JobConfig) -> EagleSettings:
@@ -94,7 +102,8 @@ class EagleSettings:
                 f"{EAGLE_KIND} reads the features of base ({config.base!r}); teacher, when "
                 f"given, must be the same model, got {config.teacher!r}"
             )
-        values = {key: typed_setting(settings, key, DEFAULTS[key]) for key in DEFAULTS}
+        typed = set(DEFAULTS) - {"feature_layers"}
+        values = {key: typed_setting(settings, key, DEFAULTS[key]) for key in typed}
         for key in ("head_vocab", "eval_starts"):
             if values[key] < 0:
                 raise JobConfigError(f"setting {key!r} must be >= 0, got {values[key]}")
@@ -112,7 +121,42 @@ class EagleSettings:
             fit=fit_settings(config, DEFAULTS["lr"], DEFAULTS["batch_size"]),
             eval_steps=values["eval_steps"],
             eval_starts=values["eval_starts"],
+            feature_layers=_feature_layers(settings, values),
         )
+
+
+def _feature_layers(settings: dict[str, Any], values: dict[str, Any]) -> tuple[int, ...] | str:
+    """Return the checked ``feature_layers`` setting (sorted indices, ``"eagle3"`` or empty),
+    refusing a fused head's loss without a token term or with a regression weight."""
+    value = settings.get("feature_layers", [])
+    if isinstance(value, list | tuple) and not value:
+        return ()
+    if not isinstance(value, list | tuple | str):
+        raise JobConfigError(f"{LAYERS_FIELD} must be a list of layer indices or 'eagle3'")
+    try:
+        choice = feature_choice(value, LAYERS_FIELD)
+    except ValueError as exc:
+        raise JobConfigError(str(exc)) from exc
+    if values["w_token"] == 0.0:
+        raise JobConfigError(f"{LAYERS_FIELD}: a fused head learns from 'w_token' alone, got 0")
+    if settings.get("w_feature", 0.0) != 0.0:
+        raise JobConfigError(
+            f"{LAYERS_FIELD}: a fused head has no feature regression target (EAGLE-3); "
+            "leave 'w_feature' out or set it to 0"
+        )
+    return choice
+
+
+def target_layers(settings: EagleSettings, target: torch.nn.Module) -> tuple[int, ...]:
+    """Return the layers the job's head fuses on ``target`` (empty: EAGLE-1), checked against
+    its depth; JobConfigError names the setting."""
+    if not settings.feature_layers:
+        return ()
+    try:
+        depth = target.config.num_hidden_layers
+        return resolve_feature_layers(settings.feature_layers, depth, LAYERS_FIELD)
+    except ValueError as exc:
+        raise JobConfigError(str(exc)) from exc
 
 
 def settings_of(config: JobConfig) -> EagleSettings:
@@ -123,7 +167,8 @@ def settings_of(config: JobConfig) -> EagleSettings:
 def build_data(
     config: JobConfig, settings: EagleSettings, target: torch.nn.Module
 ) -> dict[str, torch.Tensor]:
-    """Continue the job's prompts with the target; return tokens, features, mask, choices."""
+    """Continue the job's prompts with the target; return tokens, features, mask, choices
+    (and the fused layers' states, for a fused head)."""
     data = settings.data
     tokenizer = load_job_tokenizer(config.base)
     prompts = prompt_batch(tokenizer, training_texts(config), data.prompt_tokens)
@@ -139,27 +184,34 @@ def build_data(
         ],
         dim=1,
     )
-    found = sequence_features(target, sequences, valid, data.generation_batch)
+    layers = target_layers(settings, target)
+    found = sequence_features(target, sequences, valid, data.generation_batch, layers)
     specials = sorted({*tokenizer.all_special_ids} | {tokenizer.eos_token_id} - {None})
-    return {
+    saved = {
         "tokens": found.tokens,
         "features": found.features,
         "valid": found.valid,
         "choices": found.choices,
         "specials": torch.tensor(specials, dtype=torch.long),
     }
+    if found.layers is not None:
+        saved["layers"] = found.layers
+    return saved
 
 
 def make_head(
     target: torch.nn.Module, data: SequenceFeatures, settings: EagleSettings, specials: list[int]
 ) -> EagleHead:
     """Return a fresh head for ``target``: its vocabulary the ``head_vocab`` most frequent
-    tokens of the training text (and the specials), or the full one."""
+    tokens of the training text (and the specials), or the full one; fusing the layers of
+    ``feature_layers``, if any."""
     vocab = None
     if settings.head_vocab > 0:
         ids = torch.cat([data.tokens[data.valid], data.choices[data.valid]])
         vocab = tuple(frequent_ids(ids, settings.head_vocab, target.config.vocab_size, specials))
-    return EagleHead(EagleConfig.for_target(target, head_vocab=vocab), TargetParts.of(target))
+    layers = target_layers(settings, target)
+    config = EagleConfig.for_target(target, head_vocab=vocab, feature_layers=layers)
+    return EagleHead(config, TargetParts.of(target))
 
 
 def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
@@ -168,8 +220,11 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     settings = settings_of(config)
     device = job_device()
     target = load_job_model(config.base, progress).to(device).requires_grad_(False)
+    target_layers(settings, target)  # a bad layer is refused before any data is made
     saved = cached_tensors(output_dir, lambda: build_data(config, settings, target))
-    data = SequenceFeatures(saved["tokens"], saved["features"], saved["valid"], saved["choices"])
+    data = SequenceFeatures(
+        saved["tokens"], saved["features"], saved["valid"], saved["choices"], saved.get("layers")
+    )
     train_rows, eval_rows = heldout_split(
         data.tokens.shape[0], settings.data.eval_fraction, config.seed
     )

@@ -2,8 +2,9 @@
 
 ``head`` holds ``EagleHead`` (fusion fc over [token embedding, target feature], one Llama
 decoder layer, the target's frozen final norm and LM head, optionally cut to a frequency-ranked
-subset of rows); ``artifact`` saves and loads it in this project's layout and loads published
-heads in the ``speculators`` layout; ``step`` runs it one block at a time over its own small KV
-cache; ``drafter`` is the stateful proposer a round loop drives (begin / propose / accept);
-``trace`` records a head's greedy trace for replay.
+subset of rows; optionally fusing several target layers' states first, EAGLE-3 style, the
+layers chosen and checked in ``layers``); ``artifact`` saves and loads it in this project's
+layout and loads published heads in the ``speculators`` layout; ``step`` runs it one block at a
+time over its own small KV cache; ``drafter`` is the stateful proposer a round loop drives
+(begin / propose / accept); ``trace`` records a head's greedy trace for replay.
 """

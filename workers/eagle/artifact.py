@@ -12,7 +12,9 @@ weights named ``fusion_fc.*`` (``fc.*`` in older releases) and ``transformer.*``
 (``embedding_layernorm`` / ``pre_lm_head_layernorm`` with ``layernorms``). Its head reads the
 verifier's features and feeds the layer's output to the verifier's LM head with no norm
 between (``target_norm`` False). EAGLE-3 checkpoints (``eagle3``: fused layers, their own
-vocabulary mapping) are not read.
+vocabulary mapping, a decoder layer attending over 2d-wide inputs) are not read: this
+project's fused heads (``EagleConfig.feature_layers``) keep EAGLE-1's layer behind their
+``layers_fc`` and are saved in its own layout, the layers in ``config.json``.
 
 Either kind is built over the target the caller passes (its embeddings, norm and LM head);
 ``load_head_for_target`` loads that target's parts from its checkpoint (a sweep's draft worker).

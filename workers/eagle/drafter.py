@@ -18,6 +18,10 @@ Then every round:
   predicts the feature of b's position, from which the next round's first draft comes.
 
 The head's cost per round is K forwards: K − 1 one-pair steps and one (n + 1)-pair block.
+
+A head fusing several target layers (``feature_layers``, EAGLE-3 style) is sent those layers'
+states (k·d per position, in ``begin`` and ``accept``) and maps them to f_t with its
+``layers_fc`` before the pairs run; its step i > 1 reads its own f̂ (d wide) as above.
 """
 
 from __future__ import annotations
@@ -60,8 +64,13 @@ class EagleDrafter:
 
     @property
     def hidden_size(self) -> int:
-        """The feature width d the target must send."""
-        return self.step.head.config.hidden_size
+        """The feature width the target must send: d, or k·d for a head fusing k layers."""
+        return self.step.head.config.feature_width
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose states the target must send (empty: its last layer's)."""
+        return self.step.head.config.feature_layers
 
     def begin(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor) -> None:
         """Start a request from the prompt [P] and the target's features [P − 1, d] of all but
@@ -123,6 +132,6 @@ class EagleDrafter:
 
     def _commit(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
         """Run pairs of true features and tokens after the cache; keep the last prediction."""
-        predicted = self.step.forward(features, tokens)
+        predicted = self.step.forward(self.step.project(features), tokens)
         self.cached_len = self.step.length
         self._feature = predicted[-1]

@@ -1,4 +1,4 @@
-"""An EAGLE-style head over a target's last-layer features (EAGLE-1 shape).
+"""An EAGLE-style head over a target's last-layer features (EAGLE-1 shape), or several fused.
 
 Feature space: the target's last hidden states after its final norm, what ``CachedLM`` returns
 as ``StepOutput.hidden`` (f_t, which produced the distribution of token t + 1). The head reads
@@ -8,6 +8,11 @@ the predicted next feature f̂_{t+1}; with ``target_norm`` (this project's heads
 goes through the target's frozen final norm, so f̂ lies where the true features lie. Logits are
 the target's frozen LM head applied to f̂ (after ``pre_lm_head_layernorm`` where ``layernorms``
 is set, as in speculators' variants), restricted to ``head_vocab`` rows when one is given.
+
+A fused head (``feature_layers``: several target layers, EAGLE-3 style, ``workers.eagle.layers``)
+reads g_t, those layers' hidden states concatenated (k·d), and ``layers_fc`` (k·d → d, no bias)
+maps it to the feature f_t that enters ``fusion_fc`` as above (``project``). Its own predicted
+features f̂ are d wide, so from the second draft step on it reads them as they are.
 
 Parameter names follow speculators' ``EagleSpeculator`` (``fusion_fc``, ``transformer``,
 ``embedding_layernorm``, ``pre_lm_head_layernorm``), so its checkpoints load by name
@@ -40,6 +45,7 @@ class EagleConfig:
     ``fusion_fc``; ``layernorms``: speculators' extra trainable norms (on the embeddings, the
     layer's input and before the LM head); ``target_norm``: the target's frozen final norm on
     the layer's output. ``head_vocab``: the sorted token ids the head may propose (None: all).
+    ``feature_layers``: the target layers it fuses (``workers.eagle.layers``; empty: EAGLE-1).
     """
 
     hidden_size: int
@@ -55,6 +61,17 @@ class EagleConfig:
     layernorms: bool = False
     target_norm: bool = True
     head_vocab: tuple[int, ...] | None = None
+    feature_layers: tuple[int, ...] = ()
+
+    @property
+    def fused(self) -> bool:
+        """Whether the head fuses several target layers (``feature_layers`` given)."""
+        return bool(self.feature_layers)
+
+    @property
+    def feature_width(self) -> int:
+        """The width of the target's features the head reads: k·d fused, else d."""
+        return self.hidden_size * max(1, len(self.feature_layers))
 
     @classmethod
     def for_target(cls, target: PreTrainedModel, **variant: Any) -> EagleConfig:
@@ -95,6 +112,7 @@ class EagleConfig:
         """Return the config as JSON-ready values."""
         values = asdict(self)
         values["head_vocab"] = None if self.head_vocab is None else list(self.head_vocab)
+        values["feature_layers"] = list(self.feature_layers)
         return values
 
     @classmethod
@@ -104,7 +122,9 @@ class EagleConfig:
         if unknown:
             raise ValueError(f"unknown EAGLE head config keys {unknown}")
         vocab = values.get("head_vocab")
-        return cls(**{**values, "head_vocab": None if vocab is None else tuple(vocab)})
+        layers = tuple(values.get("feature_layers", ()))
+        vocab = None if vocab is None else tuple(vocab)
+        return cls(**{**values, "head_vocab": vocab, "feature_layers": layers})
 
 
 def rope_theta(config: Any) -> float:
@@ -150,6 +170,9 @@ class EagleHead(nn.Module):
                 f"{parts.embed.shape[1]}: a head fits only the target it was built for"
             )
         layer_config = config.layer_config()
+        self.layers_fc = None
+        if config.fused:
+            self.layers_fc = nn.Linear(config.feature_width, d, bias=False)
         self.fusion_fc = nn.Linear(2 * d, d, bias=config.fusion_bias)
         self.transformer = LlamaDecoderLayer(layer_config, layer_idx=0)
         if not config.layernorms:
@@ -163,6 +186,13 @@ class EagleHead(nn.Module):
         self.register_buffer("final_norm", parts.final_norm, persistent=False)
         self.register_buffer("head_rows", rows.contiguous(), persistent=False)
         self.register_buffer("kept", kept, persistent=False)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Return the features f [..., d] of the target's features [..., feature_width]: the
+        fused layers through ``layers_fc``, or the EAGLE-1 feature as it is."""
+        if self.layers_fc is None:
+            return features
+        return self.layers_fc(features.to(self.layers_fc.weight.dtype))
 
     def fuse(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Return the decoder layer's input [..., d] for features f_t and tokens x_{t+1}."""
@@ -198,9 +228,10 @@ class EagleHead(nn.Module):
         return full
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Return predicted features [B, T, d] of pairs (f_t [B, T, d], x_{t+1} [B, T]),
-        causal over T, positions 0..T-1 (teacher forcing)."""
-        hidden = self.fuse(features, tokens)
+        """Return predicted features [B, T, d] of pairs (the target's features at t
+        [B, T, feature_width], x_{t+1} [B, T]), causal over T, positions 0..T-1 (teacher
+        forcing)."""
+        hidden = self.fuse(self.project(features), tokens)
         positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
         cos_sin = self.rotary(hidden, positions)
         out = self.transformer(hidden, position_ids=positions, position_embeddings=cos_sin)

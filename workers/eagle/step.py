@@ -33,6 +33,9 @@ class EagleStep:
         detached = [p.detach() for p in (attention.q_proj.weight, attention.k_proj.weight)]
         qkv = torch.cat([*detached, attention.v_proj.weight.detach()])
         self.fc = PackedLinear(head.fusion_fc.weight.detach(), prepack)
+        self.layers_fc = None
+        if head.layers_fc is not None:
+            self.layers_fc = PackedLinear(head.layers_fc.weight.detach(), prepack)
         self.qkv = PackedLinear(qkv, prepack)
         self.out = PackedLinear(attention.o_proj.weight.detach(), prepack)
         gate_up = torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()])
@@ -68,6 +71,14 @@ class EagleStep:
     def reset(self) -> None:
         """Forget every cached position (a new request)."""
         self.length = 0
+
+    @torch.inference_mode()
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Return the features [n, d] of the target's features [n, feature_width]
+        (``EagleHead.project``: a fused head's ``layers_fc``; else as they are)."""
+        if self.layers_fc is None:
+            return features
+        return self.layers_fc(features.to(self.head.embed.dtype))
 
     @torch.inference_mode()
     def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

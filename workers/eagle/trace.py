@@ -53,14 +53,16 @@ def record_eagle_trace(
     if cap < 1:
         raise ValueError(f"cap must be >= 1, got {cap}")
     prompt = prompt_ids.to(torch.long).cpu()
-    drafter.begin(prompt, target.prefill(prompt, _GREEDY, 0, want_features=True))
+    layers = drafter.feature_layers
+    drafter.begin(prompt, target.prefill(prompt, _GREEDY, 0, True, layers))
     tokens: list[int] = []
     chains: dict[int, tuple[DraftPrediction, ...]] = {}
     limit, pending = max_new_tokens, int(prompt[-1])
     while len(tokens) < limit:
         start = len(tokens)
         chains[start] = _chain(drafter, min(cap, limit - 1 - start))
-        response = target.verify(VerifyRequest(torch.tensor([pending]), want_features=True))
+        request = VerifyRequest(torch.tensor([pending]), want_features=True, feature_layers=layers)
+        response = target.verify(request)
         pending = int(response.next_token)
         drafter.accept(0, pending, response.features)
         if pending == eos_token_id and eos_token_id not in tokens:

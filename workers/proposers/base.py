@@ -10,7 +10,8 @@ came from, so every draft-length policy and exact sampling verification apply to
 - ``rollback(length)`` drops whatever the proposer holds past ``length`` tokens after the
   target's verdict (the draft LM's cache; nothing for a lookup);
 - ``observe(n_accepted, next_token, features)`` hands it the verdict of every round with the
-  target's features at the kept positions (None unless the kind ``wants_target_features``).
+  target's features at the kept positions (None unless the kind ``wants_target_features``;
+  the states after its ``feature_layers`` when it names any, else the last layer's).
 
 A kind that ``wants_target_features`` (an EAGLE head) is begun with the target's features of
 the prompt's processed tokens and observes each round's; the engine asks the target for them
@@ -62,13 +63,15 @@ class Proposer(Protocol):
     ``kind`` names it (a sweep's ``draft.kind``); ``features`` are the ``DraftStep`` features
     it can fill in; ``step_cost`` is the draft forwards one ``first``/``next`` call makes;
     ``wants_target_features`` whether it reads the target's hidden states (``begin`` and
-    ``observe`` then get them).
+    ``observe`` then get them); ``feature_layers`` the decoder layers whose states it reads
+    (empty: the last layer's after the final norm).
     """
 
     kind: ClassVar[str]
     features: ClassVar[frozenset[str]]
     step_cost: ClassVar[int]
     wants_target_features: ClassVar[bool]
+    feature_layers: tuple[int, ...]
 
     def begin(self, prompt: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Start a request on ``prompt`` (1-D CPU ids; its last token is not yet processed);

@@ -22,6 +22,7 @@ class DraftLMProposer:
     kind: ClassVar[str] = "lm"
     features: ClassVar[frozenset[str]] = COMMON_FEATURES | {"hidden"}
     wants_target_features: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     step_cost: ClassVar[int] = 1
 
     def __init__(self, lm: CachedLM) -> None:

@@ -9,6 +9,9 @@ A candidate's q is the head's warped distribution (full width; 0 outside a cut h
 vocabulary), so exact sampling verification applies as for a draft model. Policy features:
 ``entropy`` and ``max_prob`` of q (of the raw softmax when greedy, as for a draft model) and
 ``hidden``, the head's predicted feature (the target's width, not a draft model's).
+
+A head fusing several target layers (EAGLE-3 style) names them in ``feature_layers``; the engine
+asks the target for those layers' states instead of its last layer's, and nothing else changes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class EagleProposer:
 
     def __init__(self, head: EagleHead, prepack: bool = True) -> None:
         self.drafter = EagleDrafter(head, prepack=prepack)
+        self.feature_layers = head.config.feature_layers
 
     def begin(self, prompt: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Start a request from the prompt and the target's features of all but its last

@@ -107,6 +107,7 @@ class NgramProposer:
     kind: ClassVar[str] = "ngram"
     features: ClassVar[frozenset[str]] = COMMON_FEATURES | {"match_length"}
     wants_target_features: ClassVar[bool] = False
+    feature_layers: tuple[int, ...] = ()
     step_cost: ClassVar[int] = 0
 
     def __init__(self, settings: NgramSettings | None = None) -> None:
