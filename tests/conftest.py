@@ -1,5 +1,6 @@
 """Shared fixtures: the ``micro`` model zoo (built once per test session into a temporary
-cache), a local two-CPU Ray per test module, and a job directory for training jobs.
+cache), a local two-CPU Ray per test module (``RAY_ADDRESS`` is ``local`` in test processes),
+and a job directory for training jobs.
 
 The tiers: ``tests/unit`` needs neither the zoo nor Ray (collection fails if one of its tests
 asks for those fixtures), nor, under its timed command ``-m "not postgresql"``, the PostgreSQL
@@ -11,6 +12,7 @@ test server; ``tests/integration`` holds the rest. Tests that use the zoo fixtur
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,10 @@ import ray
 from training.jobs.base import JOBS_DIR_ENV
 from training.zoo.build import build_zoo
 from training.zoo.cache import ZooManifest
+
+# Every Ray a test starts without an address is a new local one, never a cluster that another
+# test process (the README's command runs two pytest-xdist workers) or the user started.
+os.environ["RAY_ADDRESS"] = "local"
 
 #: Fixtures that build or point at the micro zoo (a test using one is marked ``zoo``).
 ZOO_FIXTURES = frozenset({"micro_zoo", "job_env"})

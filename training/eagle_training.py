@@ -207,13 +207,11 @@ def agreement_at_steps(
         if max_starts > 0 and len(starts) > max_starts:
             starts = starts[:: math.ceil(len(starts) / max_starts)]
         step.reset()
-        committed, predicted = 0, features[:1]
-        for t in starts:
-            if t + 1 > committed:
-                pairs = slice(committed, t + 1)
-                pairs_in = step.project(features[pairs])
-                predicted = step.forward(pairs_in, tokens[committed + 1 : t + 2])
-                committed = t + 1
+        committed = 0
+        for t in starts:  # increasing: each start commits the true pairs up to it first
+            pairs_in = step.project(features[committed : t + 1])
+            predicted = step.forward(pairs_in, tokens[committed + 1 : t + 2])
+            committed = t + 1
             _chain(step, predicted[-1], choices[t + 1 :], agreed, tried)
             step.crop(committed)
     return [a / n if n else 0.0 for a, n in zip(agreed, tried, strict=True)]

@@ -36,11 +36,35 @@ def needs_postgresql(test: T) -> T:
     return test
 
 
+def worker_pg_url() -> str:
+    """Return the URL of this test process's own wiped database on the test server.
+
+    Serial runs use the configured database itself; each pytest-xdist worker (the README's
+    test command runs two) gets ``<name>_<worker>``, created here on first use, so two workers
+    never wipe each other's tables mid-test.
+    """
+    assert PG_URL is not None
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return PG_URL
+    url = normalise_url(PG_URL)
+    name = f"{url.database}_{worker}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        exists = connection.exec_driver_sql(
+            "SELECT 1 FROM pg_database WHERE datname = %(name)s", {"name": name}
+        ).first()
+        if exists is None:
+            connection.exec_driver_sql(f"CREATE DATABASE {name}")
+    admin.dispose()
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
 @contextlib.contextmanager
 def fresh_pg_database() -> Iterator[str]:
     """Create an empty database on the test PostgreSQL server; yield its URL, then drop it.
 
-    Its own database (not the shared one that ``tests/unit/test_store.py`` wipes), named after
+    Its own database (not the wiped one of ``worker_pg_url``), named after
     that one (``<name>_<random>``), so tests running at the same time against the same server
     cannot disturb each other.
     """

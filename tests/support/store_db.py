@@ -13,7 +13,7 @@ from orchestrator.store import Store, open_store
 from orchestrator.store.db import make_engine
 from orchestrator.sweep.planner import Plan, plan_sweep
 from orchestrator.sweep.spec import SweepSpec, parse_sweep
-from support.pg import BACKENDS, PG_URL
+from support.pg import BACKENDS, worker_pg_url
 
 SWEEP = """\
 name: store
@@ -36,16 +36,17 @@ training_jobs:
 
 @pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A URL of an empty database: a fresh SQLite file, or the wiped PostgreSQL test database."""
+    """A URL of an empty database: a fresh SQLite file, or this process's wiped PostgreSQL
+    test database (``worker_pg_url``)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'results.db'}"
-    assert PG_URL is not None
-    engine = make_engine(PG_URL)
+    url = worker_pg_url()
+    engine = make_engine(url)
     with engine.begin() as connection:
         connection.exec_driver_sql("DROP SCHEMA public CASCADE")
         connection.exec_driver_sql("CREATE SCHEMA public")
     engine.dispose()
-    return PG_URL
+    return url
 
 
 @pytest.fixture
