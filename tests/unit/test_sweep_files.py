@@ -106,6 +106,16 @@ def policy_count(policy: dict[str, Any], raw: dict[str, Any], kind: str, tempera
     return (0, trials) if skipped else (trials, 0)
 
 
+def checks_per_group(named: Any, kind: str) -> int:
+    """Return the live checks of one replaying group whose draft is of ``kind``: one per
+    ``live_check`` entry whose ``draft_kinds`` (if it names any) hold ``kind``, four when the
+    sweep names none."""
+    if not named:
+        return DEFAULT_CHECKS
+    entries = named if isinstance(named, list) else [named]
+    return sum(kind in entry.get("draft_kinds", [kind]) for entry in entries)
+
+
 def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     """Return baselines, policy trials and skipped trials by the grid formula, from raw YAML.
 
@@ -115,14 +125,14 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     ``max_draft_lens`` replace the sweep's; greedy-only policies only at temperature 0, a policy
     reading a feature of another kind skipped), plus in ``mode: replay`` the live check trials
     per baseline and replayable draft (``mode: mixed``: per greedy one): one per ``live_check``
-    entry, four when it is left out. One AR baseline per (worker pair, dataset, temperature,
-    seed): a pair's first draft and its lookups share one, each further draft model has its own.
+    entry on that draft's kind, four when it is left out. One AR baseline per (worker pair,
+    dataset, temperature, seed): a pair's first draft and its lookups share one, each further
+    draft model has its own.
     """
     cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
     temperatures = [raw_temperature(entry) for entry in raw["temperatures"]]
     mode = raw.get("execution", {}).get("mode")
     named = raw.get("execution", {}).get("live_check")
-    per_group = len(named) if isinstance(named, list) else 1 if named else DEFAULT_CHECKS
     run = skipped = worker_pairs = checks = 0
     for pair in raw["pairs"]:
         drafts = raw_drafts(pair)
@@ -130,6 +140,7 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
         for draft, temperature in itertools.product(drafts, temperatures):
             kind = draft.get("kind", "lm")
             if kind in REPLAYABLE_KINDS and mode in ("replay", "mixed"):
+                per_group = checks_per_group(named, kind)
                 checks += per_group * (mode == "replay" or temperature == 0)
             for policy in raw["policies"]:
                 if pair["name"] not in policy.get("pairs", [pair["name"]]):
