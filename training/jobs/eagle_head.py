@@ -165,10 +165,10 @@ def settings_of(config: JobConfig) -> EagleSettings:
 
 
 def build_data(
-    config: JobConfig, settings: EagleSettings, target: torch.nn.Module
+    config: JobConfig, settings: EagleSettings, target: torch.nn.Module, layers: tuple[int, ...]
 ) -> dict[str, torch.Tensor]:
     """Continue the job's prompts with the target; return tokens, features, mask, choices
-    (and the fused layers' states, for a fused head)."""
+    (and the states after ``layers``, a fused head's input, when it names any)."""
     data = settings.data
     tokenizer = load_job_tokenizer(config.base)
     prompts = prompt_batch(tokenizer, training_texts(config), data.prompt_tokens)
@@ -184,7 +184,6 @@ def build_data(
         ],
         dim=1,
     )
-    layers = target_layers(settings, target)
     found = sequence_features(target, sequences, valid, data.generation_batch, layers)
     specials = sorted({*tokenizer.all_special_ids} | {tokenizer.eos_token_id} - {None})
     saved = {
@@ -220,8 +219,8 @@ def run(config: JobConfig, output_dir: Path, progress: bool) -> JobResult:
     settings = settings_of(config)
     device = job_device()
     target = load_job_model(config.base, progress).to(device).requires_grad_(False)
-    target_layers(settings, target)  # a bad layer is refused before any data is made
-    saved = cached_tensors(output_dir, lambda: build_data(config, settings, target))
+    layers = target_layers(settings, target)  # a bad layer is refused before any data is made
+    saved = cached_tensors(output_dir, lambda: build_data(config, settings, target, layers))
     data = SequenceFeatures(
         saved["tokens"], saved["features"], saved["valid"], saved["choices"], saved.get("layers")
     )

@@ -37,7 +37,11 @@ class EagleProposer:
 
     def __init__(self, head: EagleHead, prepack: bool = True) -> None:
         self.drafter = EagleDrafter(head, prepack=prepack)
-        self.feature_layers = head.config.feature_layers
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose states the head reads (its drafter's; empty: EAGLE-1)."""
+        return self.drafter.feature_layers
 
     def begin(self, prompt: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Start a request from the prompt and the target's features of all but its last
