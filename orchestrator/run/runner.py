@@ -231,6 +231,7 @@ class _SweepRun:
         self.lease = lease
         #: Keys of the shards this run stored; trials it counted; drivers it waited on.
         self.stored_here: set[str] = set()
+        self.stored_elsewhere: set[str] = set()
         self.counted_ids: set[str] = set()
         self.waited_on: set[str] = set()
         self.pairs = {pair.name: pair for pair in plan.pairs}
@@ -380,19 +381,29 @@ class _SweepRun:
         stored = self.store.record_shard(
             trial, output, self.spec.execution.record_rounds, holder=self.holder
         )
-        with self.lock:
-            if stored:
+        if stored:
+            with self.lock:
                 self.stored_here.add(shard_key(trial.trial_id, shard))
-            self.summary.shards.ran += stored
-            self.summary.shards.by_others += not stored
+                self.summary.shards.ran += 1
+        else:
+            self._count_elsewhere(trial, shard, None)
         self.finish_if_complete(trial)
 
     def _stored_elsewhere(self, trial: Trial, shard: int, claim: ShardClaim) -> None:
         """Settle an arm's shard found stored (by another driver unless this run stored it):
         count it and finish its trial."""
-        if shard_key(trial.trial_id, shard) not in self.stored_here:
-            self._tally(claim.driver, taken_over=False)
+        self._count_elsewhere(trial, shard, claim.driver)
         self.finish_if_complete(trial)
+
+    def _count_elsewhere(self, trial: Trial, shard: int, driver: str | None) -> None:
+        """Count an arm's shard another driver stored, once: a group shard deferred and tried
+        again finds the same stored shards again."""
+        key = shard_key(trial.trial_id, shard)
+        with self.lock:
+            if key in self.stored_here or key in self.stored_elsewhere:
+                return
+            self.stored_elsewhere.add(key)
+        self._tally(driver, taken_over=False)
 
     def _tally(self, driver: str | None, taken_over: bool) -> None:
         """Count a shard another driver ran (or, ``taken_over``, left to this run)."""

@@ -54,7 +54,7 @@ from orchestrator.run.driver_lease import (
     LeaseTiming,
     lease_timing,
 )
-from orchestrator.run.runner import ShardTally, SweepSummary
+from orchestrator.run.runner import ShardTally, SweepSummary, _SweepRun
 from orchestrator.run.scheduler import Deferred, Scheduler
 from orchestrator.store import (
     LeaseHolder,
@@ -67,7 +67,7 @@ from orchestrator.store import (
 from orchestrator.store.db import alembic_config
 from orchestrator.sweep.planner import Plan, Trial, plan_sweep
 from orchestrator.sweep.spec import parse_sweep
-from orchestrator.sweep.work_units import WorkUnit, trial_units
+from orchestrator.sweep.work_units import ArmShard, WorkUnit, trial_units
 from workers.records import GenerationResult, RoundRecord
 
 pytestmark = pytest.mark.ray
@@ -176,6 +176,26 @@ def test_released_leases_are_free_at_once_and_a_stored_shard_names_its_driver(
             ("done", B.name, None),
         ]
         assert store.renew_leases(B, lease_s=30) == 0
+
+
+def test_a_group_shard_tried_again_counts_an_arm_another_driver_stored_once(
+    db_url: str, plan: Plan
+) -> None:
+    stored, held = plan.trials[0], plan.trials[1]
+    unit = WorkUnit(
+        "g0", "micro", arms=(ArmShard(stored.trial_id, (0,)), ArmShard(held.trial_id, (0,)))
+    )
+    with open_store(db_url) as store:
+        assert store.claim_shard(stored, 0, [0], B, lease_s=30).outcome == "acquired"
+        assert store.record_shard(stored, _output(0), holder=B)
+        assert store.claim_shard(held, 0, [0], A, lease_s=600).outcome == "acquired"
+        summary = SweepSummary("leases", planned=len(plan.trials), already_done=0)
+        run = _SweepRun(None, plan, store, None, {}, summary, lease_timing())  # type: ignore[arg-type]
+        for _ in range(3):  # the held arm defers the unit; each try finds the stored arm again
+            with pytest.raises(Deferred):
+                run.run_shard(None, unit)  # type: ignore[arg-type]
+    assert (summary.shards.by_others, summary.shards.others) == (1, [B.name])
+    assert (summary.shards.ran, summary.shards.taken_over) == (0, 0)
 
 
 #: A child process: one driver claiming every shard of the first trial as fast as it can, once

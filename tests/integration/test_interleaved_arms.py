@@ -1,8 +1,9 @@
 """Interleaved arms on real Ray actors and the micro zoo: a setting entered twice is judged
-not distinguishable, and a group shard's arms run back to back prompt by prompt."""
+within 10% of itself, and a group shard's arms run back to back prompt by prompt."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -29,6 +30,11 @@ max_draft_lens: [3]
 execution: {shard_prompts: 3, repeats: 2, warmup_samples: 1, retries: 1}
 """
 
+#: A compare line's 95% interval. Two entries of one setting are "not distinguishable" only in
+#: 95% of runs of a valid test (CI saw p = 0.005 once), so the test asks less than that verdict
+#: and cannot flake on it: neither interval may lie wholly more than 10% away from 1.
+RATIO_INTERVAL = re.compile(r"tokens/s A / B = [\d.]+, 95% CI \[([\d.]+), ([\d.]+)\]")
+
 
 @pytest.fixture
 def zoo_env(micro_zoo, monkeypatch):
@@ -37,7 +43,9 @@ def zoo_env(micro_zoo, monkeypatch):
     return micro_zoo
 
 
-def test_a_setting_entered_twice_is_not_distinguishable(zoo_env, ray_local, tmp_path, capsys):
+def test_a_setting_entered_twice_is_within_ten_percent_of_itself(
+    zoo_env, ray_local, tmp_path, capsys
+):
     spec = parse_sweep(SWEEP, "self-comparison.yaml")
     plan = plan_sweep(spec)
     url = f"sqlite:///{tmp_path / 'results.db'}"
@@ -59,8 +67,11 @@ def test_a_setting_entered_twice_is_not_distinguishable(zoo_env, ray_local, tmp_
     capsys.readouterr()
     assert cli.main(["--db", url, "compare", first.trial_id, second.trial_id]) == 0
     out = capsys.readouterr().out
-    assert "not distinguishable" in out, out
-    assert "n = 6 (paired t interval over 6 shared prompts)" in out, out  # unit: the prompt
+    intervals = [tuple(map(float, found)) for found in RATIO_INTERVAL.findall(out)]
+    assert len(intervals) == 2, out  # decode-only, then end-to-end
+    for low, high in intervals:  # each reaches within 10% of 1 (see RATIO_INTERVAL)
+        assert low <= 1.1 and high >= 1 / 1.1, out
+    assert out.count("n = 6 (paired t interval over 6 shared prompts)") == 2, out  # the prompt
     assert "note:" not in out, out
 
     replica = GroupReplica(solo(spec.pairs[0]), inputs, False, store)
