@@ -40,7 +40,7 @@ from policies import POLICIES, policy_parameters
 from training.__main__ import load_job_config
 
 SWEEP_REFERENCE = GUIDE / "sweep-files.md"
-TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest"
+TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -n 2 --dist loadfile"
 README_MAX_LINES = 250
 #: Paths outside the repository that documents once pointed to (split so this file is clean).
 OUTSIDE_PATHS = ("../" + "shared", "shared/" + "design.md", "shared/" + "methods.md")
