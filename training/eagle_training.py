@@ -14,6 +14,13 @@ at f_{t+1} and q̂ the head's at f̂_{t+1}, averaged over valid positions t + 1.
 reads (g_t + u, x_{t+1}), g_t the chosen layers' states, and is trained on the cross-entropy
 alone: its f̂ has no regression target, as in EAGLE-3 (``w_feature`` does not apply).
 
+Training-time test (EAGLE-3; ``unroll_steps`` k > 1): from every start t the head also drafts
+steps 2..k as it drafts at inference, reading its own f̂ (``EagleHead.forward``'s unrolled
+steps: step j reads its step j − 1 prediction with the true token x_{t+j} at position
+t + j − 1, and attends to the true pairs up to t and its own chain), and step j's loss (the terms
+above, against f_{t+j}) counts ``STEP_DECAY`` ** (j − 1): 1, 0.8, 0.64, … as in EAGLE-3's
+training code.
+
 Agreement (``agreement_at_steps``): on held-out greedy text, from each start the head drafts
 ``steps`` tokens autoregressively in feature space from the true features up to the start
 (exactly as ``workers.eagle.drafter`` drafts); step k's agreement is the share of starts whose
@@ -45,11 +52,17 @@ from workers.target import LocalTarget, VerifyRequest
 
 @dataclass(frozen=True)
 class EagleLossWeights:
-    """EAGLE's loss: feature-regression and token cross-entropy weights, input noise."""
+    """EAGLE's loss: feature-regression and token cross-entropy weights, input noise, and the
+    draft steps each start is trained at (``unroll_steps`` > 1: EAGLE-3's training-time test)."""
 
     w_feature: float = 1.0
     w_token: float = 0.1
     noise: float = 0.1
+    unroll_steps: int = 1
+
+
+#: Unrolled draft step j + 1's weight in the loss is ``STEP_DECAY ** j`` (EAGLE-3's 0.8).
+STEP_DECAY = 0.8
 
 
 @dataclass(frozen=True)
@@ -147,30 +160,48 @@ def eagle_loss(
     batch: SequenceFeatures,
     weights: EagleLossWeights,
     generator: torch.Generator | None,
-    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    forward: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Return EAGLE's loss over a batch of sequences (see the module docstring).
+    """Return EAGLE's loss over a batch of sequences (see the module docstring), summed over
+    ``weights.unroll_steps`` unrolled draft steps, step j + 1's weighted ``STEP_DECAY ** j``.
 
     ``forward`` runs the head's forward (``head`` itself by default; its DDP wrapper when
     several ranks share the batch).
     """
     device = head.embed.device
     inputs = batch.inputs(head)[:, :-1].to(device)
+    width, steps = inputs.shape[1], weights.unroll_steps
     if weights.noise > 0:
         draw = torch.rand(inputs.shape, generator=generator, device=inputs.device)
         inputs = inputs + (2 * draw - 1) * weights.noise
-    predicted = (forward or head)(inputs, batch.tokens[:, 1:].to(device))
-    truth = batch.features[:, 1:].to(device)
-    mask = batch.valid[:, 1:].to(device).float()
-    denominator = mask.sum().clamp(min=1.0)
-    with torch.no_grad():
-        target_probs = head.kept_logits(truth).float().softmax(-1)
-    log_q = head.kept_logits(predicted).float().log_softmax(-1)
-    per_position = weights.w_token * -(target_probs * log_q).sum(-1)
-    if not head.config.fused:
-        regression = F.smooth_l1_loss(predicted, truth, reduction="none").mean(-1)
-        per_position = per_position + weights.w_feature * regression
-    return (per_position * mask).sum() / denominator
+    tokens = _shifted(batch.tokens, 0, width + steps - 1, 0).to(device)
+    predicted = (forward or head)(inputs, tokens, steps)
+    total = predicted.new_zeros(())
+    for step in range(steps):
+        truth = _shifted(batch.features, step, width, 0.0).to(device)
+        mask = _shifted(batch.valid, step, width, False).to(device).float()
+        with torch.no_grad():
+            target_probs = head.kept_logits(truth).float().softmax(-1)
+        log_q = head.kept_logits(predicted[step]).float().log_softmax(-1)
+        per_position = weights.w_token * -(target_probs * log_q).sum(-1)
+        if not head.config.fused:
+            regression = F.smooth_l1_loss(predicted[step], truth, reduction="none").mean(-1)
+            per_position = per_position + weights.w_feature * regression
+        step_loss = (per_position * mask).sum() / mask.sum().clamp(min=1.0)
+        total = total + STEP_DECAY**step * step_loss
+    return total
+
+
+def _shifted(values: torch.Tensor, step: int, width: int, fill: float | bool) -> torch.Tensor:
+    """Return ``values[:, 1 + step : 1 + step + width]`` of [N, L, ...] right-padded with
+    ``fill`` to ``width`` positions (what unrolled step ``step`` reads or predicts at each
+    start t)."""
+    found = values[:, 1 + step : 1 + step + width]
+    missing = width - found.shape[1]
+    if missing <= 0:
+        return found
+    pad = found.new_full((found.shape[0], missing, *found.shape[2:]), fill)
+    return torch.cat([found, pad], dim=1)
 
 
 def batch_generator(seed: int, index: torch.Tensor) -> torch.Generator:

@@ -15,6 +15,7 @@ from training.eagle_training import (
 )
 from training.job_settings import JobConfigError
 from training.jobs import JobConfig, check_job_config
+from training.jobs import eagle_head as eagle_job
 from training.lm_trainer import torch_threads
 from workers.eagle.artifact import (
     load_eagle_head,
@@ -64,7 +65,7 @@ def test_step_blocks_equal_the_module_forward(target, variant):
     head = _head(target, **variant)
     features, tokens = torch.randn(1, 11, 64), torch.randint(0, VOCAB, (1, 11))
     with torch.no_grad():
-        expected = head(features, tokens)[0]
+        expected = head(features, tokens)[0, 0]
     step = EagleStep(head)
     blocks = ((0, 4), (4, 5), (5, 11))
     got = torch.cat([step.forward(features[0, a:b], tokens[0, a:b]) for a, b in blocks])
@@ -242,3 +243,7 @@ def test_job_settings_are_checked():
         check_job_config(JobConfig(**base, teacher="zoo:micro/draft-s"))
     with pytest.raises(JobConfigError, match="cannot both be 0"):
         check_job_config(JobConfig(**base, settings={"w_feature": 0.0, "w_token": 0}))
+    with pytest.raises(JobConfigError, match="setting 'unroll_steps' must be >= 1, got 0"):
+        check_job_config(JobConfig(**base, settings={"unroll_steps": 0}))
+    unrolled = eagle_job.settings_of(JobConfig(**base, settings={"unroll_steps": 3}))
+    assert unrolled.loss.unroll_steps == 3

@@ -118,7 +118,7 @@ def test_fused_step_blocks_equal_the_module_forward(target):
     assert head.layers_fc.weight.shape == (D, 2 * D)
     features, tokens = torch.randn(1, 11, 2 * D), torch.randint(0, VOCAB, (1, 11))
     with torch.no_grad():
-        expected = head(features, tokens)[0]
+        expected = head(features, tokens)[0, 0]
     step = EagleStep(head)
     blocks = ((0, 4), (4, 5), (5, 11))
     got = [step.forward(step.project(features[0, a:b]), tokens[0, a:b]) for a, b in blocks]

@@ -9,7 +9,9 @@ to the ``head_vocab`` most frequent tokens of the target's training text (0: the
 ``feature_layers`` (a list of decoder-layer indices, or ``"eagle3"``; default: none) makes it a
 fused head reading those layers' states (EAGLE-3 style, ``workers.eagle.layers``), trained on
 the cross-entropy alone. Loss: ``w_feature`` · SmoothL1 + ``w_token`` · soft cross-entropy,
-input noise ±``noise``. Adam, cosine decay from ``lr``, ``batch_size`` sequences,
+input noise ±``noise``, over ``unroll_steps`` draft steps per start (1: teacher forcing only;
+k > 1: EAGLE-3's training-time test, the head drafting steps 2..k from its own features).
+Adam, cosine decay from ``lr``, ``batch_size`` sequences,
 ``config.epochs`` epochs, resumable (the data is cached in the job's folder, the fit
 checkpoints). A held-out tenth of the sequences gives greedy agreement at draft steps
 1..``eval_steps`` (at most ``eval_starts`` starts per sequence) and the loss.
@@ -17,7 +19,7 @@ checkpoints). A held-out tenth of the sequences gives greedy agreement at draft 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,7 @@ DEFAULTS: dict[str, Any] = {
     "eval_steps": 3,
     "eval_starts": 64,
     "feature_layers": [],
+    "unroll_steps": 1,
 }
 #: How errors name the fused layers' setting.
 LAYERS_FIELD = "setting 'feature_layers'"
@@ -104,6 +107,10 @@ class EagleSettings:
             )
         typed = set(DEFAULTS) - {"feature_layers"}
         values = {key: typed_setting(settings, key, DEFAULTS[key]) for key in typed}
+        if values["unroll_steps"] < 1:
+            raise JobConfigError(
+                f"setting 'unroll_steps' must be >= 1, got {values['unroll_steps']}"
+            )
         for key in ("head_vocab", "eval_starts"):
             if values[key] < 0:
                 raise JobConfigError(f"setting {key!r} must be >= 0, got {values[key]}")
@@ -117,7 +124,9 @@ class EagleSettings:
         return cls(
             data=DataSettings.from_settings(settings, values["temperature"]),
             head_vocab=values["head_vocab"],
-            loss=EagleLossWeights(values["w_feature"], values["w_token"], values["noise"]),
+            loss=EagleLossWeights(
+                values["w_feature"], values["w_token"], values["noise"], values["unroll_steps"]
+            ),
             fit=fit_settings(config, DEFAULTS["lr"], DEFAULTS["batch_size"]),
             eval_steps=values["eval_steps"],
             eval_starts=values["eval_starts"],
@@ -264,7 +273,7 @@ def _metrics(head: EagleHead, held_out: SequenceFeatures, settings: EagleSetting
     agreement = agreement_at_steps(
         head, held_out, settings.data.prompt_tokens, settings.eval_steps, settings.eval_starts
     )
-    quiet = EagleLossWeights(settings.loss.w_feature, settings.loss.w_token, noise=0.0)
+    quiet = replace(settings.loss, noise=0.0)
     metrics = {f"agreement_step{k + 1}": value for k, value in enumerate(agreement)}
     metrics["eval_loss"] = float(eagle_loss(head, held_out, quiet, None))
     metrics["n_eval_tokens"] = float(held_out.n_tokens)

@@ -32,6 +32,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
 )
 
 from workers.lm import OUTSIDE_VOCAB_LOGIT
@@ -227,16 +228,71 @@ class EagleHead(nn.Module):
         full[..., self.kept] = kept_logits.float()
         return full
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Return predicted features [B, T, d] of pairs (the target's features at t
-        [B, T, feature_width], x_{t+1} [B, T]), causal over T, positions 0..T-1 (teacher
-        forcing)."""
-        hidden = self.fuse(self.project(features), tokens)
-        positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
-        cos_sin = self.rotary(hidden, positions)
-        out = self.transformer(hidden, position_ids=positions, position_embeddings=cos_sin)
-        out = out[0] if isinstance(out, tuple) else out
-        return self.finish(out)
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, steps: int = 1) -> torch.Tensor:
+        """Return predicted features [steps, B, T, d]: [0] of the pairs (the target's features
+        at t [B, T, feature_width], token ``tokens[:, t]`` = x_{t+1}), causal over T,
+        positions 0..T-1 (teacher forcing); [j] of the head's own draft step j + 1 from each
+        start t, as ``workers.eagle.step`` drafts it (EAGLE-3's training-time test).
+
+        Step j reads (its step j − 1 prediction at t, ``tokens[:, t + j]``) at position t + j and
+        attends to the true pairs up to t and to its own chain's earlier steps, so ``tokens`` is
+        [B, T + steps − 1]: x_{t+1+j} for every start t and step j.
+        """
+        width = features.shape[1]
+        if tokens.shape[1] != width + steps - 1:
+            raise ValueError(
+                f"{steps} steps over {width} positions need {width + steps - 1} tokens a row, "
+                f"got {tokens.shape[1]}"
+            )
+        layer, inputs = self.transformer, self.project(features)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        predicted = []
+        for step in range(steps):
+            hidden = self.fuse(inputs, tokens[:, step : step + width])
+            positions = torch.arange(step, step + width, device=hidden.device)[None]
+            cos, sin = self.rotary(hidden, positions)
+            hidden = hidden + self._attend(layer.input_layernorm(hidden), cos, sin, keys, values)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            inputs = self.finish(hidden)
+            predicted.append(inputs)
+        return torch.stack(predicted)
+
+    def _attend(
+        self,
+        normed: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Return the attention block's output [B, T, d] of one unrolled step, appending its
+        keys and values to those of the steps before it (``unrolled_mask``)."""
+        attention, config = self.transformer.self_attn, self.config
+        batch, width = normed.shape[:2]
+        q = attention.q_proj(normed).view(batch, width, config.num_heads, -1).transpose(1, 2)
+        k = attention.k_proj(normed).view(batch, width, config.num_kv_heads, -1).transpose(1, 2)
+        v = attention.v_proj(normed).view(batch, width, config.num_kv_heads, -1).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys.append(k)
+        values.append(v)
+        attended = nn.functional.scaled_dot_product_attention(
+            q,
+            torch.cat(keys, dim=2),
+            torch.cat(values, dim=2),
+            attn_mask=unrolled_mask(width, len(keys), normed.device),
+            enable_gqa=config.num_heads != config.num_kv_heads,
+        )
+        return attention.o_proj(attended.transpose(1, 2).reshape(batch, width, -1))
+
+
+def unrolled_mask(width: int, steps: int, device: torch.device | None = None) -> torch.Tensor:
+    """Return the boolean attention mask [T, steps·T] of unrolled step ``steps`` (1-based):
+    start t sees the true pairs 0..t (causal) and, of each earlier step's keys, its own (t)."""
+    positions = torch.arange(width, device=device)
+    causal = positions[None, :] <= positions[:, None]
+    own = torch.eye(width, dtype=torch.bool, device=device)
+    return torch.cat([causal, *([own] * (steps - 1))], dim=1)
 
 
 def _norm(config: EagleConfig) -> LlamaRMSNorm:
