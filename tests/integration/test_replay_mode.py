@@ -449,7 +449,11 @@ def test_replayed_trials_equal_live_ones_and_traces_are_recorded_once(zoo_env, r
             for metric in ("n_rounds", "n_drafted", "n_accepted", "acceptance_rate"):
                 assert getattr(rows[trial.trial_id], metric) == getattr(live_row, metric), metric
         (fit,) = store.cost_fits("replay-test")
-        assert all(0.0 <= getattr(fit, k) <= 1.0 for k in ("r2_draft", "r2_verify", "r2_round"))
+        # R² <= 1; below 0 is possible and honest: the draft fit has no intercept (its cost is
+        # per forward) and the round's is the sum of two fits, so a noisy machine can leave
+        # them worse than the mean (a -n 2 run gave one below 0).
+        r2 = [getattr(fit, k) for k in ("r2_draft", "r2_verify", "r2_round")]
+        assert all(np.isfinite(value) and value <= 1.0 for value in r2), r2
         assert fit.t_draft > 0 and fit.t_target > 0 and fit.n_trials == 5
         checks = [t.trial_id for t in plan.trials if t.is_check]
         assert [c["trial_id"] for c in fit.checks] == checks
