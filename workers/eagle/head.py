@@ -14,6 +14,10 @@ reads g_t, those layers' hidden states concatenated (k·d), and ``layers_fc`` (k
 maps it to the feature f_t that enters ``fusion_fc`` as above (``project``). Its own predicted
 features f̂ are d wide, so from the second draft step on it reads them as they are.
 
+In training the forward can also unroll the head over its own outputs (EAGLE-3's training-time
+test): draft steps 2..k from every start at once, each attending to the true pairs up to its
+start and to its own chain (``unrolled_mask``), exactly as ``workers.eagle.step`` drafts them.
+
 Parameter names follow speculators' ``EagleSpeculator`` (``fusion_fc``, ``transformer``,
 ``embedding_layernorm``, ``pre_lm_head_layernorm``), so its checkpoints load by name
 (``workers.eagle.artifact``). The target's embeddings, norm and head are buffers: frozen, never
