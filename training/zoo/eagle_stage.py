@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 from transformers import LlamaForCausalLM
 
 from training.eagle_training import (
@@ -76,7 +77,13 @@ def eagle_into(
     log(progress, recipe, f"training {stage.name} ({stage.training.steps} steps)")
     before = agreement_at_steps(head, held_data, held_prompts, 3, stage.eval_starts)
     started = time.perf_counter()
-    losses = train_steps(head, train_data, stage.training, stage.loss)
+    with tqdm(total=stage.training.steps, desc=f"train {stage.name}", disable=not progress) as bar:
+
+        def shown(_step: int, loss: float) -> None:
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update(1)
+
+        losses = train_steps(head, train_data, stage.training, stage.loss, shown)
     train_s = time.perf_counter() - started
     after = agreement_at_steps(head, held_data, held_prompts, 3, stage.eval_starts)
     eval_recipe, prompts, dataset, eos = evaluation
