@@ -67,8 +67,9 @@ def test_every_placement_decodes_alike_and_reports_its_calibrations(
             assert usage["minor_faults"] >= 0
             assert usage["machine_busy_ms"] >= 0 and usage["machine_steal_ms"] >= 0
             # CPU seconds per wall second: one thread decodes at a time, plus what the
-            # processes' other threads (Ray's, the channel's) and the call around it add
-            assert 0.2 < usage["cpu_over_wall"] < 3
+            # processes' other threads (Ray's, the channel's) and the call around it add; no
+            # floor above 0, since the other test worker may hold the cores (a -n 2 run: 0.16)
+            assert 0 < usage["cpu_over_wall"] < 3
             if name == "ar":  # no drafting, and one round per generated token (48 in all)
                 total = split["draft_ms"] + split["verify_ms"] + split["rest_ms"]
                 assert split["draft_ms"] == 0
