@@ -229,7 +229,8 @@ class _SweepRun:
         #: This driver in the shard leases, and their timing.
         self.holder: LeaseHolder = this_driver()
         self.lease = lease
-        #: Keys of the shards this run stored; trials it counted; drivers it waited on.
+        #: Keys of the shards this run stored, and of those it counted as another driver's
+        #: (once each); trials it counted; drivers it waited on.
         self.stored_here: set[str] = set()
         self.stored_elsewhere: set[str] = set()
         self.counted_ids: set[str] = set()

@@ -77,13 +77,7 @@ def eagle_into(
     log(progress, recipe, f"training {stage.name} ({stage.training.steps} steps)")
     before = agreement_at_steps(head, held_data, held_prompts, 3, stage.eval_starts)
     started = time.perf_counter()
-    with tqdm(total=stage.training.steps, desc=f"train {stage.name}", disable=not progress) as bar:
-
-        def shown(_step: int, loss: float) -> None:
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            bar.update(1)
-
-        losses = train_steps(head, train_data, stage.training, stage.loss, shown)
+    losses = _train_shown(head, train_data, stage, progress)
     train_s = time.perf_counter() - started
     after = agreement_at_steps(head, held_data, held_prompts, 3, stage.eval_starts)
     eval_recipe, prompts, dataset, eos = evaluation
@@ -118,3 +112,17 @@ def eagle_into(
     }
     save_eagle_head(directory / stage.name, head, {"profile": recipe.profile})
     (directory / stage.name / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def _train_shown(
+    head: EagleHead, data: SequenceFeatures, stage: EagleStage, progress: bool
+) -> list[float]:
+    """Train ``head`` for the stage's steps behind a progress bar (loss, ETA); return the
+    losses."""
+    with tqdm(total=stage.training.steps, desc=f"train {stage.name}", disable=not progress) as bar:
+
+        def shown(_step: int, loss: float) -> None:
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update(1)
+
+        return train_steps(head, data, stage.training, stage.loss, shown)
