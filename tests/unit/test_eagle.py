@@ -19,7 +19,6 @@ from training.jobs import eagle_head as eagle_job
 from training.lm_trainer import torch_threads
 from workers.eagle.artifact import (
     load_eagle_head,
-    load_speculators,
     read_eagle_config,
     save_eagle_head,
 )
@@ -219,13 +218,13 @@ def test_speculators_checkpoint_loads_by_path(target, tmp_path, layernorms):
 
 def test_speculators_loader_names_what_does_not_fit(target, tmp_path):
     head = _head(target, target_norm=False)
-    _write_speculators(tmp_path / "e3", head, old_names=False, model_type="eagle3")
-    with pytest.raises(ValueError, match="eagle3"):
-        load_speculators(tmp_path / "e3", target)
+    _write_speculators(tmp_path / "medusa", head, old_names=False, model_type="medusa")
+    with pytest.raises(ValueError, match="'medusa' is not supported; only 'eagle'"):
+        load_eagle_head(tmp_path / "medusa", target)
     other = build_tiny_pair(vocab=VOCAB + 4)[1]
     _write_speculators(tmp_path / "other", _head(other, target_norm=False), old_names=False)
     with pytest.raises(ValueError, match="vocabulary"):
-        load_speculators(tmp_path / "other", target)
+        load_eagle_head(tmp_path / "other", target)
 
 
 def test_frequent_ids_rank_by_count_and_keep_specials():

@@ -48,7 +48,7 @@ def test_the_first_step_is_the_decoder_layers_teacher_forced_forward(target, var
     width = D * (len(LAYERS) if variant == "fused" else 1)
     features, tokens = torch.randn(2, 9, width), torch.randint(0, VOCAB, (2, 9))
     with torch.no_grad():
-        hidden = head.fuse(head.project(features), tokens)
+        _, hidden = head.layer_input(head.project(features), tokens)  # the layer's input
         positions = torch.arange(9)[None]
         out = head.transformer(
             hidden, position_ids=positions, position_embeddings=head.rotary(hidden, positions)

@@ -18,6 +18,12 @@ In training the forward can also unroll the head over its own outputs (EAGLE-3's
 test): draft steps 2..k from every start at once, each attending to the true pairs up to its
 start and to its own chain (``unrolled_mask``), exactly as ``workers.eagle.step`` drafts them.
 
+An EAGLE-3 layer (``eagle3_layer``, what speculators' ``eagle3`` checkpoints hold) has no
+``fusion_fc``: its attention reads the pair itself, [norm(embed(x_{t+1})), hidden_norm(h_t)]
+(2d wide), over the residual h_t (the fused features through ``layers_fc``, or from the second
+draft step on the layer's own previous output), and its logits come from its own final norm and
+its own LM head over a draft vocabulary (``head_vocab``: the target id of each row).
+
 Parameter names follow speculators' ``EagleSpeculator`` (``fusion_fc``, ``transformer``,
 ``embedding_layernorm``, ``pre_lm_head_layernorm``), so its checkpoints load by name
 (``workers.eagle.artifact``). The target's embeddings, norm and head are buffers: frozen, never
@@ -51,6 +57,10 @@ class EagleConfig:
     layer's input and before the LM head); ``target_norm``: the target's frozen final norm on
     the layer's output. ``head_vocab``: the sorted token ids the head may propose (None: all).
     ``feature_layers``: the target layers it fuses (``workers.eagle.layers``; empty: EAGLE-1).
+    ``eagle3_layer``: EAGLE-3's decoder layer (see the module docstring; ``head_vocab`` then
+    lists the target id of each row of the head's own LM head, in row order, and
+    ``fusion_bias`` is a bias on ``layers_fc``); ``norm_before_residual``: its residual is the
+    normed h_t (speculators' flag of that name).
     """
 
     hidden_size: int
@@ -67,6 +77,12 @@ class EagleConfig:
     target_norm: bool = True
     head_vocab: tuple[int, ...] | None = None
     feature_layers: tuple[int, ...] = ()
+    eagle3_layer: bool = False
+    norm_before_residual: bool = False
+
+    def __post_init__(self) -> None:
+        if self.eagle3_layer and (not self.feature_layers or self.target_norm):
+            raise ValueError("an EAGLE-3 layer reads fused features and ends in its own norm")
 
     @property
     def fused(self) -> bool:
@@ -177,19 +193,28 @@ class EagleHead(nn.Module):
         layer_config = config.layer_config()
         self.layers_fc = None
         if config.fused:
-            self.layers_fc = nn.Linear(config.feature_width, d, bias=False)
-        self.fusion_fc = nn.Linear(2 * d, d, bias=config.fusion_bias)
+            bias = config.fusion_bias and config.eagle3_layer
+            self.layers_fc = nn.Linear(config.feature_width, d, bias=bias)
+        self.fusion_fc = None
+        if not config.eagle3_layer:
+            self.fusion_fc = nn.Linear(2 * d, d, bias=config.fusion_bias)
         self.transformer = LlamaDecoderLayer(layer_config, layer_idx=0)
-        if not config.layernorms:
+        if config.eagle3_layer:
+            _widen_attention_input(self.transformer, config)
+        elif not config.layernorms:
             self.transformer.input_layernorm = nn.Identity()
         self.embedding_layernorm = _norm(config) if config.layernorms else None
-        self.pre_lm_head_layernorm = _norm(config) if config.layernorms else None
+        own_norm = config.layernorms or config.eagle3_layer
+        self.pre_lm_head_layernorm = _norm(config) if own_norm else None
         self.rotary = LlamaRotaryEmbedding(layer_config)
         kept = None if config.head_vocab is None else torch.tensor(config.head_vocab)
-        rows = parts.lm_head if kept is None else parts.lm_head[kept.to(parts.lm_head.device)]
+        if config.eagle3_layer:  # its own LM head: loaded with the head's weights
+            rows = parts.lm_head.new_zeros(config.vocab_size if kept is None else len(kept), d)
+        else:
+            rows = parts.lm_head if kept is None else parts.lm_head[kept.to(parts.lm_head.device)]
         self.register_buffer("embed", parts.embed, persistent=False)
         self.register_buffer("final_norm", parts.final_norm, persistent=False)
-        self.register_buffer("head_rows", rows.contiguous(), persistent=False)
+        self.register_buffer("head_rows", rows.contiguous(), persistent=config.eagle3_layer)
         self.register_buffer("kept", kept, persistent=False)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
@@ -199,12 +224,22 @@ class EagleHead(nn.Module):
             return features
         return self.layers_fc(features.to(self.layers_fc.weight.dtype))
 
-    def fuse(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Return the decoder layer's input [..., d] for features f_t and tokens x_{t+1}."""
+    def layer_input(
+        self, features: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the decoder layer's attention input and residual [..., d] (the attention
+        input 2d wide for an EAGLE-3 layer) for features f_t [..., d] and tokens x_{t+1}."""
         embedded = nn.functional.embedding(tokens, self.embed)
+        features = features.to(embedded.dtype)
+        layer = self.transformer
+        if self.config.eagle3_layer:
+            normed = layer.hidden_norm(features)
+            attention_in = torch.cat([layer.input_layernorm(embedded), normed], dim=-1)
+            return attention_in, normed if self.config.norm_before_residual else features
         if self.embedding_layernorm is not None:
             embedded = self.embedding_layernorm(embedded)
-        return self.fusion_fc(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))
+        hidden = self.fusion_fc(torch.cat([embedded, features], dim=-1))
+        return layer.input_layernorm(hidden), hidden
 
     def finish(self, layer_out: torch.Tensor) -> torch.Tensor:
         """Return the predicted feature f̂ of the layer's output (the target's norm applied
@@ -253,10 +288,10 @@ class EagleHead(nn.Module):
         values: list[torch.Tensor] = []
         predicted = []
         for step in range(steps):
-            hidden = self.fuse(inputs, tokens[:, step : step + width])
+            attention_in, hidden = self.layer_input(inputs, tokens[:, step : step + width])
             positions = torch.arange(step, step + width, device=hidden.device)[None]
             cos, sin = self.rotary(hidden, positions)
-            hidden = hidden + self._attend(layer.input_layernorm(hidden), cos, sin, keys, values)
+            hidden = hidden + self._attend(attention_in, cos, sin, keys, values)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
             inputs = self.finish(hidden)
             predicted.append(inputs)
@@ -297,6 +332,15 @@ def unrolled_mask(width: int, steps: int, device: torch.device | None = None) ->
     causal = positions[None, :] <= positions[:, None]
     own = torch.eye(width, dtype=torch.bool, device=device)
     return torch.cat([causal, *([own] * (steps - 1))], dim=1)
+
+
+def _widen_attention_input(layer: LlamaDecoderLayer, config: EagleConfig) -> None:
+    """Make ``layer`` EAGLE-3's: q, k and v read 2d-wide inputs, and a ``hidden_norm``."""
+    attention, d, width = layer.self_attn, config.hidden_size, config.head_dim
+    attention.q_proj = nn.Linear(2 * d, config.num_heads * width, bias=False)
+    attention.k_proj = nn.Linear(2 * d, config.num_kv_heads * width, bias=False)
+    attention.v_proj = nn.Linear(2 * d, config.num_kv_heads * width, bias=False)
+    layer.hidden_norm = _norm(config)
 
 
 def _norm(config: EagleConfig) -> LlamaRMSNorm:

@@ -32,7 +32,9 @@ class EagleStep:
         self.eps = config.rms_norm_eps
         detached = [p.detach() for p in (attention.q_proj.weight, attention.k_proj.weight)]
         qkv = torch.cat([*detached, attention.v_proj.weight.detach()])
-        self.fc = PackedLinear(head.fusion_fc.weight.detach(), prepack)
+        self.fc = None
+        if head.fusion_fc is not None:
+            self.fc = PackedLinear(head.fusion_fc.weight.detach(), prepack)
         self.layers_fc = None
         if head.layers_fc is not None:
             self.layers_fc = PackedLinear(head.layers_fc.weight.detach(), prepack)
@@ -78,7 +80,9 @@ class EagleStep:
         (``EagleHead.project``: a fused head's ``layers_fc``; else as they are)."""
         if self.layers_fc is None:
             return features
-        return self.layers_fc(features.to(self.head.embed.dtype))
+        projected = self.layers_fc(features.to(self.head.embed.dtype))
+        bias = self.head.layers_fc.bias
+        return projected if bias is None else projected + bias
 
     @torch.inference_mode()
     def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -89,18 +93,29 @@ class EagleStep:
         start, end = self.length, self.length + n
         if end > self.capacity:
             self._allocate(max(end, 2 * self.capacity))
-        embedded = F.embedding(tokens.view(-1), head.embed)
-        if head.embedding_layernorm is not None:
-            embedded = head.embedding_layernorm(embedded)
-        hidden = self.fc(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))
-        if head.fusion_fc.bias is not None:
-            hidden = hidden + head.fusion_fc.bias
-        hidden = hidden + self._attend(head.transformer.input_layernorm(hidden), start, end)
+        attention_in, hidden = self._layer_input(features, tokens.view(-1))
+        hidden = hidden + self._attend(attention_in, start, end)
         normed = head.transformer.post_attention_layernorm(hidden)
         gate, up = self.gate_up(normed).chunk(2, -1)
         hidden = hidden + self.down(F.silu(gate) * up)
         self.length = end
         return head.finish(hidden)
+
+    def _layer_input(
+        self, features: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the layer's attention input and residual (``EagleHead.layer_input``), the
+        fusion on its packed product."""
+        head = self.head
+        if self.fc is None:
+            return head.layer_input(features, tokens)
+        embedded = F.embedding(tokens, head.embed)
+        if head.embedding_layernorm is not None:
+            embedded = head.embedding_layernorm(embedded)
+        hidden = self.fc(torch.cat([embedded, features.to(embedded.dtype)], dim=-1))
+        if head.fusion_fc.bias is not None:
+            hidden = hidden + head.fusion_fc.bias
+        return head.transformer.input_layernorm(hidden), hidden
 
     def _attend(self, normed: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Return the attention block's output [n, d] for positions start..end-1, caching
