@@ -5,9 +5,9 @@ embeddings, norm and LM head (``workers.eagle``), so it fits only a target of it
 vocabulary: a head given by ``model`` is checked against the target's config (a head fusing
 several layers also against its depth), and a head made by an ``eagle_head`` job (``job``) must
 be trained on the pair's target (the job's ``base``). The draft worker is fed the target's
-features over the target group's channel, which rank 0 of a tensor-parallel (deepspeed) target
-would answer from its shard's forward; that path is not verified end to end, so such a pair is
-refused.
+features over the target group's channel; a tensor-parallel (deepspeed) target's rank 0 answers
+from its sharded forward, whose hidden states are whole on every rank (each layer's output is
+all-reduced), so any backend serves a head.
 """
 
 from __future__ import annotations
@@ -37,29 +37,21 @@ def eagle_pair_problems(
     resolve (a problem already recorded); ``target`` its target's path and ``target_config``
     that target's config."""
     draft_at = draft_at or f"{where}.draft"
-    problems = []
-    if pair.target.backend != "hf":
-        problems.append(
-            f"{where}.target.tp_size: a draft of kind 'eagle' runs over a single-actor target "
-            f"(backend hf, tp_size 1) only; a tensor-parallel target's (backend "
-            f"{pair.target.backend}, tp_size {pair.target.tp_size}) features are not served "
-            "to it yet: use backend hf, or draft kind lm or ngram"
-        )
     if draft is None:
-        return problems
+        return []
     if pair.draft.job is not None:
-        if draft != target:
-            problems.append(
-                f"{draft_at}.job: job {pair.draft.job!r} trains its head on {draft}, not on "
-                f"this pair's target {target}; a head fits only the target it was trained on: "
-                "set the job's base to the pair's target model"
-            )
-        return problems
+        if draft == target:
+            return []
+        return [
+            f"{draft_at}.job: job {pair.draft.job!r} trains its head on {draft}, not on "
+            f"this pair's target {target}; a head fits only the target it was trained on: "
+            "set the job's base to the pair's target model"
+        ]
     try:
-        head = read_eagle_config(draft)
+        head = read_eagle_config(draft, getattr(target_config, "num_hidden_layers", None))
     except ValueError as exc:
-        return [*problems, f"{draft_at}.model: {exc}"]
-    return problems + head_fit_problems(f"{draft_at}.model", head, target_config)
+        return [f"{draft_at}.model: {exc}"]
+    return head_fit_problems(f"{draft_at}.model", head, target_config)
 
 
 def head_fit_problems(where: str, head: EagleConfig, target_config: Any) -> list[str]:

@@ -8,16 +8,22 @@ naming the field."""
 from __future__ import annotations
 
 import pytest
+import ray
 from support.eagle_heads import trained_head, untrained_head
 
 from orchestrator.run.preflight import PreflightError
+from orchestrator.run.replica import GroupReplica
 from orchestrator.run.runner import RunOptions, execute_plan, preflight
 from orchestrator.store import open_store
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import SweepError, parse_sweep
-from workers.eagle.artifact import save_eagle_head
+from orchestrator.sweep.target_sets import solo
+from workers.eagle.artifact import load_eagle_head, save_eagle_head
 from workers.eagle.layers import eagle3_layers
-from workers.lm import load_causal_lm
+from workers.lm import CachedLM, load_causal_lm
+from workers.proposers import make_proposer
+from workers.target import LocalTarget
+from workers.trial import run_trial
 
 JOB_SWEEP = """\
 name: eagle-job
@@ -46,6 +52,15 @@ policies: [{name: static}, {name: svip}]
 max_draft_lens: [3]
 execution: {warmup_samples: 0, retries: 0}
 """
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray instance with three CPUs: room for a tp_size-2 target group and its draft
+    actor (every other test here needs two)."""
+    ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture
@@ -197,14 +212,41 @@ def test_a_head_job_trained_on_another_model_is_refused(job_env):
     assert problems[0].startswith("pairs[0].draft.job: job 'head' trains its head on ")
 
 
-def test_a_tensor_parallel_target_is_refused_naming_tp_size(job_env, head_dir):
-    text = PATH_SWEEP.replace("HEAD", str(head_dir)).replace(
-        'target: "zoo:micro/target"',
-        'target: {model: "zoo:micro/target", backend: deepspeed, tp_size: 2}',
+@pytest.mark.slow
+def test_a_head_over_a_tensor_parallel_target_runs_on_ray(
+    job_env, trained_head_dir, ray_local, tmp_path
+):
+    """A DeepSpeed AutoTP target of two ranks serves a head: rank 0 sends the features (whole:
+    each layer's output is all-reduced). Greedy trials reproduce the sharded baseline, and
+    every prompt drafts and accepts exactly what the same head does over the unsharded target
+    in this process, so the features it was sent were the unsharded model's. (A fused head's
+    layer states from the ranks: test_tensor_parallel.)"""
+    text = (
+        PATH_SWEEP.replace("HEAD", str(trained_head_dir))
+        .replace("name: eagle-path", "name: eagle-tp")
+        .replace(
+            'target: "zoo:micro/target"',
+            'target: {model: "zoo:micro/target", backend: deepspeed, tp_size: 2}',
+        )
     )
-    problems = _refused(text)
-    assert len(problems) == 1
-    assert problems[0].startswith("pairs[0].target.tp_size: a draft of kind 'eagle'")
+    plan, store = _run(text, "eagle-tp.yaml", tmp_path)
+    assert _check_greedy_equals_baseline(plan, store) > 0
+    spec = parse_sweep(text, "eagle-tp.yaml")
+    inputs = preflight(spec, plan)
+    whole = load_causal_lm(inputs.model_paths["micro-eagle"].target)
+    target = LocalTarget(CachedLM(whole))
+    proposer = make_proposer("eagle", head=load_eagle_head(trained_head_dir, whole))
+    replica = GroupReplica(solo(spec.pairs[0]), inputs, True, store)
+    accepted = 0
+    for trial in plan.trials:
+        in_process = run_trial(proposer, target, replica._request(trial))
+        stored = store.sample_outputs(trial.trial_id)
+        assert [(r.output_ids, r.n_drafted, r.n_accepted) for r in in_process] == [
+            (s.output_ids, s.drafted, s.accepted) for s in stored
+        ], trial.setting.policy
+        accepted += sum(s.accepted for s in stored)
+    assert accepted > 0, "the trained head should have drafts accepted"
+    store.close()
 
 
 def test_a_fused_head_reaching_past_the_targets_layers_is_refused(job_env, micro_zoo, tmp_path):

@@ -1,6 +1,6 @@
 """Preflight's EAGLE pair checks (orchestrator.run.eagle_checks): a head must fit its target's
-width and vocabulary, a head job must train on the pair's target, a tensor-parallel target is
-refused; each problem names the field."""
+width and vocabulary, a head job must train on the pair's target; a tensor-parallel target
+serves a head as any other; each problem names the field."""
 
 from __future__ import annotations
 
@@ -82,10 +82,10 @@ def test_a_head_job_must_train_on_the_pairs_target(tmp_path: Path) -> None:
     assert problems[0].startswith("pairs[0].draft.job: job 'head' trains its head on ")
 
 
-def test_a_tensor_parallel_target_is_refused_naming_tp_size(tmp_path: Path) -> None:
+def test_a_tensor_parallel_target_serves_a_head_and_its_checks_still_apply(tmp_path: Path) -> None:
     head = _write_head(tmp_path / "head", _head_config())
     pair = _pair({"model": str(head)}, backend="deepspeed", tp_size=2)
-    problems = eagle_pair_problems("pairs[0]", pair, head, tmp_path / "target", TARGET)
-    assert len(problems) == 1
-    assert problems[0].startswith("pairs[0].target.tp_size: a draft of kind 'eagle' ")
-    assert "tp_size 2" in problems[0]
+    assert eagle_pair_problems("pairs[0]", pair, head, tmp_path / "target", TARGET) == []
+    wide = _write_head(tmp_path / "wide", _head_config(hidden_size=128))
+    problems = eagle_pair_problems("pairs[0]", pair, wide, tmp_path / "target", TARGET)
+    assert len(problems) == 1 and "hidden_size is 128" in problems[0]
