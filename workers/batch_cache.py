@@ -79,7 +79,7 @@ class BatchedLM:
 
     def _allocate(self, capacity: int) -> None:
         """(Re)allocate the buffers for ``capacity`` positions, keeping every cached prefix."""
-        fast = self.fast
+        fast, slots = self.fast, range(self.slots)
         shape = (len(fast.layers), self.slots, fast.n_kv_heads, capacity, fast.head_dim)
         keys, values = fast.embed.new_zeros(shape), fast.embed.new_zeros(shape)
         kept = min(max(self.lengths), self.capacity) if self._keys.numel() else 0
@@ -87,6 +87,10 @@ class BatchedLM:
             keys[..., :kept, :] = self._keys[..., :kept, :]
             values[..., :kept, :] = self._values[..., :kept, :]
         self._keys, self._values = keys, values
+        self._row_views = [
+            [(keys[i, s], values[i, s], keys[i, s : s + 1], values[i, s : s + 1]) for s in slots]
+            for i in range(len(keys))
+        ]
         positions = torch.arange(capacity, device=fast.embed.device)[None]
         cos, sin = fast._decoder.rotary_emb(fast.embed[:1], positions)
         self._cos, self._sin = cos[0], sin[0]
@@ -157,7 +161,7 @@ class BatchedLM:
         mask = _attention_mask(positions, end)
         n_q, n_kv = fast.n_heads * fast.head_dim, fast.n_kv_heads * fast.head_dim
         gqa = fast.n_heads != fast.n_kv_heads
-        rows = torch.tensor(slots, device=self.device) if batch > 1 else None
+        rows = torch.tensor(slots, device=self.device)
         hidden = F.embedding(ids.view(-1), fast.embed)
         for index, layer in enumerate(fast.layers):
             normed = fast._rms_norm(hidden, layer.input_norm)
@@ -166,8 +170,10 @@ class BatchedLM:
             k = _rotate(_heads(k, batch, width, fast.n_kv_heads), cos, sin)
             v = _heads(v, batch, width, fast.n_kv_heads)
             if batch == 1:
-                q, k, v = q[None], k[None], v[None]
-            keys, values = self._write(index, slots, rows, positions, k, v, end)
+                q = q[None]
+                keys, values = self._write_row(index, slots[0], starts[0], k, v, end)
+            else:
+                keys, values = self._write(index, slots, rows, positions, k, v, end)
             attended = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, enable_gqa=gqa
             )
@@ -178,11 +184,25 @@ class BatchedLM:
             hidden = hidden + layer.down(F.silu(gate) * up, packed)
         return fast._rms_norm(hidden, fast.final_norm).view(batch, width, -1)
 
+    def _write_row(
+        self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store one row's keys and values [heads, n, head_dim] at ``start`` of ``slot`` in
+        layer ``layer``; return that row's keys and values [1, heads, end, head_dim].
+
+        The row's views ([heads, capacity, head_dim] to write, [1, ...] to attend) are made
+        once per allocation, so a step costs two narrowed copies and two narrows, not a chain
+        of Python-level indexing on the 5-D buffers."""
+        keys, values, batch_keys, batch_values = self._row_views[layer][slot]
+        keys.narrow(1, start, k.shape[1]).copy_(k)
+        values.narrow(1, start, v.shape[1]).copy_(v)
+        return batch_keys.narrow(2, 0, end), batch_values.narrow(2, 0, end)
+
     def _write(
         self,
         layer: int,
         slots: list[int],
-        rows: torch.Tensor | None,
+        rows: torch.Tensor,
         positions: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -191,11 +211,6 @@ class BatchedLM:
         """Store keys and values [b, heads, n, head_dim] at each row's positions of layer
         ``layer``; return the rows' keys and values up to ``end`` for attention."""
         keys, values = self._keys[layer], self._values[layer]
-        if len(slots) == 1:
-            slot, start = slots[0], int(positions[0, 0])
-            keys[slot, :, start : start + k.shape[2]] = k[0]
-            values[slot, :, start : start + k.shape[2]] = v[0]
-            return keys[slot : slot + 1, :, :end], values[slot : slot + 1, :, :end]
         keys[rows[:, None], :, positions] = k.transpose(1, 2)
         values[rows[:, None], :, positions] = v.transpose(1, 2)
         if slots == list(range(self.slots)):
