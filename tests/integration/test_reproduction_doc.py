@@ -3,15 +3,18 @@
 docs/reproduction.md is written from docs/reproduce-results.db (sweeps/reproduce.yaml): its
 claims are the output of ``python -m orchestrator report --sweep sweeps/reproduce.yaml``, pasted
 between ``<!-- report -->`` and ``<!-- /report -->`` without the report's title line, and its
-tables are query results. docs/lab/demo-sweeps.md quotes docs/demo-results.db (sweeps/demo.yaml)
-the same way, report and tables. docs/lab/demo-before-protocol.md is the earlier reading of the
-demo sweeps' databases, docs/lab/data/demo-before-protocol.db (the demo sweep of then, kept as
-docs/lab/data/demo-before-protocol.yaml) and docs/lab/data/kd-demo-before-protocol.db (likewise).
-Each SQL block (```sql for the document's own database, ```sql KEY for another) is followed by
-the table of its result; the test runs every block through ``python -m orchestrator query
---format csv`` on its database and compares cell by cell, and checks that each database holds
-exactly the trials its current sweep file plans (so a change to a sweep, or to what a trial
-measures, forces the documents to be regenerated).
+tables are query results; its KD claims likewise from docs/kd-results.db (sweeps/kd_demo.yaml),
+between ``<!-- report kd -->`` and ``<!-- /report -->``, with ```sql kd blocks
+(scripts/quote_db.py writes both). docs/lab/demo-sweeps.md quotes docs/demo-results.db
+(sweeps/demo.yaml) the same way, report and tables. docs/lab/demo-before-protocol.md is the
+earlier reading of the demo sweeps' databases, docs/lab/data/demo-before-protocol.db (the demo
+sweep of then, kept as docs/lab/data/demo-before-protocol.yaml) and
+docs/lab/data/kd-demo-before-protocol.db (likewise). Each SQL block (```sql for the document's
+own database, ```sql KEY for another) is followed by the table of its result; the test runs
+every block through ``python -m orchestrator query --format csv`` on its database and compares
+cell by cell, and checks that each database holds exactly the trials its current sweep file
+plans (so a change to a sweep, or to what a trial measures, forces the documents to be
+regenerated).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from orchestrator.sweep.spec import load_sweep
 
 DATABASES = {
     "reproduce": (REPO / "docs" / "reproduce-results.db", REPO / "sweeps" / "reproduce.yaml"),
+    "kd": (REPO / "docs" / "kd-results.db", REPO / "sweeps" / "kd_demo.yaml"),
     "demo": (REPO / "docs" / "demo-results.db", REPO / "sweeps" / "demo.yaml"),
     "demo-before": (
         REPO / "docs" / "lab" / "data" / "demo-before-protocol.db",
@@ -51,7 +55,9 @@ DOCUMENTS = {
 QUERY_BLOCK = re.compile(
     r"```sql(?: (?P<db>[a-z-]+))?\n(?P<sql>.*?)\n```\s*\n(?P<table>(?:\|[^\n]*\|\n)+)", re.S
 )
-REPORT_BLOCK = re.compile(r"<!-- report -->\n(?P<text>.*?)<!-- /report -->", re.S)
+REPORT_BLOCK = re.compile(
+    r"<!-- report(?: (?P<db>[a-z-]+))? -->\n(?P<text>.*?)<!-- /report -->", re.S
+)
 
 
 def doc_queries(doc: Path) -> list[tuple[str, str, list[list[str]]]]:
@@ -100,17 +106,20 @@ def test_every_database_is_quoted() -> None:
     assert quoted == set(DATABASES)
 
 
-REPORTED = [doc for doc in sorted(DOCUMENTS) if REPORT_BLOCK.search(doc.read_text("utf-8"))]
+REPORTED = [
+    (doc, match["db"] or DOCUMENTS[doc], match["text"])
+    for doc in sorted(DOCUMENTS)
+    for match in REPORT_BLOCK.finditer(doc.read_text("utf-8"))
+]
 
 
-def test_the_reproduction_and_the_demo_carry_a_report() -> None:
-    assert {DOCUMENTS[doc] for doc in REPORTED} == {"reproduce", "demo"}
+def test_the_reproduction_and_the_demo_carry_their_reports() -> None:
+    assert sorted(key for _, key, _ in REPORTED) == ["demo", "kd", "reproduce"]
 
 
-@pytest.mark.parametrize("doc", REPORTED, ids=lambda doc: doc.name)
-def test_the_claims_are_the_report_of_the_committed_database(doc: Path) -> None:
-    (block,) = REPORT_BLOCK.findall(doc.read_text(encoding="utf-8"))
-    db, sweep = DATABASES[DOCUMENTS[doc]]
+@pytest.mark.parametrize("doc, key, block", REPORTED, ids=[key for _, key, _ in REPORTED])
+def test_the_claims_are_the_report_of_the_committed_database(doc: Path, key: str, block: str):
+    db, sweep = DATABASES[key]
     printed = cli_output("--db", f"sqlite:///{db}", "report", "--sweep", str(sweep))
     title, blank, *report = printed.splitlines(keepends=True)
     assert title.startswith("# Reproduction report: ") and blank == "\n"
