@@ -15,12 +15,14 @@ read it again against the new numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from orchestrator import cli as orchestrator_cli
 
 
 def query_block(key: str) -> re.Pattern:
@@ -36,13 +38,14 @@ def report_block(key: str) -> re.Pattern:
 
 
 def cli(*argv: str) -> str:
-    """Return what ``python -m orchestrator ARGV`` prints; exit with its error if it fails."""
-    result = subprocess.run(
-        [sys.executable, "-m", "orchestrator", *argv], capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        sys.exit(f"orchestrator {' '.join(argv[:2])} failed:\n{result.stderr}")
-    return result.stdout
+    """Return what ``python -m orchestrator ARGV`` prints (run in this process); exit with its
+    error if it fails."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = orchestrator_cli.main(list(argv))
+    if code != 0:
+        sys.exit(f"orchestrator {' '.join(argv[:2])} failed:\n{err.getvalue()}")
+    return out.getvalue()
 
 
 def markdown_table(csv_text: str) -> str:
