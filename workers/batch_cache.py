@@ -79,7 +79,7 @@ class BatchedLM:
 
     def _allocate(self, capacity: int) -> None:
         """(Re)allocate the buffers for ``capacity`` positions, keeping every cached prefix."""
-        fast, slots = self.fast, range(self.slots)
+        fast = self.fast
         shape = (len(fast.layers), self.slots, fast.n_kv_heads, capacity, fast.head_dim)
         keys, values = fast.embed.new_zeros(shape), fast.embed.new_zeros(shape)
         kept = min(max(self.lengths), self.capacity) if self._keys.numel() else 0
@@ -87,10 +87,6 @@ class BatchedLM:
             keys[..., :kept, :] = self._keys[..., :kept, :]
             values[..., :kept, :] = self._values[..., :kept, :]
         self._keys, self._values = keys, values
-        self._row_views = [
-            [(keys[i, s], values[i, s], keys[i, s : s + 1], values[i, s : s + 1]) for s in slots]
-            for i in range(len(keys))
-        ]
         positions = torch.arange(capacity, device=fast.embed.device)[None]
         cos, sin = fast._decoder.rotary_emb(fast.embed[:1], positions)
         self._cos, self._sin = cos[0], sin[0]
@@ -188,15 +184,11 @@ class BatchedLM:
         self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor, end: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store one row's keys and values [heads, n, head_dim] at ``start`` of ``slot`` in
-        layer ``layer``; return that row's keys and values [1, heads, end, head_dim].
-
-        The row's views ([heads, capacity, head_dim] to write, [1, ...] to attend) are made
-        once per allocation, so a step costs two narrowed copies and two narrows, not a chain
-        of Python-level indexing on the 5-D buffers."""
-        keys, values, batch_keys, batch_values = self._row_views[layer][slot]
-        keys.narrow(1, start, k.shape[1]).copy_(k)
-        values.narrow(1, start, v.shape[1]).copy_(v)
-        return batch_keys.narrow(2, 0, end), batch_values.narrow(2, 0, end)
+        layer ``layer``; return that row's keys and values [1, heads, end, head_dim]."""
+        keys, values = self._keys[layer, slot], self._values[layer, slot]
+        keys[:, start : start + k.shape[1]] = k
+        values[:, start : start + v.shape[1]] = v
+        return keys[None, :, :end], values[None, :, :end]
 
     def _write(
         self,
