@@ -69,13 +69,24 @@ STEP_DECAY = 0.8
 class EagleStage:
     """A zoo's EAGLE head: its name, optimisation (``training``: steps of ``batch_size``
     sequences), loss, the held-out starts per sequence its card measures agreement from, and
-    the batch of the feature extraction."""
+    the batch of the feature extraction.
+
+    Beside the teacher samples the head can read ``code_windows`` windows of ``code_window``
+    tokens of the standard library's training source (teacher-forced: no generation, only a
+    forward per window). Its card also measures agreement on the target's greedy answers to
+    ``agreement_prompts`` prompts of the evaluation dataset (HumanEval), ``agreement_tokens``
+    new tokens each.
+    """
 
     training: TrainConfig
     loss: EagleLossWeights = field(default_factory=EagleLossWeights)
     name: str = "eagle"
     eval_starts: int = 64
     feature_batch: int = 8
+    code_windows: int = 0
+    code_window: int = 256
+    agreement_prompts: int = 16
+    agreement_tokens: int = 64
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,35 @@ class SequenceFeatures:
     def n_tokens(self) -> int:
         """Number of valid positions."""
         return int(self.valid.sum())
+
+    def joined(self, other: SequenceFeatures) -> SequenceFeatures:
+        """Return these sequences followed by ``other``'s, both right-padded (invalid) to the
+        wider of the two lengths."""
+        if (self.layers is None) != (other.layers is None):
+            raise ValueError("cannot join sequences with and without fused layers' states")
+        width = max(self.tokens.shape[1], other.tokens.shape[1])
+        parts = [
+            torch.cat([_padded(mine, width, fill), _padded(theirs, width, fill)])
+            for mine, theirs, fill in (
+                (self.tokens, other.tokens, 0),
+                (self.features, other.features, 0.0),
+                (self.valid, other.valid, False),
+                (self.choices, other.choices, 0),
+            )
+        ]
+        layers = None
+        if self.layers is not None and other.layers is not None:
+            layers = torch.cat([_padded(part, width, 0.0) for part in (self.layers, other.layers)])
+        return SequenceFeatures(*parts, layers)
+
+
+def _padded(values: torch.Tensor, width: int, fill: float | bool) -> torch.Tensor:
+    """Return ``values`` [N, L, ...] right-padded with ``fill`` to ``width`` positions."""
+    missing = width - values.shape[1]
+    if missing <= 0:
+        return values
+    pad = values.new_full((values.shape[0], missing, *values.shape[2:]), fill)
+    return torch.cat([values, pad], dim=1)
 
 
 @torch.no_grad()
@@ -196,12 +236,7 @@ def _shifted(values: torch.Tensor, step: int, width: int, fill: float | bool) ->
     """Return ``values[:, 1 + step : 1 + step + width]`` of [N, L, ...] right-padded with
     ``fill`` to ``width`` positions (what unrolled step ``step`` reads or predicts at each
     start t)."""
-    found = values[:, 1 + step : 1 + step + width]
-    missing = width - found.shape[1]
-    if missing <= 0:
-        return found
-    pad = found.new_full((found.shape[0], missing, *found.shape[2:]), fill)
-    return torch.cat([found, pad], dim=1)
+    return _padded(values[:, 1 + step : 1 + step + width], width, fill)
 
 
 def batch_generator(seed: int, index: torch.Tensor) -> torch.Generator:

