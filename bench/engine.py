@@ -39,7 +39,7 @@ end to end and decode only (``bench/ngram_lookup.py``):
     python bench/engine.py --target zoo:smol/target --draft-kind ngram \
         --dataset humaneval --samples 8 --max-new-tokens 128 --out bench-ngram.json
 
-With ``--draft-kind eagle --eagle-head PATH_OR_ZOO_REF`` the same rows (static K = 2, 4, 8)
+With ``--draft-kind eagle --eagle-head PATH_OR_ZOO_REF`` the same rows (static K = 1, 2, 3, 4, 8)
 draft with an EAGLE head over the target (``workers.proposers.eagle``):
 
     python bench/engine.py --target zoo:smol/target --draft-kind eagle \

@@ -2,7 +2,8 @@
 without a draft model against target-only AR.
 
 Greedy, on the default model path (``workers.llama_fast``): target-only AR and the kind at
-static K = 2, 4, 8, plus for n-gram lookup (``workers.proposers.ngram``) the ``ngram_match``
+static K = 2, 4, 8 (an EAGLE head also at K = 1 and 3, so its best static K is among the rows),
+plus for n-gram lookup (``workers.proposers.ngram``) the ``ngram_match``
 policy (draft as far as the match length vouches, cap 8) on the same proposals, taking turns
 prompt by prompt after one untimed AR decode. ``--draft-kind eagle`` drafts with the EAGLE head
 at ``--eagle-head`` (a directory or zoo reference; ``workers.proposers.eagle``) over the target.
@@ -33,6 +34,8 @@ from workers.records import GenerationResult, SamplingConfig
 from workers.target import LocalTarget
 
 STATIC_KS = (2, 4, 8)
+#: An EAGLE head's static Ks: its best is usually short (step 1's agreement bounds the rest).
+EAGLE_KS = (1, 2, 3, 4, 8)
 #: The match-length policy's cap and ratio (candidate i kept while i <= ratio × match length).
 MATCH_CAP, MATCH_RATIO = 8, 1.0
 
@@ -77,7 +80,8 @@ def add_ngram_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _methods(kind: str) -> dict[str, tuple[str, int, dict]]:
     """Return each row's name: (policy, cap, policy parameters) for draft ``kind``."""
-    rows = {f"{kind} static K={k}": ("static", k, {}) for k in STATIC_KS}
+    ks = EAGLE_KS if kind == "eagle" else STATIC_KS
+    rows = {f"{kind} static K={k}": ("static", k, {}) for k in ks}
     if kind == "ngram":
         rows[f"ngram match-length (ratio {MATCH_RATIO:g}, cap {MATCH_CAP})"] = (
             "ngram_match",

@@ -6,14 +6,22 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 import torch
 from support.tiny_models import build_tiny_pair, prompts
 
 from training.eagle_training import EagleStage
 from training.lm_trainer import TrainConfig, torch_threads
 from training.pretrained_drafts import DraftVocab, EvalRecipe, TeacherSample
-from training.zoo.eagle_stage import EagleData, EagleEvaluation, eagle_into, sample_features
+from training.zoo.eagle_stage import (
+    EagleData,
+    EagleEvaluation,
+    code_windows,
+    eagle_into,
+    sample_features,
+)
 from training.zoo.recipes import PROFILES, SMOL_EAGLE_RECIPE
+from workers.corpus import code_training_text
 from workers.eagle.artifact import load_eagle_head
 from workers.lm import CachedLM
 from workers.records import RequestSettings, SamplingConfig
@@ -87,3 +95,18 @@ def test_profiles_without_an_eagle_head_keep_their_hashes():
     assert PROFILES["smol-base"].recipe_hash() == "a112affd8c5c"
     assert PROFILES["smol-exit"].recipe_hash() == "81c087853204"
     assert PROFILES["smol-eagle"].model_names[-1] == "eagle"
+
+
+def _characters(text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+    """A tokenizer of one token per character (its code point)."""
+    return {"input_ids": [ord(c) for c in text]}
+
+
+def test_code_windows_are_consecutive_pieces_of_the_standard_library_source():
+    windows = code_windows(_characters, 5, 40)
+    assert [w.numel() for w in windows] == [40] * 5
+    text = "".join(chr(int(i)) for w in windows for i in w)
+    assert text == code_training_text(200)
+    assert code_windows(_characters, 0, 40) == []
+    with pytest.raises(ValueError, match="lower code_windows"):
+        code_windows(_characters, 10**6, 256)

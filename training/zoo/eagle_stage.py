@@ -139,25 +139,20 @@ def eagle_into(
 ) -> None:
     """Train the profile's EAGLE head on the teacher samples and code windows, measure it on
     ``evaluation``, save it with its card."""
-    pad = int(target.config.pad_token_id or 0)
     started = time.perf_counter()
     log(progress, recipe, f"extracting the target's features ({len(data.train)} samples, "
         f"{len(data.code)} code windows)")  # fmt: skip
-    train_data, _ = sample_features(target, data.train, stage.feature_batch, pad)
-    if data.code:
-        train_data = train_data.joined(padded_features(target, data.code, stage.feature_batch, pad))
-    held = sample_features(target, data.heldout, stage.feature_batch, pad)
-    answers = greedy_agreement_data(target, evaluation, stage.agreement_tokens, stage.feature_batch)
+    train_data, checks = _extracted(target, stage, data, evaluation)
     extract_s = time.perf_counter() - started
     kept = None if vocab is None else tuple(vocab.kept.tolist())
     torch.manual_seed(stage.training.seed)
     head = EagleHead(EagleConfig.for_target(target, head_vocab=kept), TargetParts.of(target))
     log(progress, recipe, f"training {stage.name} ({stage.training.steps} steps)")
-    before = [agreement_at_steps(head, *found, 3, stage.eval_starts) for found in (held, answers)]
+    before = [agreement_at_steps(head, *found, 3, stage.eval_starts) for found in checks]
     started = time.perf_counter()
     losses = _train_shown(head, train_data, stage, progress)
     train_s = time.perf_counter() - started
-    after = [agreement_at_steps(head, *found, 3, stage.eval_starts) for found in (held, answers)]
+    after = [agreement_at_steps(head, *found, 3, stage.eval_starts) for found in checks]
     log(progress, recipe, f"measuring {stage.name} (cost, static-K acceptance)")
     card = {
         **identity_card(recipe, stage.name, "eagle_head"),
@@ -187,6 +182,20 @@ def eagle_into(
     }
     save_eagle_head(directory / stage.name, head, {"profile": recipe.profile})
     (directory / stage.name / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+
+
+def _extracted(
+    target: LlamaForCausalLM, stage: EagleStage, data: EagleData, evaluation: EagleEvaluation
+) -> tuple[SequenceFeatures, list[tuple[SequenceFeatures, list[int]]]]:
+    """Return the training features (teacher samples, then code windows) and the agreement
+    checks' features and prompt lengths: the held-out samples and the greedy answers."""
+    pad, batch = int(target.config.pad_token_id or 0), stage.feature_batch
+    train_data, _ = sample_features(target, data.train, batch, pad)
+    if data.code:
+        train_data = train_data.joined(padded_features(target, data.code, batch, pad))
+    held = sample_features(target, data.heldout, batch, pad)
+    answers = greedy_agreement_data(target, evaluation, stage.agreement_tokens, batch)
+    return train_data, [held, answers]
 
 
 def _realism(
