@@ -88,6 +88,12 @@ class EagleStage:
     agreement_prompts: int = 16
     agreement_tokens: int = 64
 
+    def __post_init__(self) -> None:
+        if self.code_windows < 0 or self.code_window < 2:
+            raise ValueError("code_windows must be >= 0 and code_window >= 2 tokens")
+        if self.agreement_prompts < 1 or self.agreement_tokens < 4:
+            raise ValueError("agreement_prompts must be >= 1 and agreement_tokens >= 4")
+
 
 @dataclass(frozen=True)
 class SequenceFeatures:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.eagle_training import SequenceFeatures
+from training.eagle_training import EagleStage, SequenceFeatures
+from training.lm_trainer import TrainConfig
 
 
 def _features(rows: int, width: int, dim: int, seed: int, layers: bool = False):
@@ -47,3 +48,18 @@ def test_joined_sequences_keep_each_part_and_pad_the_narrower_invalid(layers):
 def test_joining_sequences_with_and_without_layer_states_is_refused():
     with pytest.raises(ValueError, match="fused layers"):
         _features(2, 4, 3, 0, layers=True).joined(_features(2, 4, 3, 1))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("code_windows", -1, "code_windows"),
+        ("code_window", 1, "code_window"),
+        ("agreement_prompts", 0, "agreement_prompts"),
+        ("agreement_tokens", 2, "agreement_tokens"),
+    ],
+)
+def test_a_stage_refuses_data_and_checks_it_cannot_have(field, value, message):
+    training = TrainConfig(steps=1, batch_size=1, lr=1e-3)
+    with pytest.raises(ValueError, match=message):
+        EagleStage(training=training, **{field: value})

@@ -202,6 +202,9 @@ def test_trials_depend_on_the_jobs_they_name(path: Path) -> None:
     job_ids = {job.name: job.job_id for job in sweep.plan.jobs}
     assert set(job_ids) == {job["name"] for job in sweep.raw.get("training_jobs", [])}
     draft_job = {p["name"]: raw_drafts(p)[0].get("job") for p in sweep.raw["pairs"]}
+    for pair, raw in zip(sweep.spec.pairs, sweep.raw["pairs"], strict=True):
+        for index, draft in enumerate(raw_drafts(raw)):  # a further model: its own worker pair
+            draft_job.setdefault(pair.worker_name(index), draft.get("job"))
     policy_jobs: dict[str, set[str | None]] = {}
     for policy in sweep.raw["policies"]:
         policy_jobs.setdefault(policy["name"], set()).add(policy.get("job"))
