@@ -216,7 +216,7 @@ def test_block_costs_start_each_turn_warm_and_rotate_the_sizes() -> None:
 
 def test_the_eagle_kind_rows_match_ar(micro_zoo: ZooManifest, tmp_path: Path) -> None:
     """``--draft-kind eagle`` drafts with the head at ``--eagle-head`` (here an untrained one
-    over the micro target): AR and static K = 2, 4, 8, each output equal to AR's."""
+    over the micro target): AR and static K = 1, 2, 3, 4, 8, each output equal to AR's."""
     save_eagle_head(
         tmp_path / "head", untrained_head(load_causal_lm(micro_zoo.model_path("target"))), {}
     )
@@ -228,7 +228,7 @@ def test_the_eagle_kind_rows_match_ar(micro_zoo: ZooManifest, tmp_path: Path) ->
     report = json.loads(out.read_text())
     assert report["draft_kind"] == "eagle" and report["eagle_head"] == str(tmp_path / "head")
     rows = {m["method"]: m for m in report["methods"]}
-    assert set(rows) == {"target-only AR", *(f"eagle static K={k}" for k in (2, 4, 8))}
+    assert set(rows) == {"target-only AR", *(f"eagle static K={k}" for k in (1, 2, 3, 4, 8))}
     assert all(m["matches_ar"] for name, m in rows.items() if name != "target-only AR")
 
 
