@@ -102,10 +102,14 @@ def code_windows(tokenizer: Any, count: int, window: int) -> list[torch.Tensor]:
 
 @torch.inference_mode()
 def greedy_agreement_data(
-    target: LlamaForCausalLM, evaluation: EagleEvaluation, new_tokens: int, batch_size: int
+    target: LlamaForCausalLM,
+    evaluation: EagleEvaluation,
+    new_tokens: int,
+    batch_size: int,
+    pad_id: int,
 ) -> tuple[SequenceFeatures, list[int]]:
     """Return the target's features over its greedy answers to the agreement prompts (prompt
-    + answer) and each prompt's length."""
+    + answer, right-padded with ``pad_id``) and each prompt's length."""
     local = LocalTarget(CachedLM(target))
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=new_tokens)
     settings = RequestSettings(sampling=greedy, seed=0, eos_token_id=evaluation.eos_token_id)
@@ -113,9 +117,8 @@ def greedy_agreement_data(
         torch.cat([prompt, torch.tensor(local.generate(prompt, settings).output_ids)])
         for prompt in evaluation.agreement_prompts
     ]
-    pad = int(target.config.pad_token_id or 0)
     lengths = [prompt.numel() for prompt in evaluation.agreement_prompts]
-    return padded_features(target, rows, batch_size, pad), lengths
+    return padded_features(target, rows, batch_size, pad_id), lengths
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,7 @@ def _extracted(
     if data.code:
         train_data = train_data.joined(padded_features(target, data.code, batch, pad))
     held = sample_features(target, data.heldout, batch, pad)
-    answers = greedy_agreement_data(target, evaluation, stage.agreement_tokens, batch)
+    answers = greedy_agreement_data(target, evaluation, stage.agreement_tokens, batch, pad)
     return train_data, [held, answers]
 
 
