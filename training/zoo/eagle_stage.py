@@ -2,7 +2,8 @@
 
 The head reads the imported target's features over the teacher samples (prompt + the target's
 greedy response; one teacher-forced forward per batch of samples) and, where the stage asks,
-over windows of the standard library's source, its LM head cut to the drafts' ``draft_vocab``
+over the target's greedy answers to further code prompts and windows of the standard library's
+source, its LM head cut to the drafts' ``draft_vocab``
 when the stage has one, and trains with EAGLE's loss (``training.eagle_training``). Its card:
 the data, the steps, agreement at draft steps 1–3 on the held-out teacher samples and on the
 target's greedy answers to the evaluation dataset's prompts (HumanEval unless unavailable; none
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +124,13 @@ def greedy_agreement_data(
 
 @dataclass(frozen=True)
 class EagleData:
-    """The head's data: the (train, held-out) teacher samples and the code windows' tokens."""
+    """The head's data: the (train, held-out) teacher samples, the code windows' tokens and
+    the target's answers to the stage's further prompts (trained on beside ``train``)."""
 
     train: list[TeacherSample]
     heldout: list[TeacherSample]
     code: list[torch.Tensor]
+    answers: list[TeacherSample] = field(default_factory=list)
 
 
 def eagle_into(
@@ -144,7 +147,7 @@ def eagle_into(
     ``evaluation``, save it with its card."""
     started = time.perf_counter()
     log(progress, recipe, f"extracting the target's features ({len(data.train)} samples, "
-        f"{len(data.code)} code windows)")  # fmt: skip
+        f"{len(data.answers)} answers, {len(data.code)} code windows)")  # fmt: skip
     train_data, checks = _extracted(target, stage, data, evaluation)
     extract_s = time.perf_counter() - started
     kept = None if vocab is None else tuple(vocab.kept.tolist())
@@ -165,6 +168,7 @@ def eagle_into(
         "training": {
             **asdict(stage),
             "train_samples": len(data.train),
+            "answer_samples": len(data.answers),
             "code_windows": len(data.code),
             "train_tokens": train_data.n_tokens,
             "heldout_samples": len(data.heldout),
@@ -190,10 +194,11 @@ def eagle_into(
 def _extracted(
     target: LlamaForCausalLM, stage: EagleStage, data: EagleData, evaluation: EagleEvaluation
 ) -> tuple[SequenceFeatures, list[tuple[SequenceFeatures, list[int]]]]:
-    """Return the training features (teacher samples, then code windows) and the agreement
-    checks' features and prompt lengths: the held-out samples and the greedy answers."""
+    """Return the training features (teacher samples and further answers, then code windows)
+    and the agreement checks' features and prompt lengths: the held-out samples and the
+    greedy HumanEval answers."""
     pad, batch = int(target.config.pad_token_id or 0), stage.feature_batch
-    train_data, _ = sample_features(target, data.train, batch, pad)
+    train_data, _ = sample_features(target, data.train + data.answers, batch, pad)
     if data.code:
         train_data = train_data.joined(padded_features(target, data.code, batch, pad))
     held = sample_features(target, data.heldout, batch, pad)

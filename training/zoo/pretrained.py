@@ -21,6 +21,7 @@ from training.pretrained_drafts import (
     PretrainedDrafts,
     TeacherDataRecipe,
     TeacherSample,
+    answer_prompts,
     distill_on_teacher,
     draft_factories,
     frequent_tokens,
@@ -47,6 +48,8 @@ from workers.prompt_format import encode_prompts
 
 #: File of a pretrained profile's work folder holding generated teacher data until the build ends.
 TEACHER_DATA_FILE = "teacher-data.pt"
+#: Its file of the target's answers to an EAGLE stage's further prompts, kept the same way.
+EAGLE_ANSWERS_FILE = "eagle-answers.pt"
 
 
 def import_zoo(recipe: PretrainedRecipe, directory: Path, progress: bool) -> ZooManifest:
@@ -122,11 +125,12 @@ def _pretrained_drafts_into(
         evaluation = _eagle_evaluation(tokenizer, stage.evaluation, stage.eagle)
         code = code_windows(tokenizer, stage.eagle.code_windows, stage.eagle.code_window)
         with torch_threads(stage.train_threads):
+            answers = _eagle_answers(recipe, stage, target, tokenizer, work, progress)
             eagle_into(
                 recipe,
                 stage.eagle,
                 target,
-                EagleData(train, heldout, code),
+                EagleData(train, heldout, code, answers),
                 vocab,
                 evaluation,
                 directory,
@@ -147,6 +151,26 @@ def _draft_vocab(
     return frequent_tokens(train, stage.draft_vocab, target.config.vocab_size, specials)
 
 
+def _eagle_answers(
+    recipe: PretrainedRecipe,
+    stage: PretrainedDrafts,
+    target: LlamaForCausalLM,
+    tokenizer: Any,
+    work: Path,
+    progress: bool,
+) -> list[TeacherSample]:
+    """Return the target's greedy answers to the EAGLE stage's ``answer_prompts`` further
+    stdlib prompts (none when it asks for none), generated as the teacher data is."""
+    count = stage.eagle.answer_prompts if stage.eagle else 0
+    if count == 0:
+        return []
+    prompts = answer_prompts(stage.data, count)
+    data = replace(stage.data, prompt_labels=False)
+    path = work / EAGLE_ANSWERS_FILE
+    samples, _ = _cached_teacher_samples(recipe, data, target, tokenizer, path, progress, prompts)
+    return samples
+
+
 def _cached_teacher_samples(
     recipe: PretrainedRecipe,
     data: TeacherDataRecipe,
@@ -154,15 +178,18 @@ def _cached_teacher_samples(
     tokenizer: Any,
     path: Path,
     progress: bool,
+    prompts: list[str] | None = None,
 ) -> tuple[list[TeacherSample], float]:
-    """Return the teacher data, generated once per recipe: a build interrupted after this stage
-    (the longest) finds it at ``path`` and goes on from there; the build removes it when done."""
+    """Return the target's greedy answers to ``prompts`` (default: the teacher data's), generated
+    once per recipe: a build interrupted after this stage finds them at ``path`` and goes on from
+    there; the build removes them when done."""
     if path.is_file():
-        log(progress, recipe, f"reusing the teacher data of an interrupted build ({path})")
+        log(progress, recipe, f"reusing the answers of an interrupted build ({path})")
         saved = torch.load(path, weights_only=True)
         return [TeacherSample(**row) for row in saved["samples"]], saved["seconds"]
-    log(progress, recipe, "generating the target's greedy responses (teacher data)")
-    samples, seconds = teacher_samples(target, tokenizer, data, progress)
+    what = "teacher data" if prompts is None else f"{len(prompts)} further prompts"
+    log(progress, recipe, f"generating the target's greedy responses ({what})")
+    samples, seconds = teacher_samples(target, tokenizer, data, progress, prompts)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     torch.save({"samples": [asdict(sample) for sample in samples], "seconds": seconds}, partial)

@@ -294,6 +294,20 @@ SMOL_EAGLE_LONG_RECIPE = PretrainedRecipe(
 )
 
 
+#: The smol EAGLE head trained on the target's own greedy answers
+#: (``zoo:smol-eagle-answers/eagle``): beside the teacher samples its answers to 700 more stdlib
+#: function prompts (none of the teacher data's), no source windows, the long build's 800 steps.
+SMOL_EAGLE_ANSWERS = replace(SMOL_EAGLE_LONG, code_windows=0, answer_prompts=700)
+
+
+#: The smol profile with the head trained on the target's answers beside the drafts.
+SMOL_EAGLE_ANSWERS_RECIPE = PretrainedRecipe(
+    profile="smol-eagle-answers",
+    source=SMOLLM2_SOURCE,
+    drafts=replace(SMOL_DRAFTS, eagle=SMOL_EAGLE_ANSWERS),
+)
+
+
 #: SmolLM2 with draft-s and the early exit draft-exit (``zoo:smol-exit/draft-exit``).
 SMOL_EXIT_RECIPE = PretrainedRecipe(
     profile="smol-exit", source=SMOLLM2_SOURCE, drafts=SMOL_EXIT_DRAFTS
@@ -346,6 +360,7 @@ PROFILES: dict[str, Recipe] = {
     "smol-base": SMOL_BASE_RECIPE,
     "smol-eagle": SMOL_EAGLE_RECIPE,
     "smol-eagle-long": SMOL_EAGLE_LONG_RECIPE,
+    "smol-eagle-answers": SMOL_EAGLE_ANSWERS_RECIPE,
     "smol-exit": SMOL_EXIT_RECIPE,
 }
 
