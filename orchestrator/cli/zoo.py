@@ -24,8 +24,8 @@ ZOO_PROFILES = (
     "smol",
     "smol-base",
     "smol-eagle",
-    "smol-eagle-long",
     "smol-eagle-answers",
+    "smol-eagle-long",
     "smol-exit",
 )
 

@@ -97,6 +97,12 @@ def test_profiles_without_an_eagle_head_keep_their_hashes():
     assert PROFILES["smol-eagle"].model_names[-1] == "eagle"
 
 
+def test_eagle_profiles_without_further_answers_keep_their_hashes():
+    """answer_prompts (0 by default) left smol-eagle-long's cache folder where it was."""
+    assert PROFILES["smol-eagle-long"].recipe_hash() == "0aca2a018f7d"
+    assert PROFILES["smol-eagle-answers"].recipe_hash() == "eff72cf4681f"
+
+
 def _characters(text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
     """A tokenizer of one token per character (its code point)."""
     return {"input_ids": [ord(c) for c in text]}

