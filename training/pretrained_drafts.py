@@ -194,9 +194,7 @@ def distillation_prompts(recipe: TeacherDataRecipe) -> list[str]:
     interleaved by a seeded shuffle so that every generation batch mixes domains.
     """
     rng = random.Random(recipe.seed)
-    functions = code_functions("train")
-    chosen = rng.sample(range(len(functions)), min(recipe.code_prompts, len(functions)))
-    code = [functions[index].prompt for index in chosen]
+    code = _teacher_code_prompts(recipe, rng)
     math = [p.prompt for p in math_problems("train", recipe.math_prompts, seed=recipe.seed)]
     pairs = [(t, i) for t in _TOPICS for i in _INSTRUCTIONS]
     chosen = rng.sample(pairs, min(recipe.instruction_prompts, len(pairs)))
@@ -206,15 +204,19 @@ def distillation_prompts(recipe: TeacherDataRecipe) -> list[str]:
     return prompts
 
 
+def _teacher_code_prompts(recipe: TeacherDataRecipe, rng: random.Random) -> list[str]:
+    """Return the teacher data's code prompts: ``recipe.code_prompts`` train-split stdlib
+    functions drawn with ``rng`` (seeded with ``recipe.seed``; the draw moves it)."""
+    functions = code_functions("train")
+    return [f.prompt for f in rng.sample(functions, min(recipe.code_prompts, len(functions)))]
+
+
 def answer_prompts(recipe: TeacherDataRecipe, count: int) -> list[str]:
     """Return ``count`` more train-split stdlib function prompts, none of them among
     ``distillation_prompts(recipe)``'s, in a seeded order (for data the target answers beyond
     the teacher data, e.g. an EAGLE head's); ValueError when fewer are left."""
-    rng = random.Random(recipe.seed)
-    functions = code_functions("train")
-    chosen = rng.sample(range(len(functions)), min(recipe.code_prompts, len(functions)))
-    taken = {functions[index].prompt for index in chosen}
-    rest = sorted({f.prompt for f in functions} - taken)
+    taken = set(_teacher_code_prompts(recipe, random.Random(recipe.seed)))
+    rest = sorted({f.prompt for f in code_functions("train")} - taken)
     if count > len(rest):
         raise ValueError(f"answer_prompts: {count} asked, {len(rest)} stdlib functions left")
     return random.Random(recipe.seed + 1).sample(rest, count)
