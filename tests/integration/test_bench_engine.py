@@ -224,8 +224,11 @@ def test_the_eagle_kind_rows_match_ar(micro_zoo: ZooManifest, tmp_path: Path) ->
     args = ["--target", str(micro_zoo.model_path("target")), "--dataset", "builtin:code"]
     args += ["--samples", "2", "--max-new-tokens", "8", "--threads", "1"]
     args += ["--draft-kind", "eagle", "--eagle-head", str(tmp_path / "head"), "--out", str(out)]
-    assert load_bench_script("engine").main(args) == 0
+    status = load_bench_script("engine").main(args)
     report = json.loads(out.read_text())
+    # Exit 1 also when AR on another path measured faster: timing, which the other test
+    # worker's load can decide on this 8-token micro run (CI once); the rows are what is checked.
+    assert status == (0 if report["ar_baseline"]["fair"] else 1)
     assert report["draft_kind"] == "eagle" and report["eagle_head"] == str(tmp_path / "head")
     rows = {m["method"]: m for m in report["methods"]}
     assert set(rows) == {"target-only AR", *(f"eagle static K={k}" for k in (1, 2, 3, 4, 8))}
@@ -242,9 +245,10 @@ def test_the_ngram_kind_reports_its_ar_baseline_and_paired_intervals(
     args = ["--target", str(micro_zoo.model_path("target")), "--dataset", "builtin:code"]
     args += ["--samples", "3", "--max-new-tokens", "8", "--threads", "1"]
     args += ["--draft-kind", "ngram", "--out", str(out)]
-    assert load_bench_script("engine").main(args) == 0
+    status = load_bench_script("engine").main(args)
     report = json.loads(out.read_text())
-    assert report["ar_baseline"]["path"] == "plain_torch" and report["ar_baseline"]["fair"]
+    assert status == (0 if report["ar_baseline"]["fair"] else 1)
+    assert report["ar_baseline"]["path"] == "plain_torch"
     assert {"plain_torch", "plain_torch_unpacked", "transformers_modules"} <= set(
         report["ar_tokens_per_s"]
     )
