@@ -57,6 +57,7 @@ def test_joining_sequences_with_and_without_layer_states_is_refused():
         ("code_window", 1, "code_window"),
         ("agreement_prompts", 0, "agreement_prompts"),
         ("agreement_tokens", 2, "agreement_tokens"),
+        ("answer_prompts", -1, "answer_prompts"),
     ],
 )
 def test_a_stage_refuses_data_and_checks_it_cannot_have(field, value, message):

@@ -123,19 +123,12 @@ def _pretrained_drafts_into(
     clock.lap("save drafts")
     if stage.eagle is not None:
         evaluation = _eagle_evaluation(tokenizer, stage.evaluation, stage.eagle)
-        code = code_windows(tokenizer, stage.eagle.code_windows, stage.eagle.code_window)
+        teacher = EagleData(train, heldout, [])
         with torch_threads(stage.train_threads):
-            answers = _eagle_answers(recipe, stage, target, tokenizer, work, progress)
-            eagle_into(
-                recipe,
-                stage.eagle,
-                target,
-                EagleData(train, heldout, code, answers),
-                vocab,
-                evaluation,
-                directory,
-                progress,
+            data = _eagle_data(
+                recipe, stage, stage.eagle, target, tokenizer, teacher, work, progress
             )
+            eagle_into(recipe, stage.eagle, target, data, vocab, evaluation, directory, progress)
         clock.lap("eagle head")
     shutil.rmtree(work, ignore_errors=True)
 
@@ -151,24 +144,29 @@ def _draft_vocab(
     return frequent_tokens(train, stage.draft_vocab, target.config.vocab_size, specials)
 
 
-def _eagle_answers(
+def _eagle_data(
     recipe: PretrainedRecipe,
     stage: PretrainedDrafts,
+    eagle: EagleStage,
     target: LlamaForCausalLM,
     tokenizer: Any,
+    teacher: EagleData,
     work: Path,
     progress: bool,
-) -> list[TeacherSample]:
-    """Return the target's greedy answers to the EAGLE stage's ``answer_prompts`` further
-    stdlib prompts (none when it asks for none), generated as the teacher data is."""
-    count = stage.eagle.answer_prompts if stage.eagle else 0
-    if count == 0:
-        return []
-    prompts = answer_prompts(stage.data, count)
-    data = replace(stage.data, prompt_labels=False)
+) -> EagleData:
+    """Return the EAGLE stage's data: the ``teacher`` samples plus its code windows and the
+    target's greedy answers to its ``answer_prompts`` further stdlib prompts (generated as the
+    teacher data is)."""
+    code = code_windows(tokenizer, eagle.code_windows, eagle.code_window)
+    if eagle.answer_prompts == 0:
+        return replace(teacher, code=code)
+    prompts = answer_prompts(stage.data, eagle.answer_prompts)
+    unlabelled = replace(stage.data, prompt_labels=False)
     path = work / EAGLE_ANSWERS_FILE
-    samples, _ = _cached_teacher_samples(recipe, data, target, tokenizer, path, progress, prompts)
-    return samples
+    answers, _ = _cached_teacher_samples(
+        recipe, unlabelled, target, tokenizer, path, progress, prompts
+    )
+    return replace(teacher, code=code, answers=answers)
 
 
 def _cached_teacher_samples(
