@@ -77,7 +77,9 @@ class EagleStage:
     library's training source (teacher-forced: no generation, only a forward per window). Its
     card also measures agreement on the target's greedy answers to
     ``agreement_prompts`` prompts of the evaluation dataset (HumanEval), ``agreement_tokens``
-    new tokens each.
+    new tokens each. ``head_vocab``: the head's LM head keeps the rows of the tokens with the
+    most teacher mass over the head's own training data (teacher samples and answers); None:
+    the drafts' vocabulary (``draft_vocab``).
     """
 
     training: TrainConfig
@@ -90,10 +92,13 @@ class EagleStage:
     agreement_prompts: int = 16
     agreement_tokens: int = 64
     answer_prompts: int = 0
+    head_vocab: int | None = None
 
     def __post_init__(self) -> None:
         if self.answer_prompts < 0:
             raise ValueError("answer_prompts must be >= 0")
+        if self.head_vocab is not None and self.head_vocab < 2:
+            raise ValueError("head_vocab must be None (the drafts' vocabulary) or >= 2 tokens")
         if self.code_windows < 0 or self.code_window < 2:
             raise ValueError("code_windows must be >= 0 and code_window >= 2 tokens")
         if self.agreement_prompts < 1 or self.agreement_tokens < 4:

@@ -25,6 +25,7 @@ ZOO_PROFILES = (
     "smol-base",
     "smol-eagle",
     "smol-eagle-answers",
+    "smol-eagle-answers-2k",
     "smol-eagle-long",
     "smol-exit",
 )

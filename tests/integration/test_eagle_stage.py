@@ -20,6 +20,7 @@ from training.zoo.eagle_stage import (
     eagle_into,
     sample_features,
 )
+from training.zoo.pretrained import eagle_head_vocab
 from training.zoo.recipes import PROFILES, SMOL_EAGLE_RECIPE
 from workers.corpus import code_training_text
 from workers.eagle.artifact import load_eagle_head
@@ -97,10 +98,36 @@ def test_profiles_without_an_eagle_head_keep_their_hashes():
     assert PROFILES["smol-eagle"].model_names[-1] == "eagle"
 
 
-def test_eagle_profiles_without_further_answers_keep_their_hashes():
-    """answer_prompts (0 by default) left smol-eagle-long's cache folder where it was."""
+def test_eagle_profiles_keep_their_hashes_through_later_settings():
+    """answer_prompts (0 by default) and head_vocab (None) left the EAGLE profiles' cache
+    folders where they were."""
     assert PROFILES["smol-eagle-long"].recipe_hash() == "0aca2a018f7d"
     assert PROFILES["smol-eagle-answers"].recipe_hash() == "eff72cf4681f"
+    assert PROFILES["smol-eagle-answers-2k"].recipe_hash() == "b9b1596617da"
+
+
+class _Specials:
+    """A tokenizer's special ids, as eagle_head_vocab reads them."""
+
+    all_special_ids = (0,)
+    eos_token_id = 1
+
+
+def _labelled(ids: list[int]) -> TeacherSample:
+    """A one-position-per-id teacher sample whose top-1 is each id, with probability 1."""
+    top = torch.tensor(ids)[:, None]
+    return TeacherSample(torch.tensor([5, *ids]), 0, top, torch.zeros(len(ids), 1))
+
+
+def test_a_stage_head_vocab_keeps_the_tokens_most_frequent_in_the_heads_own_data():
+    target = build_tiny_pair()[1]
+    stage = EagleStage(training=TrainConfig(steps=1, batch_size=1, lr=1e-3))
+    drafts = DraftVocab.of(torch.arange(0, 96, 2), 96)
+    data = EagleData([_labelled([7, 7, 9])], [], [], answers=[_labelled([11, 11, 11, 9, 3])])
+    assert eagle_head_vocab(stage, data, drafts, target, _Specials()) is drafts
+    cut = eagle_head_vocab(replace(stage, head_vocab=5), data, drafts, target, _Specials())
+    assert cut.kept.tolist() == [0, 1, 7, 9, 11]
+    assert cut.row_of[11] == 4 and cut.row_of[3] == -1
 
 
 def _characters(text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:

@@ -58,6 +58,7 @@ def test_joining_sequences_with_and_without_layer_states_is_refused():
         ("agreement_prompts", 0, "agreement_prompts"),
         ("agreement_tokens", 2, "agreement_tokens"),
         ("answer_prompts", -1, "answer_prompts"),
+        ("head_vocab", 1, "head_vocab"),
     ],
 )
 def test_a_stage_refuses_data_and_checks_it_cannot_have(field, value, message):

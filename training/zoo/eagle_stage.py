@@ -165,6 +165,7 @@ def eagle_into(
         "parameters": sum(p.numel() for p in head.parameters()),
         "hidden_size": head.config.hidden_size,
         "head_vocab": None if kept is None else len(kept),
+        "head_vocab_coverage": None if vocab is None else vocab.coverage(data.heldout),
         "training": {
             **asdict(stage),
             "train_samples": len(data.train),

@@ -128,7 +128,10 @@ def _pretrained_drafts_into(
             data = _eagle_data(
                 recipe, stage, stage.eagle, target, tokenizer, teacher, work, progress
             )
-            eagle_into(recipe, stage.eagle, target, data, vocab, evaluation, directory, progress)
+            head_vocab = eagle_head_vocab(stage.eagle, data, vocab, target, tokenizer)
+            eagle_into(
+                recipe, stage.eagle, target, data, head_vocab, evaluation, directory, progress
+            )
         clock.lap("eagle head")
     shutil.rmtree(work, ignore_errors=True)
 
@@ -142,6 +145,23 @@ def _draft_vocab(
         return None
     specials = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
     return frequent_tokens(train, stage.draft_vocab, target.config.vocab_size, specials)
+
+
+def eagle_head_vocab(
+    eagle: EagleStage,
+    data: EagleData,
+    drafts_vocab: DraftVocab | None,
+    target: LlamaForCausalLM,
+    tokenizer: Any,
+) -> DraftVocab | None:
+    """Return the EAGLE head's vocabulary: the drafts' unless the stage sets ``head_vocab``,
+    then that many tokens with the most teacher mass over the head's teacher samples and
+    answers (the tokenizer's specials kept)."""
+    if eagle.head_vocab is None:
+        return drafts_vocab
+    specials = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
+    samples = data.train + data.answers
+    return frequent_tokens(samples, eagle.head_vocab, target.config.vocab_size, specials)
 
 
 def _eagle_data(
