@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     """Time the head's and the target's steps; write the JSON report."""
     parser = bench_parser(__doc__)
     parser.add_argument("--target", default="zoo:smol/target", help="model directory or zoo ref")
-    parser.add_argument("--head", default=None, help="EAGLE head directory (default: fresh)")
+    parser.add_argument("--head", default=None, help="EAGLE head directory or zoo ref (default: fresh)")
     parser.add_argument("--head-vocab", type=int, default=8192, help="rows of a fresh head")
     parser.add_argument("--context", type=int, default=128, help="cached tokens before a step")
     parser.add_argument("--repeats", type=int, default=30, help="timed steps of each model")
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     target_path = resolve_model_path(args.target)
     target = load_causal_lm(target_path)
     if args.head is not None:
-        head = load_eagle_head(args.head, target)
+        head = load_eagle_head(resolve_model_path(args.head), target)
     else:
         vocab = tuple(range(args.head_vocab)) if args.head_vocab > 0 else None
         config = EagleConfig.for_target(target, head_vocab=vocab)
