@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     """Time the head's and the target's steps; write the JSON report."""
     parser = bench_parser(__doc__)
     parser.add_argument("--target", default="zoo:smol/target", help="model directory or zoo ref")
-    parser.add_argument("--head", default=None, help="EAGLE head directory or zoo ref (default: fresh)")
+    parser.add_argument(
+        "--head", default=None, help="EAGLE head directory or zoo ref (default: fresh)"
+    )
     parser.add_argument("--head-vocab", type=int, default=8192, help="rows of a fresh head")
     parser.add_argument("--context", type=int, default=128, help="cached tokens before a step")
     parser.add_argument("--repeats", type=int, default=30, help="timed steps of each model")
