@@ -143,8 +143,7 @@ def _draft_vocab(
     tokens with the most teacher mass over the training data, the tokenizer's specials kept."""
     if stage.draft_vocab is None:
         return None
-    specials = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
-    return frequent_tokens(train, stage.draft_vocab, target.config.vocab_size, specials)
+    return _frequent_vocab(train, stage.draft_vocab, target, tokenizer)
 
 
 def eagle_head_vocab(
@@ -159,9 +158,16 @@ def eagle_head_vocab(
     answers (the tokenizer's specials kept)."""
     if eagle.head_vocab is None:
         return drafts_vocab
+    return _frequent_vocab(data.train + data.answers, eagle.head_vocab, target, tokenizer)
+
+
+def _frequent_vocab(
+    samples: list[TeacherSample], size: int, target: LlamaForCausalLM, tokenizer: Any
+) -> DraftVocab:
+    """Return the ``size`` tokens with the most teacher mass over ``samples``, the tokenizer's
+    specials and EOS among them."""
     specials = sorted(set(tokenizer.all_special_ids) | {tokenizer.eos_token_id})
-    samples = data.train + data.answers
-    return frequent_tokens(samples, eagle.head_vocab, target.config.vocab_size, specials)
+    return frequent_tokens(samples, size, target.config.vocab_size, specials)
 
 
 def _eagle_data(
