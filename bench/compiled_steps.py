@@ -1,19 +1,24 @@
-"""Eager against torch.compile'd static-shape steps of the fast Llama path, per block size.
+"""Eager against compiled steps of the fast Llama path, per block size (issue #45 point 4).
 
-For each block size: the fastest of ``--repeats`` eager forwards on each layout
-(``LlamaFastDecoder.forward``), the uncompiled static forward (``workers.compiled_step``), the
-compiled one, the seconds of its first call (the compile, or the load from inductor's cache
-under the SpecSweep cache: run the script twice to see both), and the largest absolute
-difference of its hidden states from the eager unpacked forward's. Blocks run after a cached
-context of ``--context`` tokens and are cropped off again (a rollback).
+Loads the target, compiles ``workers.compiled_step.CompiledSteps`` (its ``warm``: the seconds
+are the compile, or the load from inductor's cache under the SpecSweep cache: run the script
+twice to see both), then, after a cached context of ``--context`` tokens, times the forward
+of each block size on each layout (eager packed, eager unpacked, compiled), the layouts taking
+turns and the sizes rotating in every round, and reports the median and the fastest of
+``--repeats`` and whether the compiled hidden states equal the eager unpacked ones bit for bit
+(and their largest difference). Each block is cropped off again (a rollback). Then, as a
+sweep's worker would, ``CachedLM(compiled_steps=True)`` calibrates and prints the step plan it
+chooses. Run it with nothing else on the cores.
 
-    python bench/compiled_steps.py --target zoo:micro/target --sizes 1 2 4
+    python bench/compiled_steps.py --target zoo:smol/target --sizes 1 2 3 4 6 8
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 import torch
 from common import (
@@ -27,42 +32,54 @@ from common import (
 
 from orchestrator.run.preflight import resolve_model_path
 from training.zoo.cache import default_cache_dir
-from workers.compiled_step import StaticSteps, use_compile_cache
+from workers.compiled_step import CompiledSteps, use_compile_cache
 from workers.llama_fast import LlamaFastDecoder
-from workers.lm import load_causal_lm
+from workers.lm import CachedLM, load_causal_lm
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
 
-def timed(
-    decoder: LlamaFastDecoder, forward: Forward, ids: torch.Tensor
-) -> tuple[float, torch.Tensor]:
-    """Return the seconds and output of ``forward(ids)`` after the cached context (cropped
-    back to it)."""
+def timed(decoder: LlamaFastDecoder, forward: Forward, ids: torch.Tensor) -> float:
+    """Return the seconds of ``forward(ids)`` after the cached context (cropped back to it)."""
     length = decoder.length
     start = time.perf_counter()
-    out = forward(ids)
+    forward(ids)
     seconds = time.perf_counter() - start
     decoder.crop(length)
-    return seconds, out
+    return seconds
 
 
-def measure_size(
-    decoder: LlamaFastDecoder, forwards: dict[str, Forward], n: int, repeats: int
-) -> dict[str, float]:
-    """Return the fastest seconds of each forward at block size ``n``, the compile seconds and
-    the compiled output's largest difference from the eager unpacked one."""
+def equality(decoder: LlamaFastDecoder, compiled: Forward, n: int) -> dict[str, float | bool]:
+    """Return whether the compiled forward of an ``n``-token block equals the eager unpacked
+    one bit for bit, and their largest absolute difference."""
     ids = torch.arange(2, 2 + n)
-    compile_s, compiled_out = timed(decoder, forwards["compiled"], ids)
-    _, reference = timed(decoder, forwards["eager_unpacked"], ids)
-    seconds: dict[str, list[float]] = {name: [] for name in forwards}
-    for _ in range(repeats):
-        for name, forward in forwards.items():
-            seconds[name].append(timed(decoder, forward, ids)[0])
-    row = {f"{name}_s": min(times) for name, times in seconds.items()}
-    row["compile_s"] = compile_s
-    row["max_abs_diff"] = float((compiled_out - reference).abs().max())
-    return row
+    length = decoder.length
+    eager = decoder.forward(ids, packed=False)
+    decoder.crop(length)
+    mine = compiled(ids)
+    decoder.crop(length)
+    difference = float((mine - eager).abs().max())
+    return {"bit_equal": bool(torch.equal(mine, eager)), "max_abs_diff": difference}
+
+
+def measure(
+    decoder: LlamaFastDecoder, forwards: dict[str, Forward], sizes: list[int], repeats: int
+) -> dict[int, dict[str, float]]:
+    """Return each layout's median and fastest seconds at each block size (layouts in turns,
+    sizes rotating from round to round)."""
+    seconds: dict[tuple[str, int], list[float]] = {(a, n): [] for a in forwards for n in sizes}
+    for repeat in range(repeats):
+        order = list(forwards) if repeat % 2 == 0 else list(forwards)[::-1]
+        for name in order:
+            for n in sizes[repeat % len(sizes) :] + sizes[: repeat % len(sizes)]:
+                seconds[name, n].append(timed(decoder, forwards[name], torch.arange(2, 2 + n)))
+    return {
+        n: {
+            **{f"{a}_median_s": statistics.median(seconds[a, n]) for a in forwards},
+            **{f"{a}_fastest_s": min(seconds[a, n]) for a in forwards},
+        }
+        for n in sizes
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,39 +87,47 @@ def main(argv: list[str] | None = None) -> None:
     parser = bench_parser(__doc__)
     add_pair_arguments(parser, draft=False)
     add_threads_argument(parser, None, "torch's default")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--context", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--capacity", type=int, default=256)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
+    parser.add_argument("--context", type=int, default=160)
+    parser.add_argument("--repeats", type=int, default=15)
     add_out_argument(parser, "bench-compiled-steps.json")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     cache = use_compile_cache(default_cache_dir() / "inductor")
     model = load_causal_lm(resolve_model_path(args.target))
-    decoder = LlamaFastDecoder(model)
-    static = StaticSteps(decoder, args.capacity, compiled=False)
-    compiled = StaticSteps(decoder, args.capacity, compiled=True)
-    forwards: dict[str, Forward] = {
-        "compiled": compiled.forward,
-        "eager_unpacked": lambda ids: decoder.forward(ids, packed=False),
-        "eager_packed": lambda ids: decoder.forward(ids, packed=True),
-        "static_uncompiled": static.forward,
-    }
-    rows = {}
     with torch.inference_mode():
+        decoder = LlamaFastDecoder(model)
         decoder.forward(torch.zeros(args.context, dtype=torch.long))
+        compiled = CompiledSteps(decoder)
+        warm_s = compiled.warm()
+        warm_graphs = compiled.graphs
+        print(f"compiled {warm_graphs} graphs in {warm_s:.1f} s", flush=True)
+        forwards: dict[str, Forward] = {
+            "packed": lambda ids: decoder.forward(ids, packed=True),
+            "unpacked": lambda ids: decoder.forward(ids, packed=False),
+            "compiled": compiled.forward,
+        }
+        rows = measure(decoder, forwards, args.sizes, args.repeats)
         for n in args.sizes:
-            rows[n] = measure_size(decoder, forwards, n, args.repeats)
+            rows[n].update(equality(decoder, compiled.forward, n))
             print(n, rows[n], flush=True)
+        calibration = CachedLM(model, compiled_steps=True).calibration
     report = {
         "commit": checkout_commit(),
         "target": args.target,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "context": args.context,
+        "repeats": args.repeats,
         "inductor_cache": str(cache),
+        "compile_seconds": warm_s,
+        "graphs": warm_graphs,
+        "graphs_compiled_while_timing": compiled.graphs - warm_graphs,
         "sizes": rows,
+        "calibration": asdict(calibration) if calibration else None,
     }
+    print("CachedLM(compiled_steps=True) chose", calibration.plan if calibration else None)
     write_report(args.out, report)
 
 

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workers.llama_fast import INITIAL_CAPACITY, LlamaFastDecoder, unsupported_reason
+from workers.llama_fast import (
+    INITIAL_CAPACITY,
+    LlamaFastDecoder,
+    rms_norm,
+    silu_mul,
+    unsupported_reason,
+)
 from workers.lm import CachedLM, head_logits
 
 
@@ -160,7 +166,7 @@ class BatchedLM:
         rows = torch.tensor(slots, device=self.device)
         hidden = F.embedding(ids.view(-1), fast.embed)
         for index, layer in enumerate(fast.layers):
-            normed = fast._rms_norm(hidden, layer.input_norm)
+            normed = rms_norm(hidden, layer.input_norm, fast.eps)
             q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
             q = _rotate(_heads(q, batch, width, fast.n_heads), cos, sin)
             k = _rotate(_heads(k, batch, width, fast.n_kv_heads), cos, sin)
@@ -175,10 +181,10 @@ class BatchedLM:
             )
             attended = attended.transpose(1, 2).reshape(batch * width, n_q)
             hidden = hidden + layer.out(attended, packed)
-            normed = fast._rms_norm(hidden, layer.post_norm)
+            normed = rms_norm(hidden, layer.post_norm, fast.eps)
             gate, up = layer.gate_up(normed, packed).chunk(2, -1)
-            hidden = hidden + layer.down(F.silu(gate) * up, packed)
-        return fast._rms_norm(hidden, fast.final_norm).view(batch, width, -1)
+            hidden = hidden + layer.down(silu_mul(gate, up), packed)
+        return rms_norm(hidden, fast.final_norm, fast.eps).view(batch, width, -1)
 
     def _write_row(
         self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor, end: int

@@ -1,30 +1,31 @@
-"""A static-shape forward of the fast Llama path, for ``torch.compile`` (an experiment, not wired).
+"""Compiled decode and verify steps of the fast Llama path (``torch.compile``, inductor).
 
-Issue #45 point 4 asks for compiled decode and verify steps: one graph per block size over a
-static KV cache, bit-equal to the eager path in float32 on CPU. ``static_forward`` is that
-forward: the key/value buffers keep their full capacity, the start position is a tensor, new
-keys and values are written with ``index_copy_`` and attention runs over the whole buffer with
-a mask for the unused tail, so a graph depends on the block size only and a rollback stays a
-length change (``LlamaFastDecoder.crop``). It shares the decoder's buffers, so eager and compiled
-forwards can alternate on one cache.
+``CompiledSteps`` runs ``workers.llama_fast.run_block`` on the decoder's unpacked weights through
+``torch.compile``, with attention over exactly the cached prefix (the prefix length is a dynamic
+size of the graph) and Llama's RMSNorm and SiLU·up as opaque operators (``KEPT_KERNELS``:
+``specsweep::rms_norm``, ``specsweep::silu_mul``) whose bodies are the eager functions. Inductor
+fuses what is left (rotary embedding, residual adds, copies) and calls ATen's kernels for the
+products and attention, so every output is bit for bit the eager unpacked forward's in float32
+on CPU (tests assert equality). Left to inductor, its fused RMSNorm reduction and its SiLU round
+differently (up to 7e-7 on the tiny test model): the two operators are what makes the graph
+exact. ``CachedLM(compiled_steps=True)`` offers it as a third layout, "compiled", timed against
+the eager ones at load (``workers.step_plan``). The graphs: one for one-token steps and one for
+blocks (block size and length symbolic), made by ``warm``; compiled code is cached on disk
+under ``$SPECSWEEP_CACHE/inductor`` (``use_compile_cache``).
 
-What it found on CPU (torch 2.13, docs/lab/bench-compiled-steps.md), and why ``CachedLM`` does
-not use it:
-
-- Not bit-equal even uncompiled: scaled_dot_product_attention over the full buffer with the
-  tail masked differs from attention over the cached prefix only (the eager path) by up to
-  3e-7 in a single call; its result depends on the key length, not only on the unmasked keys.
-  Bit-equality therefore needs attention over exactly the cached length, a dynamic shape.
-- Inductor cannot lower the oneDNN-packed product (``mkldnn._linear_pointwise`` on a weight
-  that is not a frozen constant): only the "unpacked" layout compiles.
-- Compiled on the unpacked layout it differs from the same function run eagerly by up to 5e-7
-  (inductor's fused reductions round differently), and compiling took 25 to 122 s per block
-  size for the 3-layer micro target on the shared 2-core machine (1.5 to 5 s from the cache).
+``static_forward`` and ``StaticSteps`` are the other design, kept for a GPU's CUDA graphs, which
+need static shapes: the key/value buffers at full capacity, the start position a tensor,
+attention over the whole buffer with the tail masked. Over the whole buffer attention rounds
+differently from attention over the prefix (3e-7 in one call), so it is close to the eager path
+(the tests' 1e-5), not equal; inductor cannot lower the oneDNN-packed product (only unpacked
+weights compile); compiling it took 25 to 122 s per block size for the micro target on a
+shared 2-core machine (docs/lab/bench-compiled-steps.md).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,12 +33,106 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from workers.llama_fast import LlamaFastDecoder, rotate
+from workers.llama_fast import (
+    Kernels,
+    LlamaFastDecoder,
+    rms_norm,
+    rotate,
+    run_block,
+    silu_mul,
+)
 
 #: The environment variable naming torch inductor's on-disk cache (compiled graphs, kernels).
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 StaticForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: The forwards ``CompiledSteps.warm`` runs (block size, one-token steps before it): one-token
+#: steps at two lengths and blocks of two sizes, after which the one-token graph and the block
+#: graph have symbolic lengths (torch's automatic dynamic shapes recompile once a size changes).
+WARM_SCHEDULE = ((1, 0), (1, 1), (2, 0), (3, 1))
+
+
+@torch.library.custom_op("specsweep::rms_norm", mutates_args=())
+def kept_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``workers.llama_fast.rms_norm`` as an operator a compiled graph calls as it is."""
+    return rms_norm(hidden, weight, eps)
+
+
+@kept_rms_norm.register_fake
+def _rms_norm_shape(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The output's shape and dtype for tracing."""
+    return torch.empty_like(hidden)
+
+
+@torch.library.custom_op("specsweep::silu_mul", mutates_args=())
+def kept_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``workers.llama_fast.silu_mul`` as an operator a compiled graph calls as it is."""
+    return silu_mul(gate, up)
+
+
+@kept_silu_mul.register_fake
+def _silu_mul_shape(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The output's shape and dtype for tracing."""
+    return torch.empty_like(gate)
+
+
+#: The kernels compiled steps run: RMSNorm and SiLU·up left to PyTorch's own kernels.
+KEPT_KERNELS = Kernels(kept_rms_norm, kept_silu_mul)
+
+
+def _compiled_block(decoder: LlamaFastDecoder, ids: torch.Tensor, start: int) -> torch.Tensor:
+    """Return ``run_block``'s final hidden states on the unpacked weights with the kept
+    kernels (the function ``CompiledSteps`` compiles)."""
+    return run_block(decoder, ids, start, False, (), KEPT_KERNELS)[0]
+
+
+class CompiledSteps:
+    """Forwards of one ``LlamaFastDecoder`` on its unpacked weights through ``torch.compile``,
+    bit-equal to ``decoder.forward(ids, packed=False)`` (see the module).
+
+    They share the decoder's cache and length, so compiled and eager forwards alternate freely
+    across rollbacks. ``compile_seconds`` sums the calls that compiled a graph (the call's own
+    run included) and ``graphs`` counts them.
+    """
+
+    def __init__(self, decoder: LlamaFastDecoder) -> None:
+        self.decoder = decoder
+        self.compile_seconds = 0.0
+        self.graphs = 0
+        self._run = torch.compile(_compiled_block, dynamic=None)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Return the final hidden states [n, d] of ``ids`` [n] after the cached prefix and
+        append them to the cache, as ``LlamaFastDecoder.forward(ids, packed=False)`` does."""
+        start, end = self.decoder.reserve(ids.numel())
+        before = _unique_graphs()
+        began = time.perf_counter()
+        hidden = self._run(self.decoder, ids, start)
+        if _unique_graphs() > before:
+            self.compile_seconds += time.perf_counter() - began
+            self.graphs += _unique_graphs() - before
+        self.decoder.length = end
+        return hidden
+
+    def warm(self) -> float:
+        """Compile the one-token and the block graph now and return the seconds it took: the
+        forwards of ``WARM_SCHEDULE`` (block size, one-token steps before it) after the cached
+        prefix, which is restored."""
+        length, spent = self.decoder.length, self.compile_seconds
+        ids = torch.zeros(max(n for n, _ in WARM_SCHEDULE), dtype=torch.long)
+        ids = ids.to(self.decoder.embed.device)
+        for n, steps_before in WARM_SCHEDULE:
+            self.decoder.crop(length)
+            for _ in range(steps_before):
+                self.forward(ids[:1])
+            self.forward(ids[:n])
+        self.decoder.crop(length)
+        return self.compile_seconds - spent
+
+
+def _unique_graphs() -> int:
+    """Return how many graphs torch.compile has made in this process."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def use_compile_cache(directory: Path) -> Path:
@@ -66,18 +161,18 @@ def static_forward(
     n = ids.numel()
     positions = start + torch.arange(n, device=ids.device)
     cos, sin = d._cos.index_select(0, positions), d._sin.index_select(0, positions)
-    capacity = d._keys.shape[-2]
+    capacity = d.capacity
     mask = torch.arange(capacity, device=ids.device)[None, :] <= positions[:, None]
     n_q, n_kv = d.n_heads * d.head_dim, d.n_kv_heads * d.head_dim
     hidden = F.embedding(ids, d.embed)
     for index, layer in enumerate(d.layers):
-        normed = d._rms_norm(hidden, layer.input_norm)
+        normed = rms_norm(hidden, layer.input_norm, d.eps)
         q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
         q = rotate(q.view(n, d.n_heads, d.head_dim).transpose(0, 1), cos, sin)
         k = rotate(k.view(n, d.n_kv_heads, d.head_dim).transpose(0, 1), cos, sin)
         v = v.view(n, d.n_kv_heads, d.head_dim).transpose(0, 1)
-        d._keys[index, 0].index_copy_(1, positions, k)
-        d._values[index, 0].index_copy_(1, positions, v)
+        d._keys[index][0].index_copy_(1, positions, k)
+        d._values[index][0].index_copy_(1, positions, v)
         attended = F.scaled_dot_product_attention(
             q[None],
             d._keys[index],
@@ -86,10 +181,10 @@ def static_forward(
             enable_gqa=d.n_heads != d.n_kv_heads,
         )
         hidden = hidden + layer.out(attended[0].transpose(0, 1).reshape(n, n_q), packed)
-        normed = d._rms_norm(hidden, layer.post_norm)
+        normed = rms_norm(hidden, layer.post_norm, d.eps)
         gate, up = layer.gate_up(normed, packed).chunk(2, -1)
-        hidden = hidden + layer.down(F.silu(gate) * up, packed)
-    return d._rms_norm(hidden, d.final_norm)
+        hidden = hidden + layer.down(silu_mul(gate, up), packed)
+    return rms_norm(hidden, d.final_norm, d.eps)
 
 
 class StaticSteps:

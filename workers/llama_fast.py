@@ -22,6 +22,7 @@ has its own layer types and keeps the transformers path).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -157,22 +158,27 @@ class LlamaFastDecoder:
             for layer in decoder.layers
         ]
         self.length = 0
-        self._keys = self._values = self._cos = self._sin = torch.empty(0)
+        self._keys: tuple[torch.Tensor, ...] = ()
+        self._values: tuple[torch.Tensor, ...] = ()
+        self._cos = self._sin = torch.empty(0)
         self._allocate(INITIAL_CAPACITY)
 
     @property
     def capacity(self) -> int:
         """Number of positions the key/value buffers hold before they must grow."""
-        return self._keys.shape[-2]
+        return self._keys[0].shape[-2]
 
     def _allocate(self, capacity: int) -> None:
-        """(Re)allocate buffers for ``capacity`` positions, keeping the cached prefix."""
-        shape = (len(self.layers), 1, self.n_kv_heads, capacity, self.head_dim)
-        keys = self.embed.new_zeros(shape)
-        values = self.embed.new_zeros(shape)
-        if self.length:
-            keys[..., : self.length, :] = self._keys[..., : self.length, :]
-            values[..., : self.length, :] = self._values[..., : self.length, :]
+        """(Re)allocate buffers for ``capacity`` positions, keeping the cached prefix.
+
+        Each layer's keys and values [1, kv heads, capacity, head dim] are a tensor of their
+        own, not views of one: a compiled step writes into them in place only where no two
+        inputs share storage (``workers.compiled_step``)."""
+        shape = (1, self.n_kv_heads, capacity, self.head_dim)
+        keys = tuple(self.embed.new_zeros(shape) for _ in self.layers)
+        values = tuple(self.embed.new_zeros(shape) for _ in self.layers)
+        for old, new in zip(self._keys + self._values, keys + values, strict=False):
+            new[..., : self.length, :] = old[..., : self.length, :]
         self._keys, self._values = keys, values
         positions = torch.arange(capacity, device=self.embed.device)[None]
         cos, sin = self._decoder.rotary_emb(self.embed[:1], positions)
@@ -208,48 +214,93 @@ class LlamaFastDecoder:
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Run ``ids`` after the cached prefix; return the final hidden states and the states
         after the decoder layers in ``layers`` (by index)."""
-        n = ids.numel()
+        start, end = self.reserve(ids.numel())
+        final, taken = run_block(self, ids, start, packed, layers, EAGER_KERNELS)
+        self.length = end
+        return final, taken
+
+    def reserve(self, n: int) -> tuple[int, int]:
+        """Make room for ``n`` more positions (the buffers double when they must grow) and
+        return the positions (start, end) they will take; ``length`` is left to the caller."""
         start, end = self.length, self.length + n
         if end > self.capacity:
             self._allocate(max(end, 2 * self.capacity))
-        cos, sin = self._cos[start:end], self._sin[start:end]
-        mask = None
-        if n > 1:
-            mask = torch.ones(n, end, dtype=torch.bool, device=ids.device).tril(start)
-        n_q = self.n_heads * self.head_dim
-        n_kv = self.n_kv_heads * self.head_dim
-        gqa = self.n_heads != self.n_kv_heads
-        hidden = F.embedding(ids, self.embed)
-        taken: dict[int, torch.Tensor] = {}
-        for index, layer in enumerate(self.layers):
-            if index - 1 in layers:
-                taken[index - 1] = hidden
-            normed = self._rms_norm(hidden, layer.input_norm)
-            q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
-            q = rotate(q.view(n, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
-            k = rotate(k.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
-            keys, values = self._keys[index], self._values[index]
-            keys[0, :, start:end] = k
-            values[0, :, start:end] = v.view(n, self.n_kv_heads, self.head_dim).transpose(0, 1)
-            attended = F.scaled_dot_product_attention(
-                q[None], keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa
-            )
-            attended = attended[0].transpose(0, 1).reshape(n, n_q)
-            hidden = hidden + layer.out(attended, packed)
-            normed = self._rms_norm(hidden, layer.post_norm)
-            gate, up = layer.gate_up(normed, packed).chunk(2, -1)
-            hidden = hidden + layer.down(F.silu(gate) * up, packed)
-        self.length = end
-        final = self._rms_norm(hidden, self.final_norm)
-        if layers:
-            taken[len(self.layers) - 1] = final
-        return final, taken
+        return start, end
 
-    def _rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Return Llama's RMSNorm of ``hidden`` (computed in float32, as transformers does)."""
-        as_float = hidden.to(torch.float32)
-        variance = as_float.pow(2).mean(-1, keepdim=True)
-        return weight * (as_float * torch.rsqrt(variance + self.eps)).to(hidden.dtype)
+
+@dataclass(frozen=True)
+class Kernels:
+    """The two operations of a decoder layer that a compiler rounds differently from PyTorch's
+    own kernels (its fused reductions and its SiLU): Llama's RMSNorm (hidden, weight, eps) and
+    the MLP's SiLU(gate)·up. ``EAGER_KERNELS`` runs them eagerly; ``workers.compiled_step``
+    passes versions a compiled graph calls as opaque ATen-backed operators."""
+
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Return Llama's RMSNorm of ``hidden`` (computed in float32, as transformers does)."""
+    as_float = hidden.to(torch.float32)
+    variance = as_float.pow(2).mean(-1, keepdim=True)
+    return weight * (as_float * torch.rsqrt(variance + eps)).to(hidden.dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Return the Llama MLP's SiLU(gate)·up."""
+    return F.silu(gate) * up
+
+
+EAGER_KERNELS = Kernels(rms_norm, silu_mul)
+
+
+def run_block(
+    d: LlamaFastDecoder,
+    ids: torch.Tensor,
+    start: int,
+    packed: bool,
+    layers: tuple[int, ...],
+    kernels: Kernels,
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Return the final hidden states [n, d] of ``ids`` [n] at positions ``start`` onward over
+    the decoder's cached prefix, and the states after the decoder layers in ``layers``; the new
+    keys and values are written into the buffers (which must hold ``start + n`` positions).
+
+    The operations and their order are transformers' Llama with SDPA attention over exactly the
+    cached prefix; ``kernels`` runs RMSNorm and SiLU·up. ``decoder.length`` is not moved.
+    """
+    n = ids.numel()
+    end = start + n
+    cos, sin = d._cos[start:end], d._sin[start:end]
+    mask = None
+    if n > 1:
+        mask = torch.ones(n, end, dtype=torch.bool, device=ids.device).tril(start)
+    n_q, n_kv = d.n_heads * d.head_dim, d.n_kv_heads * d.head_dim
+    gqa = d.n_heads != d.n_kv_heads
+    hidden = F.embedding(ids, d.embed)
+    taken: dict[int, torch.Tensor] = {}
+    for index, layer in enumerate(d.layers):
+        if index - 1 in layers:
+            taken[index - 1] = hidden
+        normed = kernels.rms_norm(hidden, layer.input_norm, d.eps)
+        q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
+        q = rotate(q.view(n, d.n_heads, d.head_dim).transpose(0, 1), cos, sin)
+        k = rotate(k.view(n, d.n_kv_heads, d.head_dim).transpose(0, 1), cos, sin)
+        keys, values = d._keys[index], d._values[index]
+        keys[0, :, start:end] = k
+        values[0, :, start:end] = v.view(n, d.n_kv_heads, d.head_dim).transpose(0, 1)
+        attended = F.scaled_dot_product_attention(
+            q[None], keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=gqa
+        )
+        attended = attended[0].transpose(0, 1).reshape(n, n_q)
+        hidden = hidden + layer.out(attended, packed)
+        normed = kernels.rms_norm(hidden, layer.post_norm, d.eps)
+        gate, up = layer.gate_up(normed, packed).chunk(2, -1)
+        hidden = hidden + layer.down(kernels.silu_mul(gate, up), packed)
+    final = kernels.rms_norm(hidden, d.final_norm, d.eps)
+    if layers:
+        taken[len(d.layers) - 1] = final
+    return final, taken
 
 
 def block_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

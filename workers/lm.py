@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from workers.compiled_step import CompiledSteps
 from workers.hf_cache import cache_kwargs
 from workers.llama_fast import LlamaFastDecoder, PackedLinear, unsupported_reason
 from workers.model_spec import SingleStep
@@ -63,7 +64,8 @@ class SingleStepCalibration:
     ``seconds``: the fastest seconds of a block of each timed size on each layout timed;
     ``plan``: the choice (``workers.step_plan.choose_step_plan``). ``one_token_s`` and
     ``two_tokens_s`` are the chosen layouts' one-token step and two-token block, ``padded``
-    whether one-token steps run as two-token blocks.
+    whether one-token steps run as two-token blocks. ``compile_seconds``: what compiling the
+    "compiled" layout's graphs took at load (None when it was not offered).
     """
 
     seconds: dict[Layout, dict[int, float]]
@@ -71,6 +73,7 @@ class SingleStepCalibration:
     one_token_s: float
     two_tokens_s: float
     padded: bool
+    compile_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -211,18 +214,20 @@ def load_causal_lm(
 class CachedLM:
     """One model plus one KV cache for batch-1 decoding.
 
-    ``fast`` (default) takes the plain-torch Llama path when the model qualifies;
-    ``fast_path`` says whether it did. ``prepack`` (default) lets the fast path keep
-    oneDNN-packed copies of the weights on CPU in float32 beside the model's own
-    (``workers.llama_fast.PackedLinear``: twice the projections' memory); ``layouts`` lists the
-    layouts it can then run on ("packed" first, the default), else only "unpacked".
-    ``single_step`` says how forwards run (``plan``): "auto" (default) times every layout at
-    several block sizes now (``calibrate_steps``); "plain" and "padded" run every size on the
-    default layout with one-token steps as themselves or as two-token blocks (a tensor-parallel
-    rank must not decide alone: its ranks run the same kernels in lockstep); a
-    ``workers.step_plan.StepPlan`` is taken as given (a choice made on the node before,
-    ``orchestrator.run.step_choices``). A model on CUDA takes cuDNN out of attention for the whole
-    process (``avoid_cudnn_attention``).
+    ``fast`` (default) takes the plain-torch Llama path when the model qualifies; ``fast_path``
+    says whether it did. ``prepack`` (default) lets the fast path keep oneDNN-packed copies of
+    the weights on CPU in float32 beside the model's own (``workers.llama_fast.PackedLinear``:
+    twice the projections' memory); ``layouts`` lists the layouts it can then run on ("packed"
+    first, the default), else only "unpacked". ``compiled_steps`` (fast path only) adds the
+    "compiled" layout (``workers.compiled_step``: the unpacked forward through
+    ``torch.compile``, bit-equal to it), compiling its graphs now (inductor's on-disk cache
+    makes a second load quick). ``single_step`` says how forwards run (``plan``): "auto"
+    (default) times every layout at several block sizes now (``calibrate_steps``); "plain" and
+    "padded" run every size on the default layout with one-token steps as themselves or as
+    two-token blocks (a tensor-parallel rank must not decide alone: its ranks run the same
+    kernels in lockstep); a ``workers.step_plan.StepPlan`` is taken as given (a choice made on
+    the node before, ``orchestrator.run.step_choices``). A model on CUDA takes cuDNN out of
+    attention for the whole process (``avoid_cudnn_attention``).
     """
 
     def __init__(
@@ -231,6 +236,7 @@ class CachedLM:
         fast: bool = True,
         single_step: SingleStep = "auto",
         prepack: bool = True,
+        compiled_steps: bool = False,
     ) -> None:
         self.model = model
         self.decoder = model.get_decoder()
@@ -246,7 +252,19 @@ class CachedLM:
         self.cache = None if use_fast else DynamicCache(config=model.config)
         packs = self.head_product is not None and self.head_product.packed is not None
         self.layouts: tuple[Layout, ...] = ("packed", "unpacked") if packs else ("unpacked",)
+        self.compiled: CompiledSteps | None = None
+        if compiled_steps:
+            if self.fast_decoder is None:
+                raise ValueError(
+                    "compiled_steps needs the plain-torch Llama path: "
+                    f"{unsupported_reason(model) or 'fast=False was given'}"
+                )
+            self.compiled = CompiledSteps(self.fast_decoder)
+            self.compiled.warm()
+            self.layouts += ("compiled",)
         self.plan = _given_plan(single_step, self.layouts[0])
+        if self.compiled is None and "compiled" in {layout for _, layout in self.plan.layouts}:
+            raise ValueError("the step plan runs compiled steps: load with compiled_steps=True")
         self.calibration: SingleStepCalibration | None = None
         if single_step == "auto":
             self.calibrate_steps()
@@ -292,7 +310,8 @@ class CachedLM:
         seconds = {a: {n: min(times[a, n]) for n in sizes} for a in layouts}
         plan = choose_step_plan(seconds)
         one, two = seconds[plan.layout(1)][1], seconds[plan.layout(2)][2]
-        self.calibration = SingleStepCalibration(seconds, plan, one, two, plan.padded)
+        compiled = None if self.compiled is None else self.compiled.compile_seconds
+        self.calibration = SingleStepCalibration(seconds, plan, one, two, plan.padded, compiled)
         self.plan = plan
         return self.calibration
 
@@ -367,11 +386,15 @@ class CachedLM:
         layers: tuple[int, ...] = (),
     ) -> StepOutput:
         """Run ``ids`` [n] (on the model's device) through decoder and head, as ``forward``, on
-        the layout ``plan`` gives n."""
-        packed = self.plan.layout(ids.numel()) == "packed"
+        the layout ``plan`` gives n (a compiled one's forwards with ``layers`` run eagerly on
+        the unpacked weights: the same bits)."""
+        layout = self.plan.layout(ids.numel())
+        packed = layout == "packed"
         chosen = None
         if self.fast_decoder is not None and layers:
             hidden, chosen = self.fast_decoder.forward_layers(ids, packed, layers)
+        elif self.compiled is not None and layout == "compiled":
+            hidden = self.compiled.forward(ids)
         elif self.fast_decoder is not None:
             hidden = self.fast_decoder.forward(ids, packed)
         else:

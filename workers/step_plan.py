@@ -2,11 +2,13 @@
 
 On CPU in float32 the plain-torch Llama path holds every projection twice: the model's own
 weight ("unpacked", multiplied by MKL) and a oneDNN-packed copy ("packed",
-``workers.llama_fast.PackedLinear``). Which is faster depends on the block size and the machine:
-on one 2-core VM SmolLM2's one-token step took 33.7 ms packed against 26.5 ms unpacked, while a
-four-token block took 32.4 ms packed against 36.3 ms unpacked. ``CachedLM`` times both layouts
-at the block sizes ``CALIBRATION_SIZES`` when a model loads and ``choose_step_plan`` turns those
-times into a ``StepPlan``: a layout per block size and whether a one-token step runs as a
+``workers.llama_fast.PackedLinear``); asked for, the unpacked forward also runs compiled
+("compiled", ``workers.compiled_step``: the same bits as "unpacked", in other glue). Which is
+faster depends on the block size and the machine: on one 2-core VM SmolLM2's one-token step
+took 33.7 ms packed against 26.5 ms unpacked, while a four-token block took 32.4 ms packed
+against 36.3 ms unpacked. ``CachedLM`` times its layouts at the block sizes
+``CALIBRATION_SIZES`` when a model loads and ``choose_step_plan`` turns those times into a
+``StepPlan``: a layout per block size and whether a one-token step runs as a
 two-token block. The AR baseline (one-token steps) and speculation (draft steps, verification
 blocks) then each run on their fastest layout, so no speedup over AR comes from a slow baseline.
 
@@ -15,14 +17,14 @@ in any block (the unpacked product runs one row as a matrix-vector product and a
 matrix product, whose roundings differ), and the two layouts round differently from each other
 (about 1e-6 in SmolLM2-sized logits). A plan that is packed at every size therefore keeps
 speculative greedy output bit for bit equal to target-only greedy decoding; a plan that takes
-the unpacked layout anywhere keeps it equal up to float rounding, as the unpacked path, GPUs and
-half precision always have: a greedy near-tie (two top logits within rounding) may be decided
-differently by a one-token step and by a verified block. Speculation stays lossless in
-distribution either way (every target row is a correct evaluation of the target), but the
-packed layout is left only for a clear gain (``LAYOUT_MIN_GAIN``), and one plan holds for every
-forward of a model in a process and, in a sweep, for every replica of that model on a node
-(``orchestrator.run.step_choices``), so AR and every policy of a sweep decode with the same kernels
-at each block size.
+the unpacked or compiled layout anywhere keeps it equal up to float rounding, as the unpacked
+path, GPUs and half precision always have: a greedy near-tie (two top logits within rounding)
+may be decided differently by a one-token step and by a verified block. Speculation stays
+lossless in distribution either way (every target row is a correct evaluation of the target),
+but the packed layout is left only for a clear gain (``LAYOUT_MIN_GAIN``), and one plan holds
+for every forward of a model in a process and, in a sweep, for every replica of that model on a
+node (``orchestrator.run.step_choices``), so AR and every policy of a sweep decode with the same
+kernels at each block size.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-#: A weight layout: oneDNN-packed copies, or the model's own ("unpacked") weights.
-Layout = Literal["packed", "unpacked"]
-LAYOUTS: tuple[Layout, ...] = ("packed", "unpacked")
+#: A weight layout: oneDNN-packed copies, the model's own ("unpacked") weights, or the unpacked
+#: weights through a compiled graph (``workers.compiled_step``; bit-equal to "unpacked").
+Layout = Literal["packed", "unpacked", "compiled"]
+LAYOUTS: tuple[Layout, ...] = ("packed", "unpacked", "compiled")
 #: Block sizes timed at load; a larger block takes the layout of the largest of these below it.
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8)
 #: A one-token step is padded only when a two-token block is at least this fraction faster. A
@@ -42,7 +45,7 @@ CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8)
 #: process to the next is not taken (on an H100 the two took 22.7 and 26.1 ms, near enough for
 #: a busy host to reverse them).
 PAD_MIN_GAIN = 0.10
-#: A block size leaves the packed layout only when the unpacked one is at least this fraction
+#: A block size leaves the packed layout only when another one is at least this fraction
 #: faster: the packed layout is the one whose rows do not depend on the block (see above).
 LAYOUT_MIN_GAIN = 0.05
 
@@ -84,11 +87,14 @@ def prefers_padding(one_token_s: float, two_tokens_s: float) -> bool:
 
 def choose_layout(seconds: Mapping[Layout, float]) -> Layout:
     """Return the layout to run a block size on, given each available layout's seconds for it:
-    "packed" unless "unpacked" is at least ``LAYOUT_MIN_GAIN`` faster (or the only one)."""
-    if "packed" not in seconds:
-        return "unpacked"
-    if "unpacked" in seconds and seconds["unpacked"] < seconds["packed"] * (1 - LAYOUT_MIN_GAIN):
-        return "unpacked"
+    "packed" unless the faster of the others ("unpacked" and "compiled" compute the same bits,
+    so the faster of them is taken freely) is at least ``LAYOUT_MIN_GAIN`` faster."""
+    others = {layout: s for layout, s in seconds.items() if layout != "packed"}
+    if not others:
+        return "packed"
+    fastest = min(others, key=others.__getitem__)
+    if "packed" not in seconds or others[fastest] < seconds["packed"] * (1 - LAYOUT_MIN_GAIN):
+        return fastest
     return "packed"
 
 

@@ -1,50 +1,84 @@
-"""The static-shape forward of ``workers.compiled_step`` (issue #45 point 4, an experiment).
+"""Compiled steps of the fast path (``workers.compiled_step``, issue #45 point 4).
 
-It shares the fast decoder's cache, so it alternates with eager forwards across rollbacks; it
-is close to the eager path, not bit-equal (attention over the whole masked buffer rounds
-differently from attention over the cached prefix, see the module); compiled, it keeps one graph
-per block size across steps and rollbacks. Compiling takes a minute or more on a busy CPU, so
-that test is slow and runs the 1-layer tiny model at two block sizes.
+``CompiledSteps`` (the "compiled" layout of ``CachedLM``) must be bit for bit the eager unpacked
+forward at every block size and cached length, across rollbacks, with its graphs all made by
+``warm``; ``CachedLM`` must then decode the same tokens from the same logits on it as on the
+unpacked layout. Compiling takes tens of seconds on this CPU, so these tests are slow and share
+one inductor cache per module.
+
+The static-shape forward (``StaticSteps``, the design kept for a GPU's CUDA graphs) shares the
+fast decoder's cache, so it alternates with eager forwards across rollbacks; it is close to the
+eager path, not bit-equal (attention over the whole masked buffer rounds differently from
+attention over the cached prefix, see the module); compiled, it keeps one graph per block size
+across steps and rollbacks. Compiling takes a minute or more on a busy CPU, so that test is slow
+and runs the 1-layer tiny model at two block sizes.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
 
 import pytest
 import torch
 from support.tiny_models import build_tiny_pair
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from workers.compiled_step import StaticSteps, use_compile_cache
+from workers.compiled_step import WARM_SCHEDULE, CompiledSteps, StaticSteps, use_compile_cache
 from workers.llama_fast import LlamaFastDecoder
+from workers.lm import CachedLM
+from workers.records import RequestSettings, SamplingConfig
+from workers.step_plan import StepPlan
+from workers.target import LocalTarget
 
 #: Largest difference allowed from the eager path (float32 rounding of a few-layer model).
 TOLERANCE = 1e-5
 
 
-def _run_schedule(decoder: LlamaFastDecoder, static: StaticSteps) -> list[float]:
-    """Prefill eagerly, then alternate static and eager forwards of 1 and 3 tokens with
-    rollbacks; return the largest difference of each static forward from the eager one."""
-    differences = []
-    generator = torch.Generator().manual_seed(0)
+#: (block size, tokens kept after it) of the alternating schedule the tests run.
+SCHEDULE = ((1, 1), (3, 1), (1, 1), (3, 3), (3, 0), (1, 1))
+
+
+def _prefilled(decoder: LlamaFastDecoder, seed: int) -> torch.Generator:
+    """Run a 7-token prompt eagerly into ``decoder``; return the generator of later tokens."""
+    generator = torch.Generator().manual_seed(seed)
     decoder.forward(torch.randint(2, 90, (7,), generator=generator), packed=False)
-    for n, keep in ((1, 1), (3, 1), (1, 1), (3, 3), (3, 0), (1, 1)):
+    return generator
+
+
+def _run_schedule(
+    decoder: LlamaFastDecoder,
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    generator: torch.Generator,
+    schedule: tuple[tuple[int, int], ...] = SCHEDULE,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Alternate ``forward`` and eager unpacked forwards of the same tokens over ``schedule``
+    with rollbacks; return each block's (``forward``'s, eager) hidden states."""
+    outputs = []
+    for n, keep in schedule:
         ids = torch.randint(2, 90, (n,), generator=generator)
         length = decoder.length
         eager = decoder.forward(ids, packed=False)
         decoder.crop(length)
-        mine = static.forward(ids)
+        mine = forward(ids)
         assert decoder.length == length + n
-        differences.append(float((mine - eager).abs().max()))
+        outputs.append((mine, eager))
         decoder.crop(length + keep)
-    return differences
+    return outputs
+
+
+def _largest_differences(outputs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """Return each pair's largest absolute difference."""
+    return [float((mine - eager).abs().max()) for mine, eager in outputs]
 
 
 @torch.inference_mode()
 def test_static_forward_alternates_with_eager_steps_across_rollbacks() -> None:
     _, target = build_tiny_pair(seed=2)
     decoder = LlamaFastDecoder(target)
-    differences = _run_schedule(decoder, StaticSteps(decoder, 64, compiled=False))
-    assert max(differences) < TOLERANCE
+    generator = _prefilled(decoder, 0)
+    static = StaticSteps(decoder, 64, compiled=False)
+    assert max(_largest_differences(_run_schedule(decoder, static.forward, generator))) < TOLERANCE
 
 
 def test_static_steps_refuse_what_they_cannot_run() -> None:
@@ -67,8 +101,9 @@ def test_compiled_steps_keep_one_graph_per_block_size(tmp_path, monkeypatch) -> 
     torch._dynamo.reset()
     draft, _ = build_tiny_pair(seed=2)
     decoder = LlamaFastDecoder(draft)
-    differences = _run_schedule(decoder, StaticSteps(decoder, 64, compiled=True))
-    assert max(differences) < TOLERANCE
+    generator = _prefilled(decoder, 0)
+    static = StaticSteps(decoder, 64, compiled=True)
+    assert max(_largest_differences(_run_schedule(decoder, static.forward, generator))) < TOLERANCE
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
 
 
@@ -80,3 +115,70 @@ def test_compile_cache_moves_from_torchs_default_but_keeps_a_users_choice(
     assert use_compile_cache(mine) == mine
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
     assert use_compile_cache(mine) == tmp_path / "users"
+
+
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory) -> None:
+    """Compile into one temporary inductor cache for the module (restored after)."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
+    yield
+    if before is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_compiled_steps_are_bit_equal_to_eager_unpacked_steps_across_rollbacks(
+    inductor_cache,
+) -> None:
+    _, target = build_tiny_pair(seed=3)
+    decoder = LlamaFastDecoder(target)
+    generator = _prefilled(decoder, 1)
+    compiled = CompiledSteps(decoder)
+    assert compiled.warm() > 0
+    assert decoder.length == 7 and compiled.graphs >= 2
+    graphs = compiled.graphs
+    schedule = (*SCHEDULE, (2, 2), (4, 2), (6, 3), (8, 8), (1, 1))
+    for mine, eager in _run_schedule(decoder, compiled.forward, generator, schedule * 2):
+        assert torch.equal(mine, eager), float((mine - eager).abs().max())
+    assert compiled.graphs == graphs  # warm made every graph the schedule needs
+    assert graphs <= len(WARM_SCHEDULE)
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_cached_lm_decodes_the_same_tokens_from_the_same_logits_on_the_compiled_layout(
+    inductor_cache,
+) -> None:
+    _, target = build_tiny_pair(seed=3)
+    lm = CachedLM(target, compiled_steps=True)
+    assert "compiled" in lm.layouts and lm.calibration is not None
+    assert lm.calibration.compile_seconds is not None and lm.calibration.compile_seconds > 0
+    assert set(lm.calibration.seconds) == {"packed", "unpacked", "compiled"}
+    prompt = torch.randint(2, 90, (9,), generator=torch.Generator().manual_seed(4))
+    settings = RequestSettings(
+        sampling=SamplingConfig(temperature=0.0, max_new_tokens=12), seed=0, eos_token_id=None
+    )
+    outputs, logits = {}, {}
+    for layout in ("unpacked", "compiled"):
+        lm.plan = StepPlan.uniform(layout)
+        outputs[layout] = LocalTarget(lm).generate(prompt, settings).output_ids
+        lm.reset()
+        first = lm.forward(prompt[:5]).logits
+        block = lm.forward(prompt[5:]).logits
+        logits[layout] = torch.cat([first, block])
+        lm.reset()
+    assert outputs["compiled"] == outputs["unpacked"] and len(outputs["compiled"]) == 12
+    assert torch.equal(logits["compiled"], logits["unpacked"])
+
+
+def test_a_plan_with_compiled_steps_needs_a_model_loaded_with_them() -> None:
+    _, target = build_tiny_pair(seed=3)
+    with pytest.raises(ValueError, match="compiled_steps=True"):
+        CachedLM(target, single_step=StepPlan.uniform("compiled"))
+    _, target = build_tiny_pair(seed=3)
+    with pytest.raises(ValueError, match="plain-torch Llama path"):
+        CachedLM(target, fast=False, compiled_steps=True)

@@ -31,6 +31,23 @@ def test_the_packed_layout_is_left_only_for_a_clear_gain() -> None:
     assert choose_layout({"packed": 5.0}) == "packed"
 
 
+def test_compiled_and_unpacked_compute_the_same_bits_so_the_faster_is_taken() -> None:
+    # "compiled" is the unpacked forward through torch.compile (workers.compiled_step): between
+    # the two the faster wins outright; against "packed" the faster of them needs the margin.
+    assert choose_layout({"packed": 10.0, "unpacked": 9.4, "compiled": 9.0}) == "compiled"
+    assert choose_layout({"packed": 10.0, "unpacked": 9.0, "compiled": 9.3}) == "unpacked"
+    assert choose_layout({"packed": 10.0, "unpacked": 9.7, "compiled": 9.6}) == "packed"
+    assert choose_layout({"unpacked": 9.0, "compiled": 8.99}) == "compiled"
+    seconds = {
+        "packed": {1: 33.7, 2: 38.1, 4: 32.4},
+        "unpacked": {1: 26.5, 2: 26.5, 4: 36.3},
+        "compiled": {1: 24.0, 2: 27.0, 4: 30.0},
+    }
+    assert choose_step_plan(seconds) == StepPlan(
+        ((1, "compiled"), (2, "unpacked"), (4, "compiled")), padded=False
+    )
+
+
 def test_padding_compares_the_chosen_step_with_the_chosen_two_token_block() -> None:
     # Unpacked one-token steps (20) beat packed ones (30); the packed two-token block (15)
     # beats both by more than the padding margin, so steps are padded on the packed layout.
