@@ -1,8 +1,9 @@
 """Cost fits of trial groups from the stored live rounds: fit, store, and one line to print.
 
 After a pair's live trials, the cost model is fit over each pool's stored rounds (a pool: the
-pair at one sampling setting across its datasets, ``trial.fit_pool_key``; the per-step model's
-context terms carry what differs between datasets) and stored (``cost_fits``) under each trial
+pair at one sampling setting across its datasets, or one dataset group where every group runs
+enough live checks, ``trial.fit_pools``; the per-step model's context terms carry what differs
+between datasets) and stored (``cost_fits``) under each trial
 group of the pool, with the run-level fit beside it; replay mode fits the same way before it
 replays a group.
 """
@@ -20,16 +21,15 @@ from orchestrator.analysis.costs.validation import LiveTrial, live_trial
 from orchestrator.store import Store
 from orchestrator.store.models import CostFitRow
 from orchestrator.store.row_values import table_values
-from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key, fit_pool_key
+from orchestrator.sweep.planner import LIVE_MODE, Plan, Trial, fit_group_key, fit_pools
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import fit_group_identity
 
 
 def store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -> list[str]:
-    """Fit the cost model of every pool of live trials (``fit_pool_key``: a pair at one
-    sampling setting, across its datasets) and store it under each of the pool's groups not
-    in ``skip``; return a note per pool. Trials at a batch size above 1 are not fit: the cost
-    model prices batch-1 rounds."""
+    """Fit the cost model of every pool of live trials (``trial.fit_pools``) and store it
+    under each of the pool's groups not in ``skip``; return a note per pool. Trials at a batch
+    size above 1 are not fit: the cost model prices batch-1 rounds."""
     if not spec.execution.record_rounds:
         return ["no cost fit: the sweep ran with record_rounds: false, so no rounds are stored"]
     notes = []
@@ -52,14 +52,14 @@ def store_live_fits(spec: SweepSpec, plan: Plan, store: Store, skip: set[str]) -
 def live_pools(trials: Sequence[Trial]) -> list[tuple[list[Trial], dict[str, Trial]]]:
     """Return the live batch-1 ``trials`` by cost-fit pool: each pool's trials and, per fit
     group of the pool (its ``cost_fits`` key), the group's first trial; in plan order."""
-    pools: dict[str, tuple[list[Trial], dict[str, Trial]]] = {}
-    for trial in trials:
-        if trial.mode != LIVE_MODE or trial.batch_size != 1:
-            continue
-        members, groups = pools.setdefault(fit_pool_key(trial), ([], {}))
-        members.append(trial)
-        groups.setdefault(fit_group_key(trial), trial)
-    return list(pools.values())
+    batch_one = [t for t in trials if t.mode == LIVE_MODE and t.batch_size == 1]
+    pools = []
+    for members in fit_pools(batch_one).values():
+        groups: dict[str, Trial] = {}
+        for trial in members:
+            groups.setdefault(fit_group_key(trial), trial)
+        pools.append((members, groups))
+    return pools
 
 
 def live_trials_from_store(store: Store, trials: Sequence[Trial]) -> list[LiveTrial]:

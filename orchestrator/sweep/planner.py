@@ -53,7 +53,8 @@ from orchestrator.sweep.trial import (
     canonical_json,
     config_id,
     fit_group_key,
-    fit_pool_key,
+    fit_pool_of,
+    fit_pools,
     trace_key,
 )
 from policies import POLICIES
@@ -479,8 +480,9 @@ class ReplayGroup:
     identity of the traces (models, prompts, output length, cap: no seed, since a greedy
     trace does not depend on it), ``fit_key`` the key the group's cost fit is stored under.
     ``pool`` holds the live trials the fit is made over: every live trial of the plan in the
-    group's cost-fit pool (``trial.fit_pool_key``: the pair at one sampling setting, across
-    its datasets), this group's among them.
+    group's cost-fit pool (``trial.fit_pools``: the pair at one sampling setting across its
+    datasets, or the group alone where each group runs enough checks), this group's among
+    them.
     """
 
     fit_key: str
@@ -515,16 +517,14 @@ class ReplayGroup:
 def replay_groups(plan: Plan) -> list[ReplayGroup]:
     """Return the plan's groups that hold replayed trials, in plan order (empty when live)."""
     grouped: dict[str, list[Trial]] = {}
-    pools: dict[str, list[Trial]] = {}
     for trial in plan.trials:
         grouped.setdefault(fit_group_key(trial), []).append(trial)
-        if trial.mode == LIVE_MODE:
-            pools.setdefault(fit_pool_key(trial), []).append(trial)
+    pools = fit_pools(plan.trials)
     groups = []
     for key, members in grouped.items():
         if not any(trial.mode == REPLAY_MODE for trial in members):
             continue
         cap = max(trial.setting.max_draft_len for trial in members)
-        pool = tuple(pools.get(fit_pool_key(members[0]), ()))
+        pool = tuple(fit_pool_of(pools, members[0]))
         groups.append(ReplayGroup(key, trace_key(members[0], cap), cap, tuple(members), pool))
     return groups

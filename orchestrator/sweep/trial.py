@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Any
@@ -372,6 +372,43 @@ def fit_pool_identity(trial: Trial) -> dict[str, Any]:
 def fit_pool_key(trial: Trial) -> str:
     """Return the id of the trial's cost-fit pool (:func:`fit_pool_identity`)."""
     return config_id(fit_pool_identity(trial))
+
+
+#: A pool's dataset groups are fit each on its own when every one of them runs at least this
+#: many live checks: with four checks per group a group's own fit held each out at 1.7% mean
+#: absolute error where the pooled fit erred by 2.5% (an entropy check's feature cost was
+#: learned from the other dataset's alone); with two per group a group lacks block sizes and
+#: the pooled fit is the better one (``docs/lab/replay-validation.md``).
+OWN_FIT_MIN_CHECKS = 3
+
+
+def fit_pools(trials: Iterable[Trial]) -> dict[str, list[Trial]]:
+    """Return the live ``trials`` by the cost fit they make, in plan order: under
+    :func:`fit_pool_key` the pair's datasets pooled, or, where each dataset group of that pool
+    runs at least ``OWN_FIT_MIN_CHECKS`` live checks, each group on its own under its
+    :func:`fit_group_key`. :func:`fit_pool_of` finds a trial's pool."""
+    pooled: dict[str, list[Trial]] = {}
+    for trial in trials:
+        if trial.mode == LIVE_MODE:
+            pooled.setdefault(fit_pool_key(trial), []).append(trial)
+    pools: dict[str, list[Trial]] = {}
+    for key, members in pooled.items():
+        groups: dict[str, list[Trial]] = {}
+        for trial in members:
+            groups.setdefault(fit_group_key(trial), []).append(trial)
+        checks = [sum(trial.is_check for trial in group) for group in groups.values()]
+        if len(groups) > 1 and min(checks) >= OWN_FIT_MIN_CHECKS:
+            pools.update(groups)
+        else:
+            pools[key] = members
+    return pools
+
+
+def fit_pool_of(pools: Mapping[str, list[Trial]], trial: Trial) -> list[Trial]:
+    """Return the live trials of ``trial``'s cost fit among ``pools`` (:func:`fit_pools`;
+    empty when its pool ran none)."""
+    own = pools.get(fit_group_key(trial))
+    return own if own is not None else pools.get(fit_pool_key(trial), [])
 
 
 def trace_key(trial: Trial, cap: int) -> str:

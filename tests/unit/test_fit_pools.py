@@ -16,8 +16,9 @@ from support import store_db
 from orchestrator.analysis.metrics import trial_metrics
 from orchestrator.run.group_fits import store_live_fits
 from orchestrator.store import Store
-from orchestrator.sweep.planner import fit_group_key, fit_pool_key, plan_sweep, replay_groups
+from orchestrator.sweep.planner import plan_sweep, replay_groups
 from orchestrator.sweep.spec import parse_sweep
+from orchestrator.sweep.trial import OWN_FIT_MIN_CHECKS, fit_group_key, fit_pool_key
 from workers.records import GenerationResult, RoundRecord
 
 db_url = store_db.db_url
@@ -43,8 +44,14 @@ execution:
 """
 
 
-def _plan(mode: str):
-    spec = parse_sweep(textwrap.dedent(SWEEP % mode))
+def _plan(mode: str, checks: str = ""):
+    text = textwrap.dedent(SWEEP % mode)
+    if checks:
+        text = text.replace(
+            "{policy: static, max_draft_len: 4}]",
+            f"{{policy: static, max_draft_len: 4}}, {checks}]",
+        )
+    spec = parse_sweep(text)
     return spec, plan_sweep(spec)
 
 
@@ -63,6 +70,19 @@ def test_a_replay_group_fits_over_its_pairs_datasets_at_its_sampling_setting() -
         assert [t.trial_id for t in group.pool] == [t.trial_id for t in greedy_live]
         assert [t.trial_id for t in group.pool_checks] == checks
         assert {t.trial_id for t in group.live} < {t.trial_id for t in group.pool}
+
+
+def test_groups_with_enough_checks_are_fit_each_on_its_own() -> None:
+    extra = "{policy: svip, max_draft_len: 4}"
+    _, plan = _plan("mixed", extra)
+    groups = replay_groups(plan)
+    assert OWN_FIT_MIN_CHECKS == 3 and len(groups) == 2
+    for group in groups:
+        assert len(group.pool_checks) == 3
+        assert {t.prompts.dataset for t in group.pool} == {group.trials[0].prompts.dataset}
+        assert {t.trial_id for t in group.pool} == {t.trial_id for t in group.live}
+    _, two_checks = _plan("mixed")  # two checks per group: the pair's datasets pooled
+    assert all(len(g.pool_checks) == 4 for g in replay_groups(two_checks))
 
 
 def test_the_pool_key_leaves_out_dataset_and_output_length_but_not_sampling() -> None:

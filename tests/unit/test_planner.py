@@ -15,11 +15,11 @@ from orchestrator.sweep.planner import (
     Plan,
     canonical_json,
     config_id,
-    fit_pool_key,
     plan_sweep,
     replay_groups,
 )
 from orchestrator.sweep.spec import SweepError, SweepSpec, load_sweep, parse_sweep
+from orchestrator.sweep.trial import fit_pool_key
 
 BASE = """\
 name: grid
