@@ -378,7 +378,8 @@ def fit_pool_key(trial: Trial) -> str:
 #: many live checks: with four checks per group a group's own fit held each out at 1.7% mean
 #: absolute error where the pooled fit erred by 2.5% (an entropy check's feature cost was
 #: learned from the other dataset's alone); with two per group a group lacks block sizes and
-#: the pooled fit is the better one (``docs/lab/replay-validation.md``).
+#: the pooled fit is the better one (``docs/lab/replay-validation.md``; three, between them, is
+#: not measured).
 OWN_FIT_MIN_CHECKS = 3
 
 
