@@ -9,9 +9,10 @@ products and attention, so every output is bit for bit the eager unpacked forwar
 on CPU (tests assert equality). Left to inductor, its fused RMSNorm reduction and its SiLU round
 differently (up to 7e-7 on the tiny test model): the two operators are what makes the graph
 exact. ``CachedLM(compiled_steps=True)`` offers it as a third layout, "compiled", timed against
-the eager ones at load (``workers.step_plan``). The graphs: one for one-token steps and one for
-blocks (block size and length symbolic), made by ``warm``; compiled code is cached on disk
-under ``$SPECSWEEP_CACHE/inductor`` (``use_compile_cache``).
+the eager ones at load (``workers.step_plan``). Three graphs, all made by ``warm``, cover every
+block size and length (a one-token step at one length, then one-token steps and blocks with
+symbolic sizes); compiled code is cached on disk by inductor, under
+``$SPECSWEEP_CACHE/inductor`` where the caller sets it (``use_compile_cache``).
 
 ``static_forward`` and ``StaticSteps`` are the other design, kept for a GPU's CUDA graphs, which
 need static shapes: the key/value buffers at full capacity, the start position a tensor,
