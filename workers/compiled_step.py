@@ -14,39 +14,27 @@ block size and length (a one-token step at one length, then one-token steps and 
 symbolic sizes); compiled code is cached on disk by inductor, under
 ``$SPECSWEEP_CACHE/inductor`` where the caller sets it (``use_compile_cache``).
 
-``static_forward`` and ``StaticSteps`` are the other design, kept for a GPU's CUDA graphs, which
-need static shapes: the key/value buffers at full capacity, the start position a tensor,
-attention over the whole buffer with the tail masked. Over the whole buffer attention rounds
-differently from attention over the prefix (3e-7 in one call), so it is close to the eager path
-(the tests' 1e-5), not equal; inductor cannot lower the oneDNN-packed product (only unpacked
-weights compile); compiling it took 25 to 122 s per block size for the micro target on a
-shared 2-core machine (docs/lab/bench-compiled-steps.md).
+The earlier static-shape design (key/value buffers at full capacity, attention over the whole
+buffer with the tail masked: the shape CUDA graphs need) rounded differently from attention over
+the prefix (3e-7 in one call) and was removed after 8ccec5a (in git history there;
+docs/lab/bench-compiled-steps.md). Inductor cannot lower the oneDNN-packed product, so only the
+unpacked weights compile.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from workers.llama_fast import (
-    Kernels,
-    LlamaFastDecoder,
-    rms_norm,
-    rotate,
-    run_block,
-    silu_mul,
-)
+from workers.llama_fast import Kernels, LlamaFastDecoder, rms_norm, run_block, silu_mul
 
 #: The environment variable naming torch inductor's on-disk cache (compiled graphs, kernels).
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
-StaticForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: The forwards ``CompiledSteps.warm`` runs (block size, one-token steps before it): one-token
 #: steps at two lengths and blocks of two sizes, after which the one-token graph and the block
 #: graph have symbolic lengths (torch's automatic dynamic shapes recompile once a size changes).
@@ -147,81 +135,3 @@ def use_compile_cache(directory: Path) -> Path:
     if current is None or Path(current) == Path(default_cache_dir()):
         os.environ[INDUCTOR_CACHE_ENV] = str(directory)
     return Path(os.environ[INDUCTOR_CACHE_ENV])
-
-
-def static_forward(
-    decoder: LlamaFastDecoder, ids: torch.Tensor, start: torch.Tensor, packed: bool = False
-) -> torch.Tensor:
-    """Return the final hidden states [n, d] of ``ids`` [n] written at positions ``start`` (a
-    0-d long tensor) onward, over the decoder's whole key/value buffers with the tail masked.
-
-    The caller moves ``decoder.length`` (``StaticSteps.forward``); the buffers must already
-    hold ``start + n`` positions.
-    """
-    d = decoder
-    n = ids.numel()
-    positions = start + torch.arange(n, device=ids.device)
-    cos, sin = d._cos.index_select(0, positions), d._sin.index_select(0, positions)
-    capacity = d.capacity
-    mask = torch.arange(capacity, device=ids.device)[None, :] <= positions[:, None]
-    n_q, n_kv = d.n_heads * d.head_dim, d.n_kv_heads * d.head_dim
-    hidden = F.embedding(ids, d.embed)
-    for index, layer in enumerate(d.layers):
-        normed = rms_norm(hidden, layer.input_norm, d.eps)
-        q, k, v = layer.qkv(normed, packed).split([n_q, n_kv, n_kv], dim=-1)
-        q = rotate(q.view(n, d.n_heads, d.head_dim).transpose(0, 1), cos, sin)
-        k = rotate(k.view(n, d.n_kv_heads, d.head_dim).transpose(0, 1), cos, sin)
-        v = v.view(n, d.n_kv_heads, d.head_dim).transpose(0, 1)
-        d._keys[index][0].index_copy_(1, positions, k)
-        d._values[index][0].index_copy_(1, positions, v)
-        attended = F.scaled_dot_product_attention(
-            q[None],
-            d._keys[index],
-            d._values[index],
-            attn_mask=mask,
-            enable_gqa=d.n_heads != d.n_kv_heads,
-        )
-        hidden = hidden + layer.out(attended[0].transpose(0, 1).reshape(n, n_q), packed)
-        normed = rms_norm(hidden, layer.post_norm, d.eps)
-        gate, up = layer.gate_up(normed, packed).chunk(2, -1)
-        hidden = hidden + layer.down(silu_mul(gate, up), packed)
-    return rms_norm(hidden, d.final_norm, d.eps)
-
-
-class StaticSteps:
-    """Forwards of one ``LlamaFastDecoder`` through ``static_forward``, compiled or not.
-
-    ``capacity`` positions are allocated at once (the static shape; a request must fit).
-    ``compiled`` wraps the forward in ``torch.compile(dynamic=False)``: one graph per block
-    size, reused across steps and rollbacks. ``packed`` multiplies the oneDNN-packed weights,
-    which only the uncompiled forward can.
-    """
-
-    def __init__(
-        self, decoder: LlamaFastDecoder, capacity: int, compiled: bool, packed: bool = False
-    ) -> None:
-        if compiled and packed:
-            raise ValueError("packed=True cannot be compiled: inductor cannot lower oneDNN's op")
-        self.decoder = decoder
-        if decoder.capacity < capacity:
-            decoder._allocate(capacity)
-        self.packed = packed
-
-        def run(ids: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-            return static_forward(decoder, ids, start, packed)
-
-        self._run: StaticForward = torch.compile(run, dynamic=False) if compiled else run
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Return the final hidden states [n, d] of ``ids`` [n] after the cached prefix and
-        append them to the cache, as ``LlamaFastDecoder.forward`` does."""
-        start = self.decoder.length
-        end = start + ids.numel()
-        if end > self.decoder.capacity:
-            raise ValueError(
-                f"{end} positions exceed the static cache's {self.decoder.capacity}: "
-                "give StaticSteps a larger capacity"
-            )
-        hidden = self._run(ids, torch.tensor(start, device=ids.device))
-        self.decoder.length = end
-        return hidden

@@ -3,9 +3,8 @@
 After a pair's live trials, the cost model is fit over each pool's stored rounds (a pool: the
 pair at one sampling setting across its datasets, or one dataset group where every group runs
 enough live checks, ``trial.fit_pools``; the per-step model's context terms carry what differs
-between datasets) and stored (``cost_fits``) under each trial
-group of the pool, with the run-level fit beside it; replay mode fits the same way before it
-replays a group.
+between datasets) and stored (``cost_fits``) under each trial group of the pool, with the
+run-level fit beside it; replay mode fits the same way before it replays a group.
 """
 
 from __future__ import annotations

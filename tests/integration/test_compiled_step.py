@@ -5,13 +5,6 @@ forward at every block size and cached length, across rollbacks, with its graphs
 ``warm``; ``CachedLM`` must then decode the same tokens from the same logits on it as on the
 unpacked layout. Compiling takes tens of seconds on this CPU, so these tests are slow and share
 one inductor cache per module.
-
-The static-shape forward (``StaticSteps``, the design kept for a GPU's CUDA graphs) shares the
-fast decoder's cache, so it alternates with eager forwards across rollbacks; it is close to the
-eager path, not bit-equal (attention over the whole masked buffer rounds differently from
-attention over the cached prefix, see the module); compiled, it keeps one graph per block size
-across steps and rollbacks. Compiling takes a minute or more on a busy CPU, so that test is slow
-and runs the 1-layer tiny model at two block sizes.
 """
 
 from __future__ import annotations
@@ -24,16 +17,12 @@ import torch
 from support.tiny_models import build_tiny_pair
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from workers.compiled_step import WARM_SCHEDULE, CompiledSteps, StaticSteps, use_compile_cache
+from workers.compiled_step import WARM_SCHEDULE, CompiledSteps, use_compile_cache
 from workers.llama_fast import LlamaFastDecoder
 from workers.lm import CachedLM
 from workers.records import RequestSettings, SamplingConfig
 from workers.step_plan import StepPlan
 from workers.target import LocalTarget
-
-#: Largest difference allowed from the eager path (float32 rounding of a few-layer model).
-TOLERANCE = 1e-5
-
 
 #: (block size, tokens kept after it) of the alternating schedule the tests run.
 SCHEDULE = ((1, 1), (3, 1), (1, 1), (3, 3), (3, 0), (1, 1))
@@ -67,46 +56,6 @@ def _run_schedule(
     return outputs
 
 
-def _largest_differences(outputs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-    """Return each pair's largest absolute difference."""
-    return [float((mine - eager).abs().max()) for mine, eager in outputs]
-
-
-@torch.inference_mode()
-def test_static_forward_alternates_with_eager_steps_across_rollbacks() -> None:
-    _, target = build_tiny_pair(seed=2)
-    decoder = LlamaFastDecoder(target)
-    generator = _prefilled(decoder, 0)
-    static = StaticSteps(decoder, 64, compiled=False)
-    assert max(_largest_differences(_run_schedule(decoder, static.forward, generator))) < TOLERANCE
-
-
-def test_static_steps_refuse_what_they_cannot_run() -> None:
-    _, target = build_tiny_pair(seed=2)
-    decoder = LlamaFastDecoder(target)
-    with pytest.raises(ValueError, match="inductor"):
-        StaticSteps(decoder, 64, compiled=True, packed=True)
-    static = StaticSteps(decoder, 8, compiled=False)
-    assert decoder.capacity >= 8
-    decoder.length = decoder.capacity - 1
-    with pytest.raises(ValueError, match="larger capacity"), torch.inference_mode():
-        static.forward(torch.tensor([2, 3]))
-
-
-@pytest.mark.slow
-@torch.inference_mode()
-def test_compiled_steps_keep_one_graph_per_block_size(tmp_path, monkeypatch) -> None:
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    assert use_compile_cache(tmp_path / "inductor") == tmp_path / "inductor"
-    torch._dynamo.reset()
-    draft, _ = build_tiny_pair(seed=2)
-    decoder = LlamaFastDecoder(draft)
-    generator = _prefilled(decoder, 0)
-    static = StaticSteps(decoder, 64, compiled=True)
-    assert max(_largest_differences(_run_schedule(decoder, static.forward, generator))) < TOLERANCE
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
-
-
 def test_compile_cache_moves_from_torchs_default_but_keeps_a_users_choice(
     tmp_path, monkeypatch
 ) -> None:
@@ -129,10 +78,17 @@ def inductor_cache(tmp_path_factory) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
+@pytest.fixture
+def fresh_compile(inductor_cache) -> None:
+    """Forget the graphs earlier tests compiled, so that each test compiles its own (its
+    compile counts do not depend on the order the tests run in)."""
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow
 @torch.inference_mode()
 def test_compiled_steps_are_bit_equal_to_eager_unpacked_steps_across_rollbacks(
-    inductor_cache,
+    fresh_compile,
 ) -> None:
     _, target = build_tiny_pair(seed=3)
     decoder = LlamaFastDecoder(target)
@@ -151,7 +107,7 @@ def test_compiled_steps_are_bit_equal_to_eager_unpacked_steps_across_rollbacks(
 @pytest.mark.slow
 @torch.inference_mode()
 def test_cached_lm_decodes_the_same_tokens_from_the_same_logits_on_the_compiled_layout(
-    inductor_cache,
+    fresh_compile,
 ) -> None:
     _, target = build_tiny_pair(seed=3)
     lm = CachedLM(target, compiled_steps=True)
