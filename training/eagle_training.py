@@ -79,7 +79,8 @@ class EagleStage:
     ``agreement_prompts`` prompts of the evaluation dataset (HumanEval), ``agreement_tokens``
     new tokens each. ``head_vocab``: the head's LM head keeps the rows of the tokens with the
     most teacher mass over the head's own training data (teacher samples and answers); None:
-    the drafts' vocabulary (``draft_vocab``).
+    the drafts' vocabulary (``draft_vocab``). ``length_grouped``: batches of sequences of
+    similar lengths (``length_grouped_batches``; less padding computed).
     """
 
     training: TrainConfig
@@ -93,6 +94,7 @@ class EagleStage:
     agreement_tokens: int = 64
     answer_prompts: int = 0
     head_vocab: int | None = None
+    length_grouped: bool = False
 
     def __post_init__(self) -> None:
         if self.answer_prompts < 0:
@@ -135,6 +137,22 @@ class SequenceFeatures:
         if self.layers is None:
             raise ValueError("a fused head needs its layers' states: sequence_features(layers=)")
         return self.layers
+
+    def trimmed(self) -> SequenceFeatures:
+        """Return these sequences cut after the last position valid in any of them: a valid
+        position reads nothing after itself (causal), so the padding beyond costs compute
+        alone."""
+        columns = self.valid.any(0).nonzero()
+        width = int(columns[-1]) + 1 if columns.numel() else 1
+        if width >= self.tokens.shape[1]:
+            return self
+        return SequenceFeatures(
+            self.tokens[:, :width],
+            self.features[:, :width],
+            self.valid[:, :width],
+            self.choices[:, :width],
+            None if self.layers is None else self.layers[:, :width],
+        )
 
     @property
     def n_tokens(self) -> int:
@@ -219,12 +237,14 @@ def eagle_loss(
     forward: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Return EAGLE's loss over a batch of sequences (see the module docstring), summed over
-    ``weights.unroll_steps`` unrolled draft steps, step j + 1's weighted ``STEP_DECAY ** j``.
+    ``weights.unroll_steps`` unrolled draft steps, step j + 1's weighted ``STEP_DECAY ** j``;
+    the batch's padding after its last valid position is not computed (``trimmed``).
 
     ``forward`` runs the head's forward (``head`` itself by default; its DDP wrapper when
     several ranks share the batch).
     """
     device = head.embed.device
+    batch = batch.trimmed()
     inputs = batch.inputs(head)[:, :-1].to(device)
     width, steps = inputs.shape[1], weights.unroll_steps
     if weights.noise > 0:
@@ -325,14 +345,17 @@ def train_steps(
     config: TrainConfig,
     weights: EagleLossWeights,
     report: Callable[[int, float], None] | None = None,
+    length_grouped: bool = False,
 ) -> list[float]:
     """Train ``head`` for ``config.steps`` Adam steps (warm-up, cosine decay) on batches of
-    ``config.batch_size`` sequences; return the losses (the zoo's loop; jobs use their fit)."""
+    ``config.batch_size`` sequences (of similar lengths where ``length_grouped``:
+    ``length_grouped_batches``); return the losses (the zoo's loop; jobs use their fit)."""
     parameters = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=config.lr)
     losses = []
     head.train()
-    for step, index in enumerate(_batches(data.tokens.shape[0], config)):
+    lengths = data.valid.sum(1) if length_grouped else None
+    for step, index in enumerate(_batches(data.tokens.shape[0], config, lengths)):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         loss = eagle_loss(head, data.rows(index), weights, batch_generator(config.seed, index))
@@ -346,15 +369,51 @@ def train_steps(
     return losses
 
 
-def _batches(n_items: int, config: TrainConfig) -> Iterator[torch.Tensor]:
-    """Yield ``config.steps`` batches of item indices from seeded per-epoch permutations."""
+#: Batches per group that ``length_grouped_batches`` sorts by length (HF's megabatch).
+GROUPED_BATCHES = 16
+
+
+def _batches(
+    n_items: int, config: TrainConfig, lengths: torch.Tensor | None = None
+) -> Iterator[torch.Tensor]:
+    """Yield ``config.steps`` batches of item indices from seeded per-epoch permutations
+    (grouped by ``lengths`` when given: ``length_grouped_batches``)."""
     generator = torch.Generator().manual_seed(config.seed)
-    order, cursor = torch.randperm(n_items, generator=generator), 0
+    batches: list[torch.Tensor] = []
     for _ in range(config.steps):
-        if cursor + config.batch_size > n_items:
-            order, cursor = torch.randperm(n_items, generator=generator), 0
-        yield order[cursor : cursor + config.batch_size]
-        cursor += config.batch_size
+        if not batches:
+            order = torch.randperm(n_items, generator=generator)
+            batches = _epoch_batches(order, config.batch_size, lengths, generator)
+        yield batches.pop(0)
+
+
+def _epoch_batches(
+    order: torch.Tensor,
+    batch_size: int,
+    lengths: torch.Tensor | None,
+    generator: torch.Generator,
+) -> list[torch.Tensor]:
+    """Return an epoch's full batches of ``order`` (the remainder dropped), grouped by length
+    when ``lengths`` is given."""
+    if lengths is None:
+        return list(order[: len(order) // batch_size * batch_size].split(batch_size))
+    return length_grouped_batches(order, lengths, batch_size, generator)
+
+
+def length_grouped_batches(
+    order: torch.Tensor, lengths: torch.Tensor, batch_size: int, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """Return full batches of the shuffled ``order`` whose items have similar ``lengths``: each
+    run of ``GROUPED_BATCHES`` batches is sorted by length and cut into batches, and the batches
+    are shuffled (transformers' length-grouped sampler), so a batch's padding, which
+    ``eagle_loss`` trims, is small."""
+    usable = order[: len(order) // batch_size * batch_size]
+    batches = []
+    for group in usable.split(batch_size * GROUPED_BATCHES):
+        ranked = group[torch.argsort(lengths[group], descending=True, stable=True)]
+        batches.extend(ranked.split(batch_size))
+    shuffled = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[i] for i in shuffled]
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -151,6 +152,9 @@ class TeacherSample:
     Positions ``start .. start + T - 1`` of ``ids[:-1]`` are labelled: ``top_ids``/``top_logp``
     [T, k] are the target's top-k tokens and log-probabilities there. The first
     ``prompt_labels`` of them predict prompt tokens, the others the response's tokens.
+    ``features`` [len(ids) − 1, d], when the generation kept them: the target's last hidden
+    state (after its final norm) at every position but the last, as it computed them while
+    answering (an EAGLE head's training data, with no second forward).
     """
 
     ids: torch.Tensor
@@ -158,6 +162,7 @@ class TeacherSample:
     top_ids: torch.Tensor
     top_logp: torch.Tensor
     prompt_labels: int = 0
+    features: torch.Tensor | None = None
 
     @property
     def labelled(self) -> int:
@@ -171,19 +176,23 @@ class TeacherSample:
 
     def with_prompt_labels(self, top_ids: torch.Tensor, top_logp: torch.Tensor) -> TeacherSample:
         """Return this sample with the [P, k] labels of the P prompt positions before it."""
-        return TeacherSample(
-            self.ids,
-            self.start - top_ids.shape[0],
-            torch.cat([top_ids, self.top_ids]),
-            torch.cat([top_logp, self.top_logp]),
-            self.prompt_labels + top_ids.shape[0],
+        return replace(
+            self,
+            start=self.start - top_ids.shape[0],
+            top_ids=torch.cat([top_ids, self.top_ids]),
+            top_logp=torch.cat([top_logp, self.top_logp]),
+            prompt_labels=self.prompt_labels + top_ids.shape[0],
         )
 
     def responses_only(self) -> TeacherSample:
         """Return this sample with its response labels alone."""
         first = self.prompt_labels
-        return TeacherSample(
-            self.ids, self.start + first, self.top_ids[first:], self.top_logp[first:]
+        return replace(
+            self,
+            start=self.start + first,
+            top_ids=self.top_ids[first:],
+            top_logp=self.top_logp[first:],
+            prompt_labels=0,
         )
 
 
@@ -243,6 +252,32 @@ def _top_logp(logits: torch.Tensor, k: int) -> torch.return_types.topk:
     return torch.log_softmax(logits.float(), dim=-1).topk(k)
 
 
+@contextmanager
+def _final_norm_outputs(target: LlamaForCausalLM) -> Iterator[list[torch.Tensor]]:
+    """Yield a list that receives the output of the target's final norm at each forward
+    (its last hidden states [B, n, d]) while the context is open."""
+    outputs: list[torch.Tensor] = []
+    hook = target.model.norm.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+    try:
+        yield outputs
+    finally:
+        hook.remove()
+
+
+def _prefilled(
+    target: LlamaForCausalLM, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
+) -> torch.Tensor:
+    """Prefill ``cache`` with the left-padded prompts ``ids`` but their last tokens; return the
+    target's last hidden states there."""
+    return target.model(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=_position_ids(mask)[:, :-1],
+        use_cache=True,
+        **cache_kwargs(target.model, cache),
+    ).last_hidden_state
+
+
 @torch.inference_mode()
 def _generate_batch(
     target: LlamaForCausalLM,
@@ -250,49 +285,52 @@ def _generate_batch(
     recipe: TeacherDataRecipe,
     eos: int,
     first_label: int,
+    keep_features: bool = False,
 ) -> list[TeacherSample]:
     """Greedily answer one batch of prompt ids; return a sample per row with top-k labels.
 
     The prompts but their last tokens are prefilled here and ``generate`` goes on from that
     cache; with ``recipe.prompt_labels`` the prefill's positions from ``first_label`` on are
-    labelled as well.
+    labelled as well. ``keep_features``: each sample keeps the target's last hidden states
+    from the prefill and the generation's steps (``TeacherSample.features``).
     """
     pad = target.generation_config.pad_token_id
     pad = eos if pad is None else pad
     ids, mask = _left_padded(rows, pad)
     cache = DynamicCache()
-    hidden = target.model(
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=_position_ids(mask)[:, :-1],
-        use_cache=True,
-        **cache_kwargs(target.model, cache),
-    ).last_hidden_state
-    out = target.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        **cache_kwargs(target, cache),
-        max_new_tokens=recipe.max_new_tokens,
-        do_sample=False,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
+    hidden = _prefilled(target, ids, mask, cache)
+    with _final_norm_outputs(target) if keep_features else nullcontext([]) as steps:
+        out = target.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **cache_kwargs(target, cache),
+            max_new_tokens=recipe.max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
     tops = [_top_logp(step, recipe.top_k) for step in out.logits]
     top_logp = torch.stack([values for values, _ in tops], dim=1)
     top_ids = torch.stack([token_ids for _, token_ids in tops], dim=1)
     responses = out.sequences[:, ids.shape[1] :]
+    if keep_features and sum(step.shape[1] for step in steps) != responses.shape[1]:
+        raise RuntimeError("generate ran another number of forwards than tokens it generated")
+    states = torch.cat([hidden, *steps], dim=1) if keep_features else None
     samples = []
     for index, row in enumerate(rows):
         response = responses[index].tolist()
         length = response.index(eos) + 1 if eos in response else len(response)
+        offset = ids.shape[1] - len(row)
+        features = None
+        if states is not None:  # a copy: a view would save the whole batch's storage
+            features = states[index, offset : offset + len(row) - 1 + length].clone()
         full = torch.tensor(row + response[:length])
         sample = TeacherSample(
-            full, len(row) - 1, top_ids[index, :length], top_logp[index, :length]
+            full, len(row) - 1, top_ids[index, :length], top_logp[index, :length], 0, features
         )
         if recipe.prompt_labels and first_label < sample.start:
-            offset = ids.shape[1] - len(row)
             span = hidden[index, offset + first_label : offset + sample.start]
             labels = _top_logp(target.lm_head(span), recipe.top_k)
             sample = sample.with_prompt_labels(labels.indices, labels.values)
@@ -316,6 +354,7 @@ def teacher_samples(
     recipe: TeacherDataRecipe,
     progress: bool,
     prompts: list[str] | None = None,
+    keep_features: bool = False,
 ) -> tuple[list[TeacherSample], float]:
     """Return the target's responses to ``prompts`` (default ``distillation_prompts(recipe)``)
     and the seconds it took.
@@ -323,7 +362,8 @@ def teacher_samples(
     Prompts go through the tokenizer's chat template when it has one. Batches hold prompts of
     similar length (sorted), so little compute goes into padding; the output keeps the
     prompts' shuffled order. Prompt labels (``recipe.prompt_labels``) predict every prompt
-    token after the prefix all prompts share.
+    token after the prefix all prompts share. ``keep_features``: every sample keeps the
+    target's last hidden states (``TeacherSample.features``).
     """
     texts = distillation_prompts(recipe) if prompts is None else prompts
     encoded = encode_prompts(tokenizer, texts, recipe.max_prompt_tokens)
@@ -335,7 +375,9 @@ def teacher_samples(
     for first in range(0, len(order), recipe.batch_size):
         chunk = order[first : first + recipe.batch_size]
         rows = [encoded[i] for i in chunk]
-        batch = _generate_batch(target, rows, recipe, tokenizer.eos_token_id, first_label)
+        batch = _generate_batch(
+            target, rows, recipe, tokenizer.eos_token_id, first_label, keep_features
+        )
         results.update(zip(chunk, batch, strict=True))
         tokens = sum(sample.response_tokens for sample in results.values())
         bar.update(len(chunk))

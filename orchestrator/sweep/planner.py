@@ -166,9 +166,10 @@ def plan_sweep(spec: SweepSpec) -> Plan:
     """Expand ``spec`` into an ordered, de-duplicated :class:`Plan`.
 
     Order: by pair (each pair's models load once), then dataset, temperature, seed and batch
-    size, with the AR baseline (at the group's batch size) first in each group; a pair's
-    drafts follow its first (``PairSpec.drafts``: a lookup draft's trials share its worker
-    pair's baseline, a further draft model has its own). Greedy-only policies are skipped at
+    size, with the AR baseline (at the group's batch size) first in each group that has a
+    trial to measure against it; a pair's drafts follow its first (``PairSpec.drafts``: a
+    lookup draft's trials share its worker pair's baseline, a further draft model has its
+    own). Greedy-only policies are skipped at
     temperature > 0, a policy reading a feature only one draft kind shows for the other kinds
     (:data:`KIND_FEATURES`). In
     ``mode: replay`` each group has the live baseline, then the live check trials
@@ -205,10 +206,12 @@ def plan_sweep(spec: SweepSpec) -> Plan:
                     for served in members
                 ]
                 baseline = groups[0].baseline()
+                arms = [a for g in groups for a in g.arms(pair.name, baseline.trial_id, skipped)]
+                if not arms:  # nothing of this worker pair runs here: no baseline either
+                    continue
                 trials.setdefault(baseline.trial_id, baseline)
-                for group in groups:
-                    for trial in group.arms(pair.name, baseline.trial_id, skipped):
-                        trials.setdefault(trial.trial_id, trial)
+                for trial in arms:
+                    trials.setdefault(trial.trial_id, trial)
     return Plan(
         sweep=spec.name,
         trials=tuple(trials.values()),

@@ -146,22 +146,23 @@ def test_bad_retries_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_plan_demo_prints_the_planned_count(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    # By hand, per dataset and draft kind (draft-s, n-gram lookup): greedy 16 policy settings
-    # (static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle 1 each; max_confidence and
-    # adaedl 3; svip 4) x 4 caps and two live checks, ngram_match x 4 on the lookup only; at 0.7
-    # static K 1 and AdaEDL at 4 on draft-s only. Skipped: ngram_match on draft-s, the
-    # greedy-only oracle at 0.7 on both (12 per dataset). 2 datasets x 2 temperatures -> 4
-    # baselines (the lookup shares draft-s's); total 280.
-    expected_policy_trials = 2 * ((16 * 4 + 2) + (17 * 4 + 2) + 2)
-    expected_trials = expected_policy_trials + 4
+    # By hand, per dataset and draft kind (draft-s, the EAGLE head, n-gram lookup): greedy 16
+    # policy settings (static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle 1 each;
+    # max_confidence and adaedl 3; svip 4) x 4 caps and two live checks, ngram_match x 4 on the
+    # lookup only; at 0.7 static K 1 and AdaEDL at 4 on draft-s only. Skipped: ngram_match on
+    # draft-s and the head, the greedy-only oracle at 0.7 on all three (20 per dataset).
+    # Baselines: draft-s's worker pair (the lookup shares it) at 2 temperatures, the head's at
+    # greedy only (nothing of it runs at 0.7), per dataset -> 6; total 414.
+    expected_policy_trials = 2 * (2 * (16 * 4 + 2) + (17 * 4 + 2) + 2)
+    expected_trials = expected_policy_trials + 6
     counts = plan_sweep(load_sweep(DEMO)).counts()
     assert counts["trials"] == expected_trials
     db = tmp_path / "never.db"
     assert cli.main(["--db", f"sqlite:///{db}", "plan", str(DEMO)]) == 0
     out = capsys.readouterr().out
     assert (
-        f"sweep demo: {expected_trials} trials (4 AR baselines + {expected_policy_trials} "
-        "policy trials), 0 training jobs, 24 trials skipped"
+        f"sweep demo: {expected_trials} trials (6 AR baselines + {expected_policy_trials} "
+        "policy trials), 0 training jobs, 40 trials skipped"
     ) in out
     # pair, draft kind, draft, dataset, temperature, policy
     row = _table_row(out, "smollm2")
@@ -175,7 +176,7 @@ def test_plan_all_lists_every_trial(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["plan", str(DEMO), "--all"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if any(t.trial_id in line for t in plan.trials)]
-    assert len(listed) == len(plan.trials) == 280
+    assert len(listed) == len(plan.trials) == 414
     svip = _table_row(out, trial_of(plan, "svip", 0.3).trial_id)
     assert svip[2] == "lm" and svip[6] == "svip" and "threshold=0.3" in svip[7].split(", ")
 
@@ -446,7 +447,7 @@ def test_submit_dry_run_runs_nothing(
     db = tmp_path / "results.db"
     assert cli.main(["--db", f"sqlite:///{db}", "submit", str(DEMO), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "sweep demo: 280 trials" in out and "dry run: nothing was run" in out
+    assert "sweep demo: 414 trials" in out and "dry run: nothing was run" in out
     assert fake_runner.calls == []
     assert not db.exists()
 

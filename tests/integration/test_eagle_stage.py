@@ -55,6 +55,25 @@ def test_features_of_padded_samples_are_those_of_each_sample_alone():
         assert prompt_lengths[row] == sample.start + 1
 
 
+def test_samples_that_kept_their_features_are_not_run_through_the_target_again():
+    target = build_tiny_pair()[1]
+    samples = _samples(target, 3)
+    kept = [
+        replace(sample, features=torch.full((sample.ids.numel() - 1, 64), float(index)))
+        for index, sample in enumerate(samples)
+    ]
+    data, prompt_lengths = sample_features(target, kept, batch_size=2, pad_id=0)
+    for row, sample in enumerate(kept):
+        n = sample.ids.numel()
+        assert torch.equal(data.features[row, : n - 1], sample.features)
+        assert torch.equal(data.tokens[row, :n], sample.ids)
+        assert int(data.valid[row].sum()) == n - 1
+        assert prompt_lengths[row] == sample.start + 1
+    mixed, _ = sample_features(target, kept[:2] + samples[2:], batch_size=2, pad_id=0)
+    alone = target.model(input_ids=samples[0].ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(mixed.features[0, : alone.shape[0]], alone, atol=1e-5, rtol=1e-4)
+
+
 def test_stage_trains_measures_and_saves_a_loadable_head(tmp_path):
     target = build_tiny_pair()[1]
     samples = _samples(target, 40)
@@ -88,11 +107,14 @@ def test_stage_trains_measures_and_saves_a_loadable_head(tmp_path):
 
 
 def test_profiles_without_an_eagle_head_keep_their_hashes():
-    """The cache folders of smol and smol-base (and the results recorded with them) stay.
+    """The cache folders of smol-base and smol-exit (and the results recorded with them) stay.
 
-    smol's hash changed once, on purpose, when it stopped distilling the early exit
-    (453446866a87 before; that recipe is smol-exit's now, under its own name)."""
-    assert PROFILES["smol"].recipe_hash() == "cb8027b77d18"
+    smol's hash changed on purpose twice: when it stopped distilling the early exit
+    (453446866a87 before; that recipe is smol-exit's now, under its own name) and when the
+    demo's EAGLE head joined it (cb8027b77d18 before: the same target and draft-s)."""
+    assert PROFILES["smol"].recipe_hash() == "ce28b5f0eb80"
+    smol = PROFILES["smol"]
+    assert replace(smol, drafts=replace(smol.drafts, eagle=None)).recipe_hash() == "cb8027b77d18"
     assert PROFILES["smol-base"].recipe_hash() == "a112affd8c5c"
     assert PROFILES["smol-exit"].recipe_hash() == "81c087853204"
     assert PROFILES["smol-eagle"].model_names[-1] == "eagle"

@@ -37,6 +37,7 @@ from training.pretrained_drafts import (
 from training.zoo import pretrained
 from training.zoo.build import build_zoo
 from training.zoo.cache import ZooManifest
+from training.zoo.eagle_stage import captured_features
 from training.zoo.pretrained import TEACHER_DATA_FILE
 from training.zoo.recipes import SMOL_BASE_RECIPE, SMOL_EXIT_RECIPE, SMOL_RECIPE, PretrainedRecipe
 from training.zoo.refs import parse_model_ref
@@ -294,6 +295,35 @@ def test_prompt_labels_are_the_targets_teacher_forced_top_k(
         )
 
 
+def test_kept_features_are_the_targets_last_hidden_states_and_leave_the_samples_unchanged(
+    tiny_build: tuple[PretrainedRecipe, ZooManifest],
+) -> None:
+    """Features kept while generating (an EAGLE head's data) must be what a teacher-forced
+    forward over each sample computes, position by position, and the greedy choices read off
+    them the tokens the target generated; the samples otherwise as without them."""
+    _, manifest = tiny_build
+    target = AutoModelForCausalLM.from_pretrained(manifest.model_path("target")).eval()
+    tokenizer = AutoTokenizer.from_pretrained(manifest.tokenizer)
+    data = TINY_DRAFTS.data
+    kept, _ = teacher_samples(target, tokenizer, data, False, keep_features=True)
+    plain, _ = teacher_samples(target, tokenizer, data, progress=False)
+    captured = captured_features(kept, pad_id=0)
+    for row, (with_features, without) in enumerate(zip(kept, plain, strict=True)):
+        assert without.features is None
+        assert torch.equal(with_features.ids, without.ids)
+        assert torch.equal(with_features.top_ids, without.top_ids)
+        n = with_features.ids.numel()
+        with torch.no_grad():
+            forced = target.model(input_ids=with_features.ids[None, :-1]).last_hidden_state[0]
+            choices = target.lm_head(forced).argmax(-1)
+        assert with_features.features.shape == forced.shape == (n - 1, target.config.hidden_size)
+        torch.testing.assert_close(with_features.features, forced, atol=1e-4, rtol=1e-4)
+        response = without.start + without.prompt_labels
+        assert torch.equal(captured.choices[row, response : n - 1], choices[response:])
+        assert (captured.choices[row, :response] == -1).all()
+        assert int(captured.valid[row].sum()) == n - 1
+
+
 def test_distillation_prompts_avoid_the_heldout_sets() -> None:
     prompts = set(distillation_prompts(TINY_DRAFTS.data))
     assert len(prompts) == 12
@@ -346,7 +376,7 @@ def test_an_eagle_stage_trains_on_the_targets_answers_to_further_prompts(
 
 
 def test_smol_profile_has_the_draft_stage_and_smol_base_does_not() -> None:
-    assert SMOL_RECIPE.model_names == ("target", "draft-s")
+    assert SMOL_RECIPE.model_names == ("target", "draft-s", "eagle")
     assert SMOL_EXIT_RECIPE.model_names == ("target", "draft-s", "draft-exit")
     assert parse_model_ref("zoo:smol-exit/draft-exit") == ("smol-exit", "draft-exit")
     with pytest.raises(ValueError, match=r"zoo:smol-exit/draft-exit.*eesd_exit"):
@@ -355,7 +385,7 @@ def test_smol_profile_has_the_draft_stage_and_smol_base_does_not() -> None:
     assert SMOL_BASE_RECIPE.model_names == ("target",) and SMOL_BASE_RECIPE.main_draft is None
     smaller = replace(SMOL_EXIT_RECIPE.drafts, exit_layers=3)
     assert replace(SMOL_EXIT_RECIPE, drafts=smaller).recipe_hash() != SMOL_EXIT_RECIPE.recipe_hash()
-    assert SMOL_RECIPE.drafts == replace(
+    assert replace(SMOL_RECIPE.drafts, eagle=None) == replace(
         SMOL_EXIT_RECIPE.drafts, exit_layers=None, exit_training=None
     )
     with pytest.raises(ValueError, match="exit_layers and exit_training"):

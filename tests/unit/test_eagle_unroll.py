@@ -11,8 +11,10 @@ from support.tiny_models import VOCAB, build_tiny_pair
 from training.eagle_training import (
     STEP_DECAY,
     EagleLossWeights,
+    SequenceFeatures,
     agreement_at_steps,
     eagle_loss,
+    length_grouped_batches,
     sequence_features,
     train_steps,
 )
@@ -126,3 +128,34 @@ def test_a_fused_head_trained_at_three_steps_drafts_step_two_better(target):
         agreement[unroll] = agreement_at_steps(head.eval(), held, 3, steps=3)
     assert agreement[3][1] > agreement[1][1] + 0.2  # step 2 given step 1 (0.93 vs 0.55 here)
     assert agreement[3][0] > agreement[1][0] - 0.1  # step 1 about as good
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_loss_of_a_batch_is_the_same_without_its_trailing_padding(target, variant, monkeypatch):
+    head = untrained_head(target, **VARIANTS[variant])
+    tokens = torch.randint(0, VOCAB, (3, 14))
+    valid = torch.zeros(3, 14, dtype=torch.bool)
+    valid[0, :9], valid[1, :6], valid[2, :4] = True, True, True
+    data = sequence_features(target, tokens, valid, layers=LAYERS if variant == "fused" else ())
+    assert data.trimmed().tokens.shape == (3, 9) and data.tokens.shape == (3, 14)
+    assert data.rows(torch.tensor([1, 2])).trimmed().tokens.shape == (2, 6)
+    weights = EagleLossWeights(noise=0.0, unroll_steps=2)
+    with torch.no_grad():
+        trimmed = eagle_loss(head, data, weights, None)
+        monkeypatch.setattr(SequenceFeatures, "trimmed", lambda self: self)
+        whole = eagle_loss(head, data, weights, None)
+    torch.testing.assert_close(trimmed, whole)
+
+
+def test_length_grouped_batches_cover_the_epoch_once_with_similar_lengths():
+    lengths = torch.randint(5, 300, (203,))
+    order = torch.randperm(203, generator=torch.Generator().manual_seed(1))
+    batches = length_grouped_batches(order, lengths, 8, torch.Generator().manual_seed(2))
+    assert len(batches) == 25 and all(batch.numel() == 8 for batch in batches)
+    taken = torch.cat(batches)
+    assert taken.unique().numel() == 200 and set(taken.tolist()) == set(order[:200].tolist())
+    spread = [int(lengths[b].max() - lengths[b].min()) for b in batches]
+    random_spread = [int(lengths[b].max() - lengths[b].min()) for b in order[:200].split(8)]
+    assert sum(spread) < sum(random_spread) / 4
+    again = length_grouped_batches(order, lengths, 8, torch.Generator().manual_seed(2))
+    assert all(torch.equal(a, b) for a, b in zip(batches, again, strict=True))

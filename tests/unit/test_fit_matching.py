@@ -41,7 +41,7 @@ def _plans() -> list:
 
 def test_a_stored_record_gives_its_planned_trials_fit_group_key() -> None:
     trials = [trial for plan in _plans() for trial in plan.trials]
-    assert {t.served.draft_kind for t in trials} == {"lm", "ngram"}
+    assert {t.served.draft_kind for t in trials} == {"lm", "eagle", "ngram"}
     assert len({report.record_fit_group_key(t.columns()) for t in trials}) > 4
     assert {t.batch_size for t in trials} == {1, 2}
     for trial in trials:

@@ -278,13 +278,13 @@ def test_demo_sweep_plan() -> None:
     plan = plan_sweep(spec)
     counts = plan.counts()
     # Greedy, per draft kind: static, hf_heuristic, beta_ts, cali_ts, specdecpp, oracle once,
-    # max_confidence and adaedl with 3 thresholds, svip with 4 = 16 settings x 4 caps, and
-    # ngram_match x 4 caps on the lookup; two live checks per kind. At 0.7: static K 1 and
-    # AdaEDL at 4 on the draft model only. Per dataset.
-    assert counts["policy_trials"] == 2 * ((16 * 4 + 2) + (17 * 4 + 2) + 2)
-    assert counts["baselines"] == 2 * 2
+    # max_confidence and adaedl with 3 thresholds, svip with 4 = 16 settings x 4 caps on the
+    # draft model and on the EAGLE head, and ngram_match x 4 caps more on the lookup; two live
+    # checks per kind. At 0.7: static K 1 and AdaEDL at 4 on the draft model only. Per dataset.
+    assert counts["policy_trials"] == 2 * (2 * (16 * 4 + 2) + (17 * 4 + 2) + 2)
+    assert counts["baselines"] == 2 * 3  # the EAGLE head's worker pair runs greedy only
     live = [t for t in plan.trials if t.mode == "live"]
-    assert len(live) == 2 * (2 + 2 * 2 + 2)  # AR x 2 temperatures, the checks, sampled trials
+    assert len(live) == 2 * (3 + 3 * 2 + 2)  # AR (2 greedy, 1 at 0.7), checks, sampled trials
     sampled = {(t.served.draft_kind, t.setting.policy) for t in live if t.sampling.temperature}
     assert sampled == {("lm", "ar"), ("lm", "static"), ("lm", "adaedl")}
     assert all(dataset.holdout is not None for dataset in spec.datasets)

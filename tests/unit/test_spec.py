@@ -93,7 +93,7 @@ def test_demo_sweep_is_valid() -> None:
         "oracle",
     }
     assert spec.max_draft_lens == (1, 2, 3, 4)
-    assert [d.kind for d in spec.pairs[0].draft_entries] == ["lm", "ngram"]
+    assert [d.kind for d in spec.pairs[0].draft_entries] == ["lm", "eagle", "ngram"]
     assert [t.temperature for t in spec.temperatures] == [0.0, 0.7]
     assert {pair.target.model for pair in spec.pairs} == {"zoo:smol/target"}
     assert {d.name for d in spec.datasets} == {"humaneval", "builtin:math"}

@@ -126,33 +126,46 @@ def expected_counts(raw: dict[str, Any]) -> dict[str, int]:
     reading a feature of another kind skipped), plus in ``mode: replay`` the live check trials
     per baseline and replayable draft (``mode: mixed``: per greedy one): one per ``live_check``
     entry on that draft's kind, four when it is left out. One AR baseline per (worker pair,
-    dataset, temperature, seed): a pair's first draft and its lookups share one, each further
-    draft model has its own.
+    dataset, temperature, seed) where that worker pair runs a trial: a pair's first draft and
+    its lookups share one, each further draft model has its own.
     """
     cells = len(raw["datasets"]) * len(raw.get("seeds", [0]))
     temperatures = [raw_temperature(entry) for entry in raw["temperatures"]]
     mode = raw.get("execution", {}).get("mode")
     named = raw.get("execution", {}).get("live_check")
-    run = skipped = worker_pairs = checks = 0
+    run = skipped = baselines = checks = 0
     for pair in raw["pairs"]:
-        drafts = raw_drafts(pair)
-        worker_pairs += 1 + sum(d.get("kind", "lm") != "ngram" for d in drafts[1:])
-        for draft, temperature in itertools.product(drafts, temperatures):
-            kind = draft.get("kind", "lm")
-            if kind in REPLAYABLE_KINDS and mode in ("replay", "mixed"):
-                per_group = checks_per_group(named, kind)
-                checks += per_group * (mode == "replay" or temperature == 0)
-            for policy in raw["policies"]:
-                if pair["name"] not in policy.get("pairs", [pair["name"]]):
-                    continue
-                counted = policy_count(policy, raw, kind, temperature)
-                if counted is not None:
-                    run, skipped = run + counted[0], skipped + counted[1]
+        for members, temperature in itertools.product(worker_drafts(pair), temperatures):
+            measured = 0
+            for draft in members:
+                kind = draft.get("kind", "lm")
+                if kind in REPLAYABLE_KINDS and mode in ("replay", "mixed"):
+                    per_group = checks_per_group(named, kind) * (
+                        mode == "replay" or temperature == 0
+                    )
+                    checks, measured = checks + per_group, measured + per_group
+                for policy in raw["policies"]:
+                    if pair["name"] not in policy.get("pairs", [pair["name"]]):
+                        continue
+                    counted = policy_count(policy, raw, kind, temperature)
+                    if counted is not None:
+                        run, skipped = run + counted[0], skipped + counted[1]
+                        measured += counted[0]
+            baselines += measured > 0
     return {
-        "baselines": cells * worker_pairs * len(temperatures),
+        "baselines": cells * baselines,
         "policy_trials": cells * (run + checks),
         "skipped": cells * skipped,
     }
+
+
+def worker_drafts(pair: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Return a raw pair's drafts by the worker pair that runs them: its first draft with its
+    lookups, then each further draft model alone."""
+    drafts = raw_drafts(pair)
+    further = drafts[1:]
+    first = [drafts[0], *(d for d in further if d.get("kind", "lm") == "ngram")]
+    return [first, *([d] for d in further if d.get("kind", "lm") != "ngram")]
 
 
 def fits(demands: list[float], hardware: DeclaredHardware) -> bool:

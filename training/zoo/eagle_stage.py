@@ -1,9 +1,10 @@
 """A pretrained profile's EAGLE head (``zoo:<profile>/eagle``): trained on the teacher data.
 
 The head reads the imported target's features over the teacher samples (prompt + the target's
-greedy response; one teacher-forced forward per batch of samples) and, where the stage asks,
-over the target's greedy answers to further code prompts and windows of the standard library's
-source, its LM head cut to the drafts' ``draft_vocab``
+greedy response: the last hidden states the generation computed, kept with each sample, or
+where a sample has none one teacher-forced forward per batch) and, where the stage asks, over
+the target's greedy answers to further code prompts (kept the same way) and windows of the
+standard library's source (teacher-forced), its LM head cut to the drafts' ``draft_vocab``
 when the stage has one, and trains with EAGLE's loss (``training.eagle_training``). Its card:
 the data, the steps, agreement at draft steps 1–3 on the held-out teacher samples and on the
 target's greedy answers to the evaluation dataset's prompts (HumanEval unless unavailable; none
@@ -78,11 +79,37 @@ def padded_features(
 def sample_features(
     target: LlamaForCausalLM, samples: list[TeacherSample], batch_size: int, pad_id: int
 ) -> tuple[SequenceFeatures, list[int]]:
-    """Return the target's teacher-forced features over ``samples`` (right-padded; the padding
-    is invalid) and each sample's prompt length."""
+    """Return the target's features over ``samples`` (right-padded; the padding is invalid)
+    and each sample's prompt length: the ones its generation kept when every sample has them
+    (``captured_features``), else teacher-forced."""
     prompt_lengths = [sample.start + sample.prompt_labels + 1 for sample in samples]
+    if samples and all(sample.features is not None for sample in samples):
+        return captured_features(samples, pad_id), prompt_lengths
     rows = [sample.ids for sample in samples]
     return padded_features(target, rows, batch_size, pad_id), prompt_lengths
+
+
+def captured_features(samples: list[TeacherSample], pad_id: int) -> SequenceFeatures:
+    """Return the features the generation of ``samples`` kept, right-padded with ``pad_id``.
+
+    A sample of n tokens has features at positions 0..n − 2 (valid there; the last token was
+    never fed back). The target's greedy choice after each response position is the next token
+    it generated; before the response it is unknown (−1: agreement is measured from the
+    response on).
+    """
+    width = max(sample.ids.numel() for sample in samples)
+    dim = samples[0].features.shape[-1]
+    tokens = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    features = torch.zeros((len(samples), width, dim))
+    valid = torch.zeros_like(tokens, dtype=torch.bool)
+    choices = torch.full_like(tokens, -1)
+    for index, sample in enumerate(samples):
+        n, response = sample.ids.numel(), sample.start + sample.prompt_labels
+        tokens[index, :n] = sample.ids
+        features[index, : n - 1] = sample.features
+        valid[index, : n - 1] = True
+        choices[index, response : n - 1] = sample.ids[response + 1 :]
+    return SequenceFeatures(tokens, features, valid, choices)
 
 
 def code_windows(tokenizer: Any, count: int, window: int) -> list[torch.Tensor]:
@@ -146,8 +173,10 @@ def eagle_into(
     """Train the profile's EAGLE head on the teacher samples and code windows, measure it on
     ``evaluation``, save it with its card."""
     started = time.perf_counter()
-    log(progress, recipe, f"extracting the target's features ({len(data.train)} samples, "
-        f"{len(data.answers)} answers, {len(data.code)} code windows)")  # fmt: skip
+    generated = data.train + data.answers
+    carried = sum(sample.features is not None for sample in generated)
+    what = f"{carried} of {len(generated)} samples kept from generation"
+    log(progress, recipe, f"the target's features: {what}, {len(data.code)} code windows forced")
     train_data, checks = _extracted(target, stage, data, evaluation)
     extract_s = time.perf_counter() - started
     kept = None if vocab is None else tuple(vocab.kept.tolist())
@@ -238,4 +267,4 @@ def _train_shown(
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.update(1)
 
-        return train_steps(head, data, stage.training, stage.loss, shown)
+        return train_steps(head, data, stage.training, stage.loss, shown, stage.length_grouped)

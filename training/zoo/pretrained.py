@@ -92,8 +92,9 @@ def _pretrained_drafts_into(
     with torch_threads(stage.train_threads):
         work = directory.parent / f".{recipe.profile}-{recipe.recipe_hash()}.work"
         samples, generation_seconds = _cached_teacher_samples(
-            recipe, stage.data, target, tokenizer, work / TEACHER_DATA_FILE, progress
-        )
+            recipe, stage.data, target, tokenizer, work / TEACHER_DATA_FILE, progress,
+            keep_features=stage.eagle is not None,
+        )  # fmt: skip
         clock.lap("teacher data")
         train, heldout = samples[: -stage.data.heldout], samples[-stage.data.heldout :]
         vocab = _draft_vocab(stage, train, target, tokenizer)
@@ -190,7 +191,7 @@ def _eagle_data(
     unlabelled = replace(stage.data, prompt_labels=False)
     path = work / EAGLE_ANSWERS_FILE
     answers, _ = _cached_teacher_samples(
-        recipe, unlabelled, target, tokenizer, path, progress, prompts
+        recipe, unlabelled, target, tokenizer, path, progress, prompts, keep_features=True
     )
     return replace(teacher, code=code, answers=answers)
 
@@ -203,17 +204,19 @@ def _cached_teacher_samples(
     path: Path,
     progress: bool,
     prompts: list[str] | None = None,
+    keep_features: bool = False,
 ) -> tuple[list[TeacherSample], float]:
     """Return the target's greedy answers to ``prompts`` (default: the teacher data's), generated
-    once per recipe: a build interrupted after this stage finds them at ``path`` and goes on from
-    there; the build removes them when done."""
+    once per recipe (with the target's last hidden states where ``keep_features``): a build
+    interrupted after this stage finds them at ``path`` and goes on from there; the build
+    removes them when done."""
     if path.is_file():
         log(progress, recipe, f"reusing the answers of an interrupted build ({path})")
         saved = torch.load(path, weights_only=True)
         return [TeacherSample(**row) for row in saved["samples"]], saved["seconds"]
     what = "teacher data" if prompts is None else f"{len(prompts)} further prompts"
     log(progress, recipe, f"generating the target's greedy responses ({what})")
-    samples, seconds = teacher_samples(target, tokenizer, data, progress, prompts)
+    samples, seconds = teacher_samples(target, tokenizer, data, progress, prompts, keep_features)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     torch.save({"samples": [asdict(sample) for sample in samples], "seconds": seconds}, partial)

@@ -165,7 +165,7 @@ class ZooRecipe:
 
 #: EAGLE stage settings added after profiles were built, with the defaults that leave a
 #: profile's hash (and so its cache) as it was.
-EAGLE_SETTINGS_ADDED = {"answer_prompts": 0, "head_vocab": None}
+EAGLE_SETTINGS_ADDED = {"answer_prompts": 0, "head_vocab": None, "length_grouped": False}
 
 
 @dataclass(frozen=True)
@@ -266,8 +266,23 @@ SMOL_EXIT_DRAFTS = replace(
 )
 
 
-#: SmolLM2-135M-Instruct and the drafts distilled from it: the demo's pair.
-SMOL_RECIPE = PretrainedRecipe(profile="smol", source=SMOLLM2_SOURCE, drafts=SMOL_DRAFTS)
+#: The demo's EAGLE head (``zoo:smol/eagle``), sized to fit the demo's 30 minutes beside the
+#: drafts: the teacher samples alone (their features kept from the teacher pass, no second
+#: forward, no further answers), a 2,048-token LM head, batches grouped by length; EAGLE-1's
+#: shape and loss at draft steps 1 and 2 as ``SMOL_EAGLE``. The answers head
+#: (``smol-eagle-answers-2k``, about 40 minutes) is the better one (docs/lab/zoo-smol-eagle.md).
+SMOL_DEMO_EAGLE = EagleStage(
+    training=TrainConfig(steps=400, batch_size=8, lr=1e-3, warmup_steps=20, seed=3),
+    loss=EagleLossWeights(w_feature=1.0, w_token=0.1, noise=0.1, unroll_steps=2),
+    head_vocab=2048,
+    length_grouped=True,
+)
+
+
+#: SmolLM2-135M-Instruct, the draft distilled from it and its EAGLE head: the demo's pair.
+SMOL_RECIPE = PretrainedRecipe(
+    profile="smol", source=SMOLLM2_SOURCE, drafts=replace(SMOL_DRAFTS, eagle=SMOL_DEMO_EAGLE)
+)
 
 
 #: The smol EAGLE head (``zoo:smol-eagle/eagle``): EAGLE-1's shape over SmolLM2's features, its
