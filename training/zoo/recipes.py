@@ -288,8 +288,7 @@ SMOL_RECIPE = PretrainedRecipe(
 #: The smol EAGLE head (``zoo:smol-eagle/eagle``): EAGLE-1's shape over SmolLM2's features, its
 #: LM head cut to the drafts' 8192 tokens, trained on the smol teacher data at draft steps 1 and
 #: 2 (EAGLE-3's training-time test: step 2 from its own predicted feature, as it drafts)
-#: (docs/lab/zoo-smol-eagle.md). Not yet in ``smol``'s build: adding it there changes that
-#: profile's hash and its build time (not yet measured whole on 2 cores).
+#: (docs/lab/zoo-smol-eagle.md); ``smol``'s own head (``SMOL_DEMO_EAGLE``) is a shorter build.
 SMOL_EAGLE = EagleStage(
     training=TrainConfig(steps=400, batch_size=8, lr=1e-3, warmup_steps=20, seed=3),
     loss=EagleLossWeights(w_feature=1.0, w_token=0.1, noise=0.1, unroll_steps=2),
