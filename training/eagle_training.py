@@ -393,11 +393,16 @@ def _epoch_batches(
     lengths: torch.Tensor | None,
     generator: torch.Generator,
 ) -> list[torch.Tensor]:
-    """Return an epoch's full batches of ``order`` (the remainder dropped), grouped by length
-    when ``lengths`` is given."""
+    """Return an epoch's full batches of ``order`` (the remainder dropped; all of it as one
+    batch when it is smaller than one), grouped by length when ``lengths`` is given."""
     if lengths is None:
-        return list(order[: len(order) // batch_size * batch_size].split(batch_size))
+        return list(order[: _full_batches(len(order), batch_size)].split(batch_size))
     return length_grouped_batches(order, lengths, batch_size, generator)
+
+
+def _full_batches(n_items: int, batch_size: int) -> int:
+    """Return how many of ``n_items`` fill whole batches (all of them when fewer than one)."""
+    return n_items // batch_size * batch_size or n_items
 
 
 def length_grouped_batches(
@@ -407,7 +412,7 @@ def length_grouped_batches(
     run of ``GROUPED_BATCHES`` batches is sorted by length and cut into batches, and the batches
     are shuffled (transformers' length-grouped sampler), so a batch's padding, which
     ``eagle_loss`` trims, is small."""
-    usable = order[: len(order) // batch_size * batch_size]
+    usable = order[: _full_batches(len(order), batch_size)]
     batches = []
     for group in usable.split(batch_size * GROUPED_BATCHES):
         ranked = group[torch.argsort(lengths[group], descending=True, stable=True)]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from support.eagle_heads import greedy_continuations, untrained_head
@@ -159,3 +161,13 @@ def test_length_grouped_batches_cover_the_epoch_once_with_similar_lengths():
     assert sum(spread) < sum(random_spread) / 4
     again = length_grouped_batches(order, lengths, 8, torch.Generator().manual_seed(2))
     assert all(torch.equal(a, b) for a, b in zip(batches, again, strict=True))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fewer_sequences_than_a_batch_train_as_one_batch(target, grouped):
+    head = untrained_head(target)
+    tokens = torch.randint(0, VOCAB, (3, 10))
+    data = sequence_features(target, tokens, torch.ones(3, 10, dtype=torch.bool))
+    config = TrainConfig(steps=2, batch_size=8, lr=1e-3)
+    losses = train_steps(head, data, config, EagleLossWeights(), length_grouped=grouped)
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
