@@ -63,12 +63,14 @@ from orchestrator.analysis.costs.model import CostModelError, fit_cost_model, fi
 from orchestrator.analysis.costs.validation import (
     HeldOut,
     LiveTrial,
+    fit_group_of,
     fit_trials,
     leave_one_out,
     live_trial,
+    prompt_spread,
     summarise,
 )
-from orchestrator.run.group_fits import fit_from_store, live_pools
+from orchestrator.run.group_fits import fit_from_store, live_pools, live_trials_from_store
 from orchestrator.store.results import open_store
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import load_sweep
@@ -362,40 +364,83 @@ def _group_key(trial: Any) -> tuple[Any, ...]:
     )
 
 
+@dataclass(frozen=True)
+class RunnerValidation:
+    """Each speculative live trial of a sweep's plan held out of the runner's own fit, and
+    each fit group's per-prompt spread about its pool's full fit (``prompt_spread``)."""
+
+    held: list[HeldOut]
+    spreads: list[dict[str, Any]]
+
+
 def load_live_groups(
     db: str, sweep: Path | None = None
-) -> tuple[dict[tuple[Any, ...], list[LiveTrial]], list[HeldOut]]:
+) -> tuple[dict[tuple[Any, ...], list[LiveTrial]], RunnerValidation]:
     """Return the done live trials of SQLite file ``db`` (or a database URL), by fit group,
-    and (with a ``sweep`` file) every speculative live trial held out of the runner's own fit.
+    and (with a ``sweep`` file) the runner's own fit validated (:class:`RunnerValidation`).
 
     A SQLite file is read from a temporary copy, opened as a writer so that an older schema
     is migrated there and never in the file itself.
     """
     if "://" in db:
         store = open_store(db, read_only=True)
-        return _live_groups(store), _runner_held_out(store, sweep)
+        return _live_groups(store), _runner_validation(store, sweep)
     with tempfile.TemporaryDirectory() as folder:
         copy = Path(folder) / "results.db"
         shutil.copyfile(db, copy)
         store = open_store(f"sqlite:///{copy}")
-        return _live_groups(store), _runner_held_out(store, sweep)
+        return _live_groups(store), _runner_validation(store, sweep)
 
 
-def _runner_held_out(store: Any, sweep: Path | None) -> list[HeldOut]:
+def _runner_validation(store: Any, sweep: Path | None) -> RunnerValidation:
     """Return each done speculative live trial of ``sweep``'s plan held out of the fit the
     runner makes (``orchestrator.run.group_fits``: its pools, its fit, every such trial taken
-    as a check); [] without a sweep file."""
+    as a check) and each fit group's prompt spread; empty without a sweep file."""
     if sweep is None:
-        return []
+        return RunnerValidation([], [])
     plan = plan_sweep(load_sweep(sweep))
     held: list[HeldOut] = []
+    spreads: list[dict[str, Any]] = []
     for trials, _ in live_pools(plan.trials):
         checks = {t.trial_id for t in trials if not t.is_baseline}
         try:
             held += fit_from_store(store, trials, checks).checks
         except CostModelError:
             continue
-    return held
+        spreads += _group_spreads(live_trials_from_store(store, trials))
+    return RunnerValidation(held, spreads)
+
+
+def _group_spreads(trials: list[LiveTrial]) -> list[dict[str, Any]]:
+    """Return each fit group's spread about the pool's full fit, and the mean absolute
+    leave-one-out error that spread alone would give one of its trials: a held-out trial's
+    own P prompts and its group's other n − 1 trials (its level) each carry spread / √P, so
+    sqrt(2/π) · spread / √P · sqrt(1 + 1/(n − 1))."""
+    fit = fit_trials(trials)
+    groups: dict[str, list[LiveTrial]] = {}
+    for trial in trials:
+        groups.setdefault(fit_group_of(trial), []).append(trial)
+    rows = []
+    for members in groups.values():
+        spread = prompt_spread(fit, members)
+        prompts, n = len(members[0].sample_indices), len(members)
+        expected = (
+            math.sqrt(2 / math.pi) * spread / math.sqrt(prompts) * math.sqrt(1 + 1 / (n - 1))
+            if spread is not None
+            else None
+        )
+        first = members[0].stored
+        rows.append(
+            {
+                "group": f"{first.pair} {first.draft_kind} {first.dataset} T={first.temperature:g}",
+                "trials": n,
+                "trial_ids": [trial.trial_id for trial in members],
+                "prompts": prompts,
+                "spread": spread,
+                "expected_abs_error": expected,
+            }
+        )
+    return rows
 
 
 def _live_groups(store: Any) -> dict[tuple[Any, ...], list[LiveTrial]]:
@@ -516,17 +561,34 @@ def validate(db: str, out: Path, sweep: Path | None = None) -> int:
         everything = pools["runner"]["all_speculative"]
         print(
             f"runner's fit ({sweep}): n {everything['n']} MAE "
-            f"{_share(everything['mean_abs_error'])} bias {_percent(everything['bias'])}"
+            f"{_share(everything['mean_abs_error'])} bias {_percent(everything['bias'])}; "
+            "the groups' per-prompt spread alone would give MAE "
+            f"{_share(pools['runner']['spread_alone_mean_abs_error'])}"
         )
+        for row in pools["runner"]["spreads"]:
+            print(
+                f"  {row['group']:36} {row['trials']} trials x {row['prompts']} prompts: "
+                f"spread {_share(row['spread'])}, alone MAE {_share(row['expected_abs_error'])}"
+            )
     print(f"JSON: {out}")
     return 0
 
 
-def _runner_summary(held: list[HeldOut]) -> dict[str, Any]:
-    """Return the runner's held-out trials and their summary (new model)."""
+def _runner_summary(runner: RunnerValidation) -> dict[str, Any]:
+    """Return the runner's held-out trials, their summary (new model), the groups' spreads
+    and the mean absolute error the spreads alone would give those trials."""
+    expected = {
+        trial_id: row["expected_abs_error"]
+        for row in runner.spreads
+        for trial_id in row["trial_ids"]
+    }
+    alone = [expected.get(h.trial_id) for h in runner.held]
+    known = [value for value in alone if value is not None]
     return {
-        "all_speculative": asdict(summarise([h.error for h in held])),
-        "trials": [asdict(h) for h in held],
+        "all_speculative": asdict(summarise([h.error for h in runner.held])),
+        "spread_alone_mean_abs_error": statistics.fmean(known) if known else None,
+        "spreads": runner.spreads,
+        "trials": [asdict(h) for h in runner.held],
     }
 
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from orchestrator.analysis.costs.model import CostModelError
 from orchestrator.analysis.costs.run_fit import (
     TrialCounts,
@@ -93,6 +95,8 @@ class LiveTrial:
     counts: TrialCounts
     stored: StoredTrial
     stored_rounds: tuple[StoredRound, ...]
+    round_samples: tuple[int, ...] = ()
+    sample_indices: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
@@ -108,9 +112,11 @@ def live_trial(
     by_sample: dict[int, list[StoredRound]] = {}
     for row in sorted(rounds, key=lambda r: (r.sample_index, r.round_index)):
         by_sample.setdefault(row.sample_index, []).append(row)
-    observed, outside = [], []
-    for sample in sorted(samples, key=lambda s: s.sample_index):
+    observed, outside, round_samples = [], [], []
+    ordered = sorted(samples, key=lambda s: s.sample_index)
+    for sample in ordered:
         own = by_sample.get(sample.sample_index, [])
+        round_samples += [sample.sample_index] * len(own)
         for row, context in zip(own, round_contexts(sample.prompt_len, own), strict=True):
             observed.append(
                 RoundObservation(
@@ -134,6 +140,8 @@ def live_trial(
         counts=TrialCounts.from_row(trial),
         stored=trial,
         stored_rounds=tuple(rounds),
+        round_samples=tuple(round_samples),
+        sample_indices=tuple(s.sample_index for s in ordered),
     )
 
 
@@ -285,3 +293,42 @@ def out_of_sample_error(trials: Sequence[LiveTrial]) -> float | None:
         return None
     held = [h for h in leave_one_out(trials) if h.trial_id in {t.trial_id for t in speculative}]
     return summarise([h.error for h in held]).mean_abs_error
+
+
+def prompt_spread(fit: StepCostFit, trials: Sequence[LiveTrial]) -> float | None:
+    """Return the spread of ``trials``' per-prompt times about ``fit`` (one group's live trials,
+    the same prompts): the standard deviation of log(measured / projected seconds) per trial and
+    prompt after each trial's and each prompt's mean is removed (a two-way residual, degrees of
+    freedom (trials − 1)(prompts − 1)). It holds the timing noise of one arm on one prompt and
+    the model's misses that vary by prompt; a trial over P prompts carries about spread / √P of
+    it in its total. None below two trials or two prompts in common.
+    """
+    logs = [_prompt_log_ratios(fit, trial) for trial in trials]
+    common = sorted(set.intersection(*(set(row) for row in logs))) if logs else []
+    if len(logs) < 2 or len(common) < 2:
+        return None
+    table = np.array([[row[prompt] for prompt in common] for row in logs])
+    residual = (
+        table - table.mean(axis=0, keepdims=True) - table.mean(axis=1, keepdims=True) + table.mean()
+    )
+    freedom = (table.shape[0] - 1) * (table.shape[1] - 1)
+    return float(np.sqrt((residual**2).sum() / freedom))
+
+
+def _prompt_log_ratios(fit: StepCostFit, trial: LiveTrial) -> dict[int, float]:
+    """Return log(measured / projected seconds) of each of ``trial``'s samples (by index)."""
+    measured: dict[int, float] = dict.fromkeys(trial.sample_indices, 0.0)
+    projected = dict(measured)
+    for index, r in zip(trial.round_samples, trial.rounds, strict=True):
+        measured[index] += r.draft_seconds + r.verify_seconds
+        projected[index] += fit.draft_seconds(
+            r.draft_forwards, r.context, r.demands
+        ) + fit.verify_seconds(r.drafted, r.context, r.target_only)
+    for index, sample in zip(trial.sample_indices, trial.samples, strict=True):
+        measured[index] += sample.outside_seconds
+        projected[index] += fit.sample_overhead(sample.prompt_len)
+    return {
+        index: float(np.log(measured[index] / projected[index]))
+        for index in measured
+        if measured[index] > 0 and projected[index] > 0
+    }
