@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from orchestrator.analysis import report
+from orchestrator.analysis.baseline_agreement import baseline_disagreements
 from orchestrator.analysis.costs import estimate
 from orchestrator.analysis.costs.estimate import SweepEstimate
 from orchestrator.analysis.holdout import SweepSamples, holdout_splits
@@ -199,6 +200,8 @@ def report_run(
     (without it, the best stored speedups, chosen and measured on the same prompts).
     """
     _print_results(console, rows, summary.sweep, measured)
+    for disagreement in baseline_disagreements(rows):
+        console.print(disagreement.line(), markup=False)
     for line in getattr(summary, "provenance_notes", []):
         console.print(line, markup=False)
     if summary.ran == 0 and summary.already_done == summary.planned:
