@@ -15,21 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: The stored fields that make two AR baselines measure the same work (all but the pair).
-SAME_WORK = (
-    "target",
-    "backend",
-    "dtype",
-    "dataset",
-    "split",
-    "samples",
-    "max_new_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "seed",
-    "batch_size",
-)
+from orchestrator.sweep.trial import record_baseline_work_key
 
 
 @dataclass(frozen=True)
@@ -67,12 +53,12 @@ class BaselineDisagreement:
 
 def baseline_disagreements(rows: Sequence[Any]) -> list[BaselineDisagreement]:
     """Return the sets of done AR baselines (stored trial rows) that measure the same work
-    (:data:`SAME_WORK`) on different worker pairs and whose decode tokens/s intervals do not
-    all overlap, in the rows' order."""
-    groups: dict[tuple[Any, ...], list[Any]] = {}
+    (``trial.record_baseline_work_key``) on different worker pairs and whose decode tokens/s
+    intervals do not all overlap, in the rows' order."""
+    groups: dict[str, list[Any]] = {}
     for row in rows:
         if row.is_baseline and row.status == "done" and row.decode_tokens_per_s_low is not None:
-            groups.setdefault(tuple(getattr(row, f) for f in SAME_WORK), []).append(row)
+            groups.setdefault(record_baseline_work_key(row.config), []).append(row)
     found = []
     for members in groups.values():
         rates = tuple(

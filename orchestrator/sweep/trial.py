@@ -347,6 +347,26 @@ def record_fit_group_key(record: Mapping[str, Any]) -> str:
     )
 
 
+def record_baseline_work_key(record: Mapping[str, Any]) -> str:
+    """Return the id of the work a stored AR baseline measures, from its record
+    (``Trial.columns``): the target and how it is served, the prompt set, the sampling, the
+    seed and the batch size; not the pair or its draft, so baselines of one target's worker
+    pairs over the same prompts share it."""
+    prompts = PromptSet(**{f.name: record.get(f.name) for f in fields(PromptSet)})
+    sampling = SamplingConfig(**{f.name: record[f.name] for f in fields(SamplingConfig)})
+    serving = ("target", "backend", "tp_size", "dtype", "trust_remote_code")
+    return config_id(
+        {
+            "kind": "baseline-work",
+            **{name: record.get(name) for name in serving},
+            **prompts.identity(),
+            **asdict(sampling),
+            "seed": record.get("seed"),
+            "batch_size": record.get("batch_size", 1),
+        }
+    )
+
+
 def fit_pool_identity(trial: Trial) -> dict[str, Any]:
     """Return what a cost fit is made over: the pair (by name) and its draft kind (when not
     ``lm``: a lookup's draft costs are not a draft model's) at one sampling setting

@@ -5,22 +5,42 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from orchestrator.analysis.baseline_agreement import SAME_WORK, baseline_disagreements
+from orchestrator.analysis.baseline_agreement import baseline_disagreements
 
 
 def _ar(pair: str, rate: float, half: float, **changes: object) -> SimpleNamespace:
-    """Return a done AR baseline row on HumanEval at temperature 0 decoding ``rate`` ± ``half``."""
-    fields = dict.fromkeys(SAME_WORK, None)
-    fields.update(dataset="humaneval", temperature=0.0, max_new_tokens=48, samples=48)
-    fields.update(changes)
+    """Return a done AR baseline row on HumanEval at temperature 0 decoding ``rate`` ± ``half``
+    (its stored record as the store keeps it, ``changes`` applied)."""
+    config = {
+        "pair": pair,
+        "target": "zoo:smol/target",
+        "backend": "hf",
+        "tp_size": 1,
+        "dtype": "float32",
+        "trust_remote_code": False,
+        "draft": f"draft of {pair}",
+        "dataset": "humaneval",
+        "split": None,
+        "samples": 48,
+        "local_path": None,
+        "max_new_tokens": 48,
+        "temperature": 0.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 0,
+        **changes,
+    }
     return SimpleNamespace(
         pair=pair,
         is_baseline=True,
         status="done",
+        config=config,
+        dataset=config["dataset"],
+        temperature=config["temperature"],
+        max_new_tokens=config["max_new_tokens"],
         decode_tokens_per_s=rate,
         decode_tokens_per_s_low=rate - half,
         decode_tokens_per_s_high=rate + half,
-        **fields,
     )
 
 
@@ -35,10 +55,9 @@ def test_disjoint_intervals_across_worker_pairs_are_reported_with_both_rates() -
 
 def test_overlapping_intervals_other_work_and_one_pair_are_not_reported() -> None:
     assert baseline_disagreements([_ar("a", 20.0, 2.0), _ar("a~1", 23.0, 2.0)]) == []
-    other_temperature = [_ar("a", 20.0, 0.5), _ar("a~1", 23.0, 0.5, temperature=0.7)]
-    assert baseline_disagreements(other_temperature) == []
-    same_pair = [_ar("a", 20.0, 0.5), _ar("a", 23.0, 0.5)]
-    assert baseline_disagreements(same_pair) == []
+    for changes in ({"temperature": 0.7}, {"samples": 5}, {"target": "other"}, {"seed": 1}):
+        assert baseline_disagreements([_ar("a", 20.0, 0.5), _ar("a~1", 23.0, 0.5, **changes)]) == []
+    assert baseline_disagreements([_ar("a", 20.0, 0.5), _ar("a", 23.0, 0.5)]) == []
     failed = _ar("a~1", 23.0, 0.5)
     failed.status = "failed"
     assert baseline_disagreements([_ar("a", 20.0, 0.5), failed]) == []
