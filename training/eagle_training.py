@@ -80,7 +80,9 @@ class EagleStage:
     new tokens each. ``head_vocab``: the head's LM head keeps the rows of the tokens with the
     most teacher mass over the head's own training data (teacher samples and answers); None:
     the drafts' vocabulary (``draft_vocab``). ``length_grouped``: batches of sequences of
-    similar lengths (``length_grouped_batches``; less padding computed).
+    similar lengths (``length_grouped_batches``; less padding computed). ``bf16_autocast``: the
+    loss's forward and backward under bfloat16 autocast, weights and optimiser in float32
+    (docs/lab/zoo-smol-eagle.md: the demo's head the same to 0.01 at equal steps).
     """
 
     training: TrainConfig
@@ -95,6 +97,7 @@ class EagleStage:
     answer_prompts: int = 0
     head_vocab: int | None = None
     length_grouped: bool = False
+    bf16_autocast: bool = False
 
     def __post_init__(self) -> None:
         if self.answer_prompts < 0:
@@ -346,19 +349,23 @@ def train_steps(
     weights: EagleLossWeights,
     report: Callable[[int, float], None] | None = None,
     length_grouped: bool = False,
+    bf16_autocast: bool = False,
 ) -> list[float]:
     """Train ``head`` for ``config.steps`` Adam steps (warm-up, cosine decay) on batches of
     ``config.batch_size`` sequences (of similar lengths where ``length_grouped``:
-    ``length_grouped_batches``); return the losses (the zoo's loop; jobs use their fit)."""
+    ``length_grouped_batches``; the loss under bfloat16 autocast where ``bf16_autocast``);
+    return the losses (the zoo's loop; jobs use their fit)."""
     parameters = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=config.lr)
     losses = []
     head.train()
     lengths = data.valid.sum(1) if length_grouped else None
+    device = data.tokens.device.type
     for step, index in enumerate(_batches(data.tokens.shape[0], config, lengths)):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
-        loss = eagle_loss(head, data.rows(index), weights, batch_generator(config.seed, index))
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16_autocast):
+            loss = eagle_loss(head, data.rows(index), weights, batch_generator(config.seed, index))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -171,3 +171,22 @@ def test_fewer_sequences_than_a_batch_train_as_one_batch(target, grouped):
     config = TrainConfig(steps=2, batch_size=8, lr=1e-3)
     losses = train_steps(head, data, config, EagleLossWeights(), length_grouped=grouped)
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+
+
+def test_bf16_autocast_trains_in_bfloat16_and_keeps_float32_weights(target):
+    tokens = torch.randint(0, VOCAB, (4, 10))
+    data = sequence_features(target, tokens, torch.ones(4, 10, dtype=torch.bool))
+    config = TrainConfig(steps=3, batch_size=2, lr=1e-3)
+    seen: list[torch.dtype] = []
+    runs = {}
+    for autocast in (False, True):
+        torch.manual_seed(0)
+        head = untrained_head(target)
+        linear = next(m for m in head.modules() if isinstance(m, torch.nn.Linear))
+        handle = linear.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+        runs[autocast] = train_steps(head, data, config, EagleLossWeights(), bf16_autocast=autocast)
+        handle.remove()
+        assert all(p.dtype == torch.float32 for p in head.parameters())
+    assert all(math.isfinite(loss) for losses in runs.values() for loss in losses)
+    assert torch.bfloat16 in seen and torch.float32 in seen
+    assert runs[True] != runs[False]

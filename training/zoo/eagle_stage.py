@@ -267,4 +267,12 @@ def _train_shown(
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.update(1)
 
-        return train_steps(head, data, stage.training, stage.loss, shown, stage.length_grouped)
+        return train_steps(
+            head,
+            data,
+            stage.training,
+            stage.loss,
+            shown,
+            stage.length_grouped,
+            stage.bf16_autocast,
+        )

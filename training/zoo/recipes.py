@@ -165,7 +165,12 @@ class ZooRecipe:
 
 #: EAGLE stage settings added after profiles were built, with the defaults that leave a
 #: profile's hash (and so its cache) as it was.
-EAGLE_SETTINGS_ADDED = {"answer_prompts": 0, "head_vocab": None, "length_grouped": False}
+EAGLE_SETTINGS_ADDED = {
+    "answer_prompts": 0,
+    "head_vocab": None,
+    "length_grouped": False,
+    "bf16_autocast": False,
+}
 
 
 @dataclass(frozen=True)
