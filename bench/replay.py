@@ -29,7 +29,10 @@ model's figures beside the new:
 
 ``--sweep FILE`` (with ``--loo``) adds the runner's own fit: the sweep's plan pooled as the
 runner pools it (``orchestrator.run.group_fits.live_pools``), fit by its code
-(``fit_from_store``), every speculative live trial held out in turn:
+(``fit_from_store``), every speculative live trial held out in turn, and per fit group the
+spread of its trials' per-prompt times about the fit (``validation.prompt_spread``) with the
+mean absolute error that spread alone would give (how much of the error is the prompts'
+timing scatter rather than the model's; docs/lab/replay-validation.md):
 
     python bench/replay.py --loo --sweep sweeps/demo.yaml --out /tmp/runner-fit.json
 """
@@ -341,7 +344,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         metavar="FILE",
         help="with --loo: also hold each speculative live trial of this sweep's plan out of "
-        "the runner's own fit (its pools and code)",
+        "the runner's own fit (its pools and code), and print each fit group's per-prompt "
+        "spread and the error it alone would give",
     )
     return parser.parse_args(argv)
 
