@@ -29,7 +29,7 @@ model's figures beside the new:
 
 ``--sweep FILE`` (with ``--loo``) adds the runner's own fit: the sweep's plan pooled as the
 runner pools it (``orchestrator.run.group_fits.live_pools``), fit by its code
-(``fit_from_store``), every speculative live trial held out in turn, and per fit group the
+(``costs.replay.fit_group``), every speculative live trial held out in turn, and per fit group the
 spread of its trials' per-prompt times about the fit (``validation.prompt_spread``) with the
 mean absolute error that spread alone would give (how much of the error is the prompts'
 timing scatter rather than the model's; docs/lab/replay-validation.md):
@@ -63,6 +63,8 @@ from common import (
 from tqdm import tqdm
 
 from orchestrator.analysis.costs.model import CostModelError, fit_cost_model, fit_round_costs
+from orchestrator.analysis.costs.replay import fit_group
+from orchestrator.analysis.costs.step_costs import StepCostFit
 from orchestrator.analysis.costs.validation import (
     HeldOut,
     LiveTrial,
@@ -73,7 +75,7 @@ from orchestrator.analysis.costs.validation import (
     prompt_spread,
     summarise,
 )
-from orchestrator.run.group_fits import fit_from_store, live_pools, live_trials_from_store
+from orchestrator.run.group_fits import live_pools, live_trials_from_store
 from orchestrator.store.results import open_store
 from orchestrator.sweep.planner import plan_sweep
 from orchestrator.sweep.spec import load_sweep
@@ -369,12 +371,26 @@ def _group_key(trial: Any) -> tuple[Any, ...]:
 
 
 @dataclass(frozen=True)
+class GroupSpread:
+    """A fit group's per-prompt spread about its pool's full fit (``prompt_spread``; None
+    below two trials or prompts) and the mean absolute leave-one-out error it alone would give
+    one of the group's trials."""
+
+    group: str
+    trials: int
+    trial_ids: list[str]
+    prompts: int
+    spread: float | None
+    expected_abs_error: float | None
+
+
+@dataclass(frozen=True)
 class RunnerValidation:
     """Each speculative live trial of a sweep's plan held out of the runner's own fit, and
-    each fit group's per-prompt spread about its pool's full fit (``prompt_spread``)."""
+    each fit group's :class:`GroupSpread`."""
 
     held: list[HeldOut]
-    spreads: list[dict[str, Any]]
+    spreads: list[GroupSpread]
 
 
 def load_live_groups(
@@ -404,23 +420,24 @@ def _runner_validation(store: Any, sweep: Path | None) -> RunnerValidation:
         return RunnerValidation([], [])
     plan = plan_sweep(load_sweep(sweep))
     held: list[HeldOut] = []
-    spreads: list[dict[str, Any]] = []
+    spreads: list[GroupSpread] = []
     for trials, _ in live_pools(plan.trials):
         checks = {t.trial_id for t in trials if not t.is_baseline}
+        live = live_trials_from_store(store, trials)
         try:
-            held += fit_from_store(store, trials, checks).checks
+            pool = fit_group(live, checks)
         except CostModelError:
             continue
-        spreads += _group_spreads(live_trials_from_store(store, trials))
+        held += pool.checks
+        spreads += _group_spreads(pool.steps, live)
     return RunnerValidation(held, spreads)
 
 
-def _group_spreads(trials: list[LiveTrial]) -> list[dict[str, Any]]:
-    """Return each fit group's spread about the pool's full fit, and the mean absolute
-    leave-one-out error that spread alone would give one of its trials: a held-out trial's
-    own P prompts and its group's other n − 1 trials (its level) each carry spread / √P, so
-    sqrt(2/π) · spread / √P · sqrt(1 + 1/(n − 1))."""
-    fit = fit_trials(trials)
+def _group_spreads(fit: StepCostFit, trials: list[LiveTrial]) -> list[GroupSpread]:
+    """Return each fit group's spread about ``fit`` (the pool's full fit), and the mean
+    absolute leave-one-out error that spread alone would give one of its trials: a held-out
+    trial's own P prompts and its group's other n − 1 trials (its level) each carry
+    spread / √P, so sqrt(2/π) · spread / √P · sqrt(1 + 1/(n − 1))."""
     groups: dict[str, list[LiveTrial]] = {}
     for trial in trials:
         groups.setdefault(fit_group_of(trial), []).append(trial)
@@ -435,14 +452,14 @@ def _group_spreads(trials: list[LiveTrial]) -> list[dict[str, Any]]:
         )
         first = members[0].stored
         rows.append(
-            {
-                "group": f"{first.pair} {first.draft_kind} {first.dataset} T={first.temperature:g}",
-                "trials": n,
-                "trial_ids": [trial.trial_id for trial in members],
-                "prompts": prompts,
-                "spread": spread,
-                "expected_abs_error": expected,
-            }
+            GroupSpread(
+                group=f"{first.pair} {first.draft_kind} {first.dataset} T={first.temperature:g}",
+                trials=n,
+                trial_ids=[trial.trial_id for trial in members],
+                prompts=prompts,
+                spread=spread,
+                expected_abs_error=expected,
+            )
         )
     return rows
 
@@ -582,16 +599,14 @@ def _runner_summary(runner: RunnerValidation) -> dict[str, Any]:
     """Return the runner's held-out trials, their summary (new model), the groups' spreads
     and the mean absolute error the spreads alone would give those trials."""
     expected = {
-        trial_id: row["expected_abs_error"]
-        for row in runner.spreads
-        for trial_id in row["trial_ids"]
+        trial_id: row.expected_abs_error for row in runner.spreads for trial_id in row.trial_ids
     }
     alone = [expected.get(h.trial_id) for h in runner.held]
     known = [value for value in alone if value is not None]
     return {
         "all_speculative": asdict(summarise([h.error for h in runner.held])),
         "spread_alone_mean_abs_error": statistics.fmean(known) if known else None,
-        "spreads": runner.spreads,
+        "spreads": [asdict(row) for row in runner.spreads],
         "trials": [asdict(h) for h in runner.held],
     }
 

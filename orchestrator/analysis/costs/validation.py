@@ -160,12 +160,15 @@ def fit_trials(trials: Sequence[LiveTrial]) -> StepCostFit:
 
 def projected_seconds(fit: StepCostFit, trial: LiveTrial) -> float:
     """Return ``trial``'s seconds as ``fit`` projects them from its rounds and samples."""
-    rounds = sum(
-        fit.draft_seconds(r.draft_forwards, r.context, r.demands)
-        + fit.verify_seconds(r.drafted, r.context, r.target_only)
-        for r in trial.rounds
-    )
+    rounds = sum(_round_seconds(fit, r) for r in trial.rounds)
     return rounds + sum(fit.sample_overhead(s.prompt_len) for s in trial.samples)
+
+
+def _round_seconds(fit: StepCostFit, r: RoundObservation) -> float:
+    """Return one round's draft and verify seconds as ``fit`` projects them."""
+    return fit.draft_seconds(r.draft_forwards, r.context, r.demands) + fit.verify_seconds(
+        r.drafted, r.context, r.target_only
+    )
 
 
 def old_projected_seconds(trials: Sequence[LiveTrial], held_out: LiveTrial) -> float:
@@ -321,9 +324,7 @@ def _prompt_log_ratios(fit: StepCostFit, trial: LiveTrial) -> dict[int, float]:
     projected = dict(measured)
     for index, r in zip(trial.round_samples, trial.rounds, strict=True):
         measured[index] += r.draft_seconds + r.verify_seconds
-        projected[index] += fit.draft_seconds(
-            r.draft_forwards, r.context, r.demands
-        ) + fit.verify_seconds(r.drafted, r.context, r.target_only)
+        projected[index] += _round_seconds(fit, r)
     for index, sample in zip(trial.sample_indices, trial.samples, strict=True):
         measured[index] += sample.outside_seconds
         projected[index] += fit.sample_overhead(sample.prompt_len)
